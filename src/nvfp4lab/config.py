@@ -1,0 +1,99 @@
+"""Quantization options of one tensor, validated once.
+
+:class:`NVFP4QuantConfig` holds every option of an NVFP4 quantization (TE's quantizer flags and the
+seeds'); :class:`MXFP8QuantConfig` the MXFP8 ones. Both are frozen and check their own rules at
+construction, so every backend (reference, Triton) receives a valid combination.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+SCALE_LAYOUTS = ("compact", "padded", "swizzled")
+BLOCKS = ("1x16", "16x16")
+FOUR_OVER_SIX_MODES = (None, "mae", "mse")
+E4M3_MAXES = (448.0, 256.0)
+
+
+@dataclass(frozen=True)
+class NVFP4QuantConfig:
+    """Options of one NVFP4 quantization.
+
+    block: "1x16" (activations, gradients) or "16x16" (weights; one scale per 16x16 tile, shared by the
+        rowwise and columnwise outputs).
+    rowwise / columnwise: which outputs to produce. Columnwise is the rowwise quantization of x^T.
+    per_token: one fp32 amax per row of the matrix being quantized (rows of x for rowwise, columns of x
+        for columnwise) instead of one per tensor.
+    rht: 16-point random Hadamard transform of the columnwise output (sign mask ``rht_sign_mask``).
+    four_over_six: None, "mae" or "mse": pick map-to-4 or map-to-6 block scales by that error.
+    e4m3_max: the global-scale constant E (448, or 256 for 4over6). None: 256 with 4over6, else 448.
+    stochastic_rounding: round the E2M1 codes stochastically (gradients).
+    scale_layout: "compact" (R, C/16) unpadded, "padded" (roundup(R,128), roundup(C/16,4)) zero-padded,
+        or "swizzled" (the padded shape holding the cuBLAS 128x4 byte order).
+    """
+
+    block: str = "1x16"
+    rowwise: bool = True
+    columnwise: bool = False
+    per_token: bool = False
+    rht: bool = False
+    rht_sign_mask: int = 0xD7E8
+    four_over_six: Optional[str] = None
+    e4m3_max: Optional[float] = None
+    stochastic_rounding: bool = False
+    scale_layout: str = "compact"
+
+    def __post_init__(self):
+        if self.block not in BLOCKS:
+            raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
+        if not (self.rowwise or self.columnwise):
+            raise ValueError("rowwise and columnwise: at least one output must be requested")
+        if self.four_over_six not in FOUR_OVER_SIX_MODES:
+            raise ValueError(f"four_over_six must be one of {FOUR_OVER_SIX_MODES}, got {self.four_over_six!r}")
+        if self.e4m3_max is None:
+            object.__setattr__(self, "e4m3_max", 256.0 if self.four_over_six else 448.0)
+        object.__setattr__(self, "e4m3_max", float(self.e4m3_max))
+        if self.e4m3_max not in E4M3_MAXES:
+            raise ValueError(f"e4m3_max must be 448 or 256, got {self.e4m3_max}")
+        if not isinstance(self.rht_sign_mask, int) or not 0 <= self.rht_sign_mask < (1 << 16):
+            raise ValueError(f"rht_sign_mask must be a 16-bit integer, got {self.rht_sign_mask!r}")
+        if self.scale_layout not in SCALE_LAYOUTS:
+            raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+        rules = [
+            (self.rht and self.four_over_six is not None, "rht and four_over_six", "TE rejects RHT with 4over6"),
+            (self.rht and self.per_token, "rht and per_token", "per-token (row-scaled) NVFP4 does not take RHT"),
+            (self.rht and self.block == "16x16", "rht and block='16x16'", "RHT applies to 1x16 activations/gradients, never to 2D weights"),
+            (self.per_token and self.block == "16x16", "per_token and block='16x16'", "2D blocks need one amax per tensor"),
+            (self.stochastic_rounding and self.four_over_six is not None, "stochastic_rounding and four_over_six", "4over6 picks a scale by round-to-nearest error"),
+        ]
+        for bad, names, why in rules:
+            if bad:
+                raise ValueError(f"incompatible options {names}: {why}")
+        if not self.rht:
+            object.__setattr__(self, "rht_sign_mask", 0)
+
+    @property
+    def block_rows(self) -> int:
+        return 16 if self.block == "16x16" else 1
+
+
+MXFP8_FORMATS = ("e4m3", "e5m2")
+
+
+@dataclass(frozen=True)
+class MXFP8QuantConfig:
+    """Options of one MXFP8 quantization: E4M3 (or E5M2, for gradients) data, one E8M0 scale per 32
+    elements along K (rowwise) or along M (columnwise; data stays (M, K), not transposed)."""
+
+    rowwise: bool = True
+    columnwise: bool = False
+    fp8_format: str = "e4m3"
+    scale_layout: str = "compact"
+
+    def __post_init__(self):
+        if not (self.rowwise or self.columnwise):
+            raise ValueError("rowwise and columnwise: at least one output must be requested")
+        if self.fp8_format not in MXFP8_FORMATS:
+            raise ValueError(f"fp8_format must be one of {MXFP8_FORMATS}, got {self.fp8_format!r}")
+        if self.scale_layout not in SCALE_LAYOUTS:
+            raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")

@@ -1,0 +1,122 @@
+"""Conformance check against a folder of golden vectors (format: shared/golden/README.md).
+
+Each ``*.safetensors`` case holds inputs, expected outputs and a JSON ``case`` header; this module
+runs nvfp4lab on the inputs and compares as the case says (exact bytes, or a per-element tolerance).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import ops
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass
+class CaseResult:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+def default_folder() -> Path:
+    """The compact subset of the golden vectors shipped inside the package."""
+    return Path(__file__).resolve().parent / "data" / "golden"
+
+
+def _first_mismatch(name: str, got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
+    if got is None:
+        return f"{name}: missing output"
+    got = got.cpu()
+    if tuple(got.shape) != tuple(want.shape):
+        return f"{name}: shape {tuple(got.shape)} != expected {tuple(want.shape)}"
+    if got.dtype != want.dtype:
+        return f"{name}: dtype {got.dtype} != expected {want.dtype}"
+    if want.dtype == torch.float32:
+        g, w = got.view(torch.int32), want.view(torch.int32)
+    else:
+        g, w = got, want
+    diff = (g != w).nonzero()
+    if diff.numel() == 0:
+        return None
+    idx = tuple(diff[0].tolist())
+    return f"{name}: {diff.shape[0]} mismatches, first at {idx}: got {got[idx].item()!r}, expected {want[idx].item()!r}"
+
+
+def _nvfp4_kwargs(params: dict) -> dict:
+    return dict(
+        block=params["block"], rowwise=params["rowwise"], columnwise=params["columnwise"],
+        per_token=params["per_token"], rht=params["rht"],
+        rht_sign_mask=params["rht_sign_mask"] if params["rht"] else 0xD7E8,
+        four_over_six=params.get("four_over_six"), e4m3_max=params.get("e4m3_max"),
+    )
+
+
+def run_case(path: Path, backend: str, device: str) -> CaseResult:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        case = json.loads(f.metadata()["case"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    op, params = case["op"], case.get("params", {})
+    problems: list[str] = []
+    if op == "nvfp4_quantize":
+        kwargs = _nvfp4_kwargs(params)
+        q = ops.quantize_nvfp4(tensors["x"].to(device), backend=backend, **kwargs)
+        for side in ("rowwise", "columnwise"):
+            if params[side]:
+                for part in ("data", "scale", "amax"):
+                    key = f"{side}_{part}"
+                    problems.append(_first_mismatch(key, getattr(q, key), tensors[key]))
+    elif op == "mxfp8_quantize":
+        axis = params["axis"]
+        q = ops.quantize_mxfp8(tensors["x"].to(device), rowwise=axis == "rowwise", columnwise=axis == "columnwise", backend=backend)
+        problems.append(_first_mismatch("data", getattr(q, f"{axis}_data"), tensors["data"]))
+        problems.append(_first_mismatch("scale", getattr(q, f"{axis}_scale"), tensors["scale"]))
+    elif op == "scale_swizzle":
+        got = ops.swizzle_scales(tensors["scale"].to(device), backend=backend).flatten()
+        problems.append(_first_mismatch("swizzled", got, tensors["swizzled"]))
+        back = ops.unswizzle_scales(got, *tensors["scale"].shape, backend=backend)
+        problems.append(_first_mismatch("unswizzled", back, tensors["scale"]))
+    elif op == "nvfp4_gemm":
+        qa = ops.quantize_nvfp4(tensors["a"].to(device), backend=backend, **_gemm_operand_kwargs(params["a_params"]))
+        qb = ops.quantize_nvfp4(tensors["b"].to(device), backend=backend, **_gemm_operand_kwargs(params["b_params"]))
+        got = ops.nvfp4_gemm(qa, qb, out_dtype=_DTYPES[params["out_dtype"]], backend=backend).cpu()
+        want = tensors["out"]
+        rtol, atol = case["rtol"], case["atol"]
+        if got.shape != want.shape or got.dtype != want.dtype:
+            problems.append(f"out: shape/dtype {tuple(got.shape)}/{got.dtype} != {tuple(want.shape)}/{want.dtype}")
+        else:
+            g, w = got.double(), want.double()
+            bad = ((g - w).abs() > atol + rtol * w.abs()) | torch.isnan(g)
+            if bad.any():
+                idx = tuple(bad.nonzero()[0].tolist())
+                problems.append(f"out: {int(bad.sum())} elements out of tolerance, first at {idx}: got {g[idx].item():.8g}, expected {w[idx].item():.8g}")
+    else:
+        return CaseResult(path.name, False, f"unknown op {op!r}")
+    problems = [p for p in problems if p]
+    return CaseResult(path.name, not problems, "; ".join(problems))
+
+
+def _gemm_operand_kwargs(params: dict) -> dict:
+    kwargs = _nvfp4_kwargs(params)
+    kwargs["rowwise"], kwargs["columnwise"] = True, False
+    return kwargs
+
+
+def run_folder(folder, backend: str = "ref", device: str = "cpu", pattern: str = "*.safetensors") -> list[CaseResult]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"conformance folder not found: {folder}")
+    results = []
+    for path in sorted(folder.glob(pattern)):
+        try:
+            results.append(run_case(path, backend, device))
+        except Exception as exc:  # a crash is a failed case, reported with its cause
+            results.append(CaseResult(path.name, False, f"raised {type(exc).__name__}: {exc}"))
+    return results

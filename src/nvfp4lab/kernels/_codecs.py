@@ -1,0 +1,109 @@
+"""Triton device functions: E2M1 / E4M3 / E5M2 / E8M0 encoders written with comparisons and integer
+bit operations, mirroring :mod:`nvfp4lab.ref.codecs` exactly (the interpreter's float8 casts are not
+round-to-nearest-even, so no kernel uses them)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def e2m1_encode(v):
+    """fp32 -> E2M1 code (int32 0..15): RNE, saturating; -0.0 -> 0, NaN -> 0 (ref.codecs.e2m1_encode)."""
+    a = tl.abs(v)
+    idx = (
+        (a > 0.25).to(tl.int32)
+        + (a >= 0.75).to(tl.int32)
+        + (a > 1.25).to(tl.int32)
+        + (a >= 1.75).to(tl.int32)
+        + (a > 2.5).to(tl.int32)
+        + (a >= 3.5).to(tl.int32)
+        + (a > 5.0).to(tl.int32)
+    )
+    code = ((v < 0).to(tl.int32) << 3) | idx
+    return tl.where(v != v, 0, code)
+
+
+@triton.jit
+def e2m1_decode(code):
+    """E2M1 code (int32) -> fp32, by arithmetic (no table): magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6."""
+    idx = code & 7
+    # idx 0..3 -> idx*0.5 ; idx 4..7 -> 2, 3, 4, 6
+    lo = idx.to(tl.float32) * 0.5
+    hi = tl.where(idx == 7, 6.0, (idx - 2).to(tl.float32))
+    mag = tl.where(idx < 4, lo, hi)
+    return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _fp8_encode(v, MANT_BITS: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr):
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 31) & 1
+    abits = bits & 0x7FFFFFFF
+    SHIFT: tl.constexpr = 23 - MANT_BITS
+    rounded = (abits + ((1 << (SHIFT - 1)) - 1) + ((abits >> SHIFT) & 1)) >> SHIFT
+    normal_code = rounded - ((127 - BIAS) << MANT_BITS)
+    # subnormal: integer RNE of |v| * 2^(BIAS - 1 + MANT_BITS) via the 2^23 magic-number trick
+    a = abits.to(tl.float32, bitcast=True)
+    SUB_SCALE: tl.constexpr = float(2 ** (BIAS - 1 + MANT_BITS))
+    scaled = a * SUB_SCALE
+    magic = scaled + 8388608.0  # 2^23: the fp32 add rounds to an integer, ties to even
+    sub_code = magic.to(tl.int32, bitcast=True) - 0x4B000000
+    MIN_NORMAL_BITS: tl.constexpr = (128 - BIAS) << 23
+    code = tl.where(abits < MIN_NORMAL_BITS, sub_code, normal_code)
+    code = tl.minimum(code, MAX_CODE)
+    code = tl.where(abits > 0x7F800000, 0x7F, code)
+    return (sign << 7) | code
+
+
+@triton.jit
+def e4m3_encode(v):
+    """fp32 -> E4M3 bits (int32 0..255): RNE, saturating at 448, NaN -> 0x7F."""
+    return _fp8_encode(v, 3, 7, 0x7E)
+
+
+@triton.jit
+def e5m2_encode(v):
+    """fp32 -> E5M2 bits (int32 0..255): RNE, saturating at 57344, NaN -> 0x7F."""
+    return _fp8_encode(v, 2, 15, 0x7B)
+
+
+@triton.jit
+def e4m3_decode(code):
+    """E4M3 bits (int32, 0..255) -> fp32, built from bits (0x7F/0xFF -> NaN)."""
+    sign = (code >> 7) & 1
+    exp = (code >> 3) & 0xF
+    mant = code & 7
+    normal_bits = ((exp + 120) << 23) | (mant << 20)
+    sub_val = mant.to(tl.float32) * 0.001953125  # mant * 2^-9
+    mag = tl.where(exp == 0, sub_val, normal_bits.to(tl.float32, bitcast=True))
+    mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
+    return tl.where(sign != 0, -mag, mag)
+
+
+@triton.jit
+def e8m0_encode_round_up(v):
+    """fp32 -> E8M0 code (int32) rounding toward +inf; NaN -> 0xFF, inf -> 0xFE, 0 -> 0."""
+    bits = v.to(tl.int32, bitcast=True)
+    exp = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    bump = (mant != 0) & (exp != 0xFE) & ~((exp == 0) & (mant <= 0x400000))
+    code = exp + bump.to(tl.int32)
+    code = tl.where((exp == 0xFF) & (mant == 0), 0xFE, code)
+    code = tl.where((exp == 0xFF) & (mant != 0), 0xFF, code)
+    return code
+
+
+@triton.jit
+def e8m0_decode(code):
+    """E8M0 code (int32) -> fp32 2^(code-127); 0 -> 2^-127, 0xFF -> NaN."""
+    val = (code << 23).to(tl.float32, bitcast=True)
+    val = tl.where(code == 0, tl.full(code.shape, 0x00400000, tl.int32).to(tl.float32, bitcast=True), val)
+    return tl.where(code == 0xFF, float("nan"), val)
+
+
+@triton.jit
+def e8m0_quant_multiplier(code):
+    """2^(127 - code) from bits: 254 -> 2^-127 (denormal), 255 -> NaN."""
+    e = tl.maximum(254 - code, 0)
+    val = (e << 23).to(tl.float32, bitcast=True)
+    val = tl.where(code == 254, tl.full(code.shape, 0x00400000, tl.int32).to(tl.float32, bitcast=True), val)
+    return tl.where(code == 255, float("nan"), val)

@@ -1,0 +1,308 @@
+"""Public quantize / dequantize / GEMM ops: input checks, then dispatch to a backend.
+
+Backends: ``"ref"`` (plain PyTorch, :mod:`nvfp4lab.ref`, CPU and GPU) and ``"triton"``
+(:mod:`nvfp4lab.kernels`). ``backend=None`` picks Triton for CUDA tensors when Triton is installed and
+the reference otherwise. The environment variable ``NVFP4LAB_BACKEND`` (``ref`` or ``triton``)
+overrides that default choice (never an explicit ``backend=`` argument).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Union
+
+import torch
+
+from . import ref
+from .config import MXFP8QuantConfig, NVFP4QuantConfig
+from .tensors import MXFP8Tensor, NVFP4Tensor
+
+BACKENDS = ("ref", "triton")
+HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# ------------------------------------------------------------------------------------- helpers
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend: Optional[str], device: torch.device) -> str:
+    if backend is None:
+        backend = os.environ.get("NVFP4LAB_BACKEND") or None
+    if backend is None:
+        return "triton" if device.type == "cuda" and triton_available() else "ref"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend == "triton" and not triton_available():
+        raise ValueError("backend='triton' needs the triton package (pip install triton)")
+    return backend
+
+
+def _check_tensor(name: str, x, dtypes=HIGH_PRECISION_DTYPES) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {str(x.dtype).replace('torch.', '')}")
+
+
+def flatten_2d(name: str, x: torch.Tensor) -> torch.Tensor:
+    """Leading dims flatten into M; the result is contiguous (M, K)."""
+    if x.dim() < 2:
+        raise ValueError(f"{name} must have at least 2 dims (M, K) after flattening leading dims, got shape {tuple(x.shape)}")
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _check_multiple(name: str, value: int, mult: int, why: str) -> None:
+    if value % mult != 0:
+        raise ValueError(f"{name} must be a multiple of {mult} ({why}), got {value}")
+
+
+def _check_amax(name: str, amax, expected: tuple[int, ...], device) -> Optional[torch.Tensor]:
+    if amax is None:
+        return None
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(amax).__name__}")
+    if not amax.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {amax.dtype}")
+    if amax.numel() not in expected:
+        raise ValueError(f"{name} must have {' or '.join(map(str, expected))} elements, got shape {tuple(amax.shape)}")
+    return amax.to(device=device, dtype=torch.float32).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------- NVFP4
+def quantize_nvfp4(
+    x: torch.Tensor,
+    *,
+    block: str = "1x16",
+    rowwise: bool = True,
+    columnwise: bool = False,
+    per_token: bool = False,
+    rht: bool = False,
+    rht_sign_mask: int = 0xD7E8,
+    four_over_six: Optional[str] = None,
+    e4m3_max: Optional[float] = None,
+    stochastic_rounding: bool = False,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+    scale_layout: str = "compact",
+    config: Optional[NVFP4QuantConfig] = None,
+    backend: Optional[str] = None,
+) -> NVFP4Tensor:
+    """Quantize ``x`` (..., K) to NVFP4 (see :class:`NVFP4QuantConfig` for the options).
+
+    Leading dims flatten into M; K (and M when a columnwise or 16x16 output is asked) must be
+    multiples of 16. ``config`` replaces the individual option arguments when given.
+    Stochastic rounding takes ``seed`` (int) or ``generator``; the same seed repeats the same bits on
+    the same backend and device.
+    """
+    _check_tensor("x", x)
+    if config is None:
+        config = NVFP4QuantConfig(
+            block=block, rowwise=rowwise, columnwise=columnwise, per_token=per_token, rht=rht,
+            rht_sign_mask=rht_sign_mask, four_over_six=four_over_six, e4m3_max=e4m3_max,
+            stochastic_rounding=stochastic_rounding, scale_layout=scale_layout,
+        )
+    elif not isinstance(config, NVFP4QuantConfig):
+        raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
+    x2 = flatten_2d("x", x)
+    m, k = x2.shape
+    _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
+    if config.columnwise or config.block == "16x16":
+        _check_multiple("M (product of x's leading dims)", m, 16, "columnwise and 16x16 outputs block 16 rows")
+    if seed is not None and generator is not None:
+        raise ValueError("seed and generator: pass one of them, not both")
+    amax = _check_amax("amax", amax, (m,) if config.per_token else (1,), x.device)
+    col_expected = (k,) if config.per_token else (1,)
+    columnwise_amax = _check_amax("columnwise_amax", columnwise_amax, col_expected, x.device)
+    backend = resolve_backend(backend, x.device)
+    if backend == "triton":
+        from .kernels import nvfp4_quantize
+
+        out = nvfp4_quantize.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, seed=seed, generator=generator)
+    else:
+        if config.stochastic_rounding and generator is None and seed is not None:
+            generator = torch.Generator(device=x.device).manual_seed(int(seed))
+        out = ref.nvfp4.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, generator=generator)
+    out.shape = x.shape
+    return out
+
+
+def dequantize_nvfp4(
+    t: NVFP4Tensor,
+    *,
+    dtype: Optional[torch.dtype] = None,
+    which: str = "rowwise",
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """NVFP4Tensor -> high precision in the original shape (``dtype`` defaults to the original)."""
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
+    dtype = t.dtype if dtype is None else dtype
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    if which not in ("rowwise", "columnwise"):
+        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
+    data = t.rowwise_data if which == "rowwise" else t.columnwise_data
+    if data is None:
+        raise ValueError(f"which={which!r}: this NVFP4Tensor has no {which} copy")
+    if data.numel() == 0:
+        return torch.empty(t.shape, dtype=dtype, device=data.device)
+    backend = resolve_backend(backend, data.device)
+    if backend == "triton":
+        from .kernels import dequantize as dequant_kernels
+
+        return dequant_kernels.dequantize_nvfp4(t, dtype=dtype, which=which)
+    return ref.nvfp4.dequantize(t, dtype, which)
+
+
+# ---------------------------------------------------------------------------------------- MXFP8
+def quantize_mxfp8(
+    x: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    fp8_format: str = "e4m3",
+    scale_layout: str = "compact",
+    config: Optional[MXFP8QuantConfig] = None,
+    backend: Optional[str] = None,
+) -> MXFP8Tensor:
+    """Quantize ``x`` (..., K) to MXFP8: rowwise needs K % 32 == 0, columnwise needs M % 32 == 0."""
+    _check_tensor("x", x)
+    if config is None:
+        config = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fp8_format, scale_layout=scale_layout)
+    elif not isinstance(config, MXFP8QuantConfig):
+        raise TypeError(f"config must be an MXFP8QuantConfig, got {type(config).__name__}")
+    x2 = flatten_2d("x", x)
+    m, k = x2.shape
+    if config.rowwise:
+        _check_multiple("x.shape[-1] (K)", k, 32, "MXFP8 rowwise blocks hold 32 elements along K")
+    if config.columnwise:
+        _check_multiple("M (product of x's leading dims)", m, 32, "MXFP8 columnwise blocks hold 32 rows")
+    backend = resolve_backend(backend, x.device)
+    if backend == "triton":
+        from .kernels import mxfp8 as mxfp8_kernels
+
+        out = mxfp8_kernels.quantize_mxfp8(x2, config)
+    else:
+        out = ref.mxfp8.quantize(x2, config)
+    out.shape = torch.Size((m, k))
+    return out
+
+
+def dequantize_mxfp8(
+    t: MXFP8Tensor,
+    *,
+    dtype: Optional[torch.dtype] = None,
+    which: str = "rowwise",
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """MXFP8Tensor -> high precision (M, K)."""
+    if not isinstance(t, MXFP8Tensor):
+        raise TypeError(f"t must be an MXFP8Tensor, got {type(t).__name__}")
+    dtype = t.dtype if dtype is None else dtype
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    if which not in ("rowwise", "columnwise"):
+        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
+    data = t.rowwise_data if which == "rowwise" else t.columnwise_data
+    if data is None:
+        raise ValueError(f"which={which!r}: this MXFP8Tensor has no {which} copy")
+    if data.numel() == 0:
+        return torch.empty(t.shape, dtype=dtype, device=data.device)
+    backend = resolve_backend(backend, data.device)
+    if backend == "triton":
+        from .kernels import mxfp8 as mxfp8_kernels
+
+        return mxfp8_kernels.dequantize_mxfp8(t, dtype=dtype, which=which)
+    return ref.mxfp8.dequantize(t, dtype, which)
+
+
+# ---------------------------------------------------------------------------------------- swizzle
+def swizzle_scales(scale: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
+    """Compact (R, C) uint8 scales -> (roundup(R,128), roundup(C,4)) in cuBLAS' 128x4 order, padding 0."""
+    _check_tensor("scale", scale, (torch.uint8,))
+    if scale.dim() != 2:
+        raise ValueError(f"scale must be 2-D (R, C), got shape {tuple(scale.shape)}")
+    if resolve_backend(backend, scale.device) == "triton" and scale.numel() > 0:
+        from .kernels import swizzle as swizzle_kernels
+
+        return swizzle_kernels.swizzle_scales(scale)
+    return ref.swizzle.swizzle_scales(scale)
+
+
+def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int, *, backend: Optional[str] = None) -> torch.Tensor:
+    """Inverse of :func:`swizzle_scales`: a swizzled buffer (flat or 2-D) -> compact (rows, cols)."""
+    _check_tensor("swizzled", swizzled, (torch.uint8,))
+    if rows < 0 or cols < 0:
+        raise ValueError(f"rows and cols must be >= 0, got {rows}, {cols}")
+    need = ref.swizzle.roundup(rows, 128) * ref.swizzle.roundup(cols, 4)
+    if swizzled.numel() != need:
+        raise ValueError(f"swizzled must hold roundup(rows,128)*roundup(cols,4) = {need} bytes, got {swizzled.numel()}")
+    if resolve_backend(backend, swizzled.device) == "triton" and need > 0:
+        from .kernels import swizzle as swizzle_kernels
+
+        return swizzle_kernels.unswizzle_scales(swizzled, rows, cols)
+    return ref.swizzle.unswizzle_scales(swizzled, rows, cols)
+
+
+# ------------------------------------------------------------------------------------------ GEMM
+def nvfp4_gemm(
+    a: NVFP4Tensor,
+    b: NVFP4Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    accumulate: bool = False,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """``a @ b^T`` from the rowwise copies of two NVFP4Tensors (both K-major, cuBLAS TN).
+
+    a: logical (M, K); b: logical (N, K). Per-tensor or per-token amax on either side; each side's own
+    E (448/256). bias: (N,). out: (M, N) written in place (and added to first when ``accumulate``).
+    """
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, NVFP4Tensor):
+            raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
+        if t.rowwise_data is None:
+            raise ValueError(f"{name} has no rowwise copy: nvfp4_gemm reads rowwise data (quantize with rowwise=True)")
+    if a.k != b.k:
+        raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    m, n = a.m, b.m
+    device = a.rowwise_data.device
+    if bias is not None:
+        _check_tensor("bias", bias)
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
+    if out is not None:
+        _check_tensor("out", out, OUT_DTYPES)
+        if out.shape != (m, n):
+            raise ValueError(f"out must have shape (M, N) = ({m}, {n}), got {tuple(out.shape)}")
+        out_dtype = out.dtype
+    if m == 0 or n == 0 or a.k == 0:
+        result = torch.zeros(m, n, dtype=torch.float32, device=device)
+        if bias is not None:
+            result = result + bias.float()
+        if accumulate:
+            result = result + out.float()
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result.to(out_dtype)
+    backend = resolve_backend(backend, device)
+    if backend == "triton":
+        from .kernels import nvfp4_gemm as gemm_kernels
+
+        return gemm_kernels.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
+    return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)

@@ -1,0 +1,59 @@
+"""NVFP4 GEMM reference (spec sections 9 and 12): out = A_deq @ B_deq^T, both operands K-major (TN).
+
+    acc[i, j]  = sum_k (q_a * s_a)[i, k] * (q_b * s_b)[j, k]        fp32; each q*s is exact in fp32
+    alpha[i,j] = fl(fl(amax_a[i] * amax_b[j]) * fl(1 / (36 * E_a * E_b)))
+    out        = out_dtype(fl(acc * alpha) [+ bias] [+ C])           one rounding to out_dtype
+
+amax_a / amax_b are per tensor (1,) or per token ((M,) rows of A, (N,) rows of B). With per-tensor
+operands alpha is exactly cuBLAS' device alpha. The fp32 summation order of ``acc`` is not part of the
+contract: implementations agree within the golden tolerance (rtol 2^-7).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import codecs
+from .swizzle import compact_scales
+
+_F32 = torch.float32
+
+
+def block_dequantized(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes times their E4M3 block scale, without the global scale: (R, K) fp32, exact."""
+    q = codecs.e2m1_decode(codecs.unpack_fp4(data))
+    return q * codecs.e4m3_decode(scale).repeat_interleave(16, dim=1)
+
+
+def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: float, e4m3_max_b: float) -> torch.Tensor:
+    """(M or 1, N or 1) fp32 epilogue scale."""
+    inv = torch.tensor(1.0 / (36.0 * e4m3_max_a * e4m3_max_b), dtype=_F32, device=amax_a.device)
+    return (amax_a.to(_F32).reshape(-1, 1) * amax_b.to(_F32).reshape(1, -1)) * inv
+
+
+def nvfp4_gemm(
+    a,
+    b,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """Reference GEMM of two :class:`NVFP4Tensor` (their rowwise copies): (M, K) x (N, K) -> (M, N)."""
+    m, k = a.m, a.k
+    n = b.m
+    a_blk = block_dequantized(a.rowwise_data, compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16))
+    b_blk = block_dequantized(b.rowwise_data, compact_scales(b.rowwise_scale, b.scale_layout, n, k // 16))
+    acc = a_blk @ b_blk.t()
+    result = acc * gemm_alpha(a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
+    if bias is not None:
+        result = result + bias.to(_F32)
+    if accumulate and out is not None:
+        result = result + out.to(_F32)
+    result = result.to(out_dtype)
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result

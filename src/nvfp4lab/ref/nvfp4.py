@@ -1,0 +1,278 @@
+"""NVFP4 reference numerics (spec sections 3-7, 9-11): the single definition of every recipe's bits.
+
+All arithmetic is fp32 and each step below is one IEEE operation, in the order TE's kernels and
+TE's pure-PyTorch reference (``reference_nvfp4.py`` @ d0067d0da) perform it.
+
+Quantization of a matrix Y (R, C) along its rows, with an outer amax per tensor or per row:
+
+    S_enc = fl(6E / amax), clamped to FLT_MAX; 1 when amax == 0 or S_enc == 0     (E = 448 or 256)
+    S_dec = fl(1 / S_enc)
+    plain:   s = e4m3(min(fl(bamax * fl(S_enc * fl(1/6))), FLT_MAX))
+    4over6:  base = fl(fl(bamax / 6) * S_enc); s6 = e4m3(min(base, 448)); s4 = e4m3(min(fl(1.5*base), 448))
+    enc   = min(fl(1 / fl(float(s) * S_dec)), FLT_MAX)            (s == 0 -> FLT_MAX)
+    code  = E2M1_RNE_satfinite(fl(y * enc))                        (or stochastic rounding)
+
+Rowwise output quantizes x (M, K); columnwise output quantizes x^T (K, M) (after the RHT when enabled).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import codecs
+from .codecs import FLT_MAX
+
+DEFAULT_RHT_SIGN_MASK = 0xD7E8  # TE's fixed wgrad sign vector, bit i set where s_i = -1
+_F32 = torch.float32
+_ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=_F32).item()  # fl(1/6) = 0.16666667163...
+
+
+def _f32(v, device) -> torch.Tensor:
+    return torch.tensor(v, dtype=_F32, device=device)
+
+
+# ---------------------------------------------------------------------------------- global scale
+def global_encode_scale(amax: torch.Tensor, e4m3_max: float = 448.0) -> torch.Tensor:
+    """S_enc = min(fl(6E / amax), FLT_MAX); 1 where amax == 0 or the quotient is 0 (amax = inf)."""
+    amax = amax.to(_F32)
+    s_enc = _f32(6.0 * e4m3_max, amax.device) / amax
+    s_enc = torch.clamp(s_enc, max=FLT_MAX)
+    return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+
+
+# ---------------------------------------------------------------------------- Hadamard transform
+def rht_matrix(sign_mask: int = DEFAULT_RHT_SIGN_MASK, device=None) -> torch.Tensor:
+    """T = diag(s) @ H16 / 4 in fp32 (entries +-0.25, exact in bf16); H16 is Sylvester's matrix."""
+    idx = torch.arange(16, device=device)
+    parity = torch.zeros(16, 16, dtype=torch.int64, device=device)
+    anded = idx.view(-1, 1) & idx.view(1, -1)
+    for bit in range(4):
+        parity ^= (anded >> bit) & 1
+    hadamard = 1.0 - 2.0 * parity.to(_F32)
+    signs = torch.tensor([-1.0 if (sign_mask >> i) & 1 else 1.0 for i in range(16)], dtype=_F32, device=device)
+    return signs.view(-1, 1) * hadamard * 0.25
+
+
+def apply_rht(y: torch.Tensor, sign_mask: int = DEFAULT_RHT_SIGN_MASK) -> torch.Tensor:
+    """Random Hadamard transform along the last dim, in chunks of 16: v -> bf16(v @ T).
+
+    The input is taken as bf16 (TE defines the RHT on BF16 tensors; other dtypes are rounded to bf16
+    first). The 16 products are accumulated in fp32 and the sum is rounded once to bf16.
+    """
+    rows, cols = y.shape
+    v = y.to(torch.bfloat16).to(_F32).reshape(rows, cols // 16, 16)
+    out = torch.matmul(v, rht_matrix(sign_mask, y.device))
+    return out.reshape(rows, cols).to(torch.bfloat16)
+
+
+def inverse_rht(y: torch.Tensor, sign_mask: int = DEFAULT_RHT_SIGN_MASK) -> torch.Tensor:
+    """Inverse of the transform in fp32 (T is orthogonal: T @ T^T = I)."""
+    rows, cols = y.shape
+    v = y.to(_F32).reshape(rows, cols // 16, 16)
+    return torch.matmul(v, rht_matrix(sign_mask, y.device).T).reshape(rows, cols)
+
+
+# ------------------------------------------------------------------------------ rounding to E2M1
+def stochastic_round_e2m1(y: torch.Tensor, rand_bytes: torch.Tensor) -> torch.Tensor:
+    """Stochastic rounding of fp32 ``y`` onto the E2M1 grid with 8 random bits per element.
+
+    TE's software rule (spec section 7): a = |y|; step(a) = 0.5 below 2, 1 below 4, else 2;
+    t = a + (r/256)*step(a); q = min(floor(t/step(t))*step(t), 6) with the step re-derived from t;
+    the result carries y's sign. P(round up) = (a - lo)/step in 1/256 increments; NaN -> +6.
+    Returns E2M1 codes.
+    """
+    def step(a):
+        return torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0)).to(_F32)
+
+    a = y.abs()
+    u = rand_bytes.to(_F32) / 256.0
+    t = a + u * step(a)
+    st = step(t)
+    q = torch.clamp(torch.floor(t / st) * st, max=6.0)
+    q = torch.where(torch.isnan(y), torch.full_like(q, 6.0), torch.where(y < 0, -q, q))
+    return codecs.e2m1_encode(q)
+
+
+def _block_amax(y: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """max |y| over (block_rows x 16) blocks, repeated on each of the block's rows: (R, C/16)."""
+    rows, cols = y.shape
+    bamax = y.abs().reshape(rows // block_rows, block_rows, cols // 16, 16).amax(dim=(1, 3))
+    return bamax.repeat_interleave(block_rows, dim=0)
+
+
+def _expand(per_block: torch.Tensor) -> torch.Tensor:
+    return per_block.repeat_interleave(16, dim=1)
+
+
+def _encode_scale_factor(scale_f32: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
+    """enc = min(fl(1 / fl(s * S_dec)), FLT_MAX); a zero scale gives FLT_MAX."""
+    return torch.clamp(1.0 / (scale_f32 * s_dec), max=FLT_MAX)
+
+
+def _four_over_six_error(y, codes, scale_f32, amax, e4m3_max, err_mode, block_rows):
+    """Per-block error of one 4over6 candidate: (R/block_rows, C/16) fp32.
+
+    Each element's dequantized value is fl(fl(fl(q*s) * amax) / (6E)); the 16 |d| (MAE) or d*d (MSE)
+    terms of a block row are summed sequentially in fp32; for 16x16 blocks the 16 row sums are then
+    tree-summed as a warp shuffle-down reduction (offsets 8, 4, 2, 1).
+    """
+    rows, cols = y.shape
+    q = codecs.e2m1_decode(codes)
+    val = ((q * _expand(scale_f32)) * amax) / _f32(6.0 * e4m3_max, y.device)
+    d = val - y
+    term = d.abs() if err_mode == "mae" else d * d
+    term = term.reshape(rows, cols // 16, 16)
+    row_err = torch.zeros(rows, cols // 16, dtype=_F32, device=y.device)
+    for i in range(16):
+        row_err = row_err + term[:, :, i]
+    if block_rows == 1:
+        return row_err
+    parts = row_err.reshape(rows // 16, 16, cols // 16)
+    width = 16
+    while width > 1:
+        width //= 2
+        parts = parts[:, :width] + parts[:, width : 2 * width]
+    return parts[:, 0]
+
+
+def quantize_rows(
+    y: torch.Tensor,
+    amax: torch.Tensor,
+    *,
+    block_rows: int = 1,
+    e4m3_max: float = 448.0,
+    four_over_six: Optional[str] = None,
+    rand_bytes: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``y`` (R, C) along rows in blocks of ``block_rows`` x 16.
+
+    ``amax`` is the outer amax: shape (1,) per tensor or (R,) per row. Returns (codes (R, C) uint8,
+    scale (R, C/16) uint8 E4M3 bits). ``rand_bytes`` (R, C) enables stochastic rounding.
+    """
+    y = y.to(_F32)
+    amax_col = amax.to(_F32).reshape(-1, 1)
+    s_enc = global_encode_scale(amax_col, e4m3_max)
+    s_dec = 1.0 / s_enc
+    bamax = _block_amax(y, block_rows)
+
+    if four_over_six is None:
+        mult = s_enc * _ONE_SIXTH
+        scale = codecs.e4m3_encode(torch.clamp(bamax * mult, max=FLT_MAX))
+        enc = _encode_scale_factor(codecs.e4m3_decode(scale), s_dec)
+        scaled = y * _expand(enc)
+        if rand_bytes is not None:
+            return stochastic_round_e2m1(scaled, rand_bytes), scale
+        return codecs.e2m1_encode(scaled), scale
+
+    base = (bamax / 6.0) * s_enc
+    candidates = []
+    for expansion in (1.0, 1.5):  # map-to-6 first: it wins ties
+        cand = base if expansion == 1.0 else base * 1.5
+        scale = codecs.e4m3_encode(torch.clamp(cand, max=codecs.E4M3_MAX))
+        scale_f32 = codecs.e4m3_decode(scale)
+        codes = codecs.e2m1_encode(y * _expand(_encode_scale_factor(scale_f32, s_dec)))
+        err = _four_over_six_error(y, codes, scale_f32, amax_col, e4m3_max, four_over_six, block_rows)
+        candidates.append((codes, scale, err))
+    (codes6, scale6, err6), (codes4, scale4, err4) = candidates
+    pick4_block = err4 < err6
+    pick4 = pick4_block.repeat_interleave(block_rows, dim=0)
+    scale = torch.where(pick4, scale4, scale6)
+    codes = torch.where(_expand(pick4), codes4, codes6)
+    return codes, scale
+
+
+# ------------------------------------------------------------------------------------ dequantize
+def dequantize_rows(
+    codes_packed: torch.Tensor,
+    scale: torch.Tensor,
+    amax: torch.Tensor,
+    *,
+    e4m3_max: float = 448.0,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """(R, C/2) packed codes + compact (R, C/16) scales -> (R, C).
+
+    Per block: final = fl(fl(float(s) * amax) * fl(1/(6E))); out = out_dtype(fl(q * final)).
+    ``amax`` is (1,) or (R,) (per row).
+    """
+    q = codecs.e2m1_decode(codecs.unpack_fp4(codes_packed))
+    factor = (codecs.e4m3_decode(scale) * amax.to(_F32).reshape(-1, 1)) * _f32(1.0 / (6.0 * e4m3_max), q.device)
+    return (q * _expand(factor)).to(out_dtype)
+
+
+# ------------------------------------------------------------------------------ whole-tensor ops
+def _sr_bytes(shape, generator: Optional[torch.Generator], device) -> torch.Tensor:
+    return torch.randint(0, 256, shape, dtype=torch.int32, generator=generator, device=device)
+
+
+def quantize(
+    x: torch.Tensor,
+    config,
+    *,
+    amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+):
+    """Reference NVFP4 quantization of a 2-D tensor ``x`` (M, K) with a :class:`NVFP4QuantConfig`.
+
+    amax: optional precomputed outer amax for the rowwise output ((1,) or (M,) per token); without
+    RHT and per tensor it also serves the columnwise output. columnwise_amax: optional precomputed
+    amax for the columnwise output ((1,), (K,) per token, or the post-RHT amax). Stochastic rounding
+    draws rowwise bits first, then columnwise bits, from ``generator``.
+    """
+    from ..tensors import NVFP4Tensor
+    from .swizzle import apply_scale_layout
+
+    m, k = x.shape
+    xf = x.to(_F32)
+    out = NVFP4Tensor(shape=x.shape, dtype=x.dtype, config=config)
+    kwargs = dict(block_rows=config.block_rows, e4m3_max=config.e4m3_max, four_over_six=config.four_over_six)
+
+    def outer_amax(mat: torch.Tensor) -> torch.Tensor:
+        if mat.numel() == 0:
+            return torch.zeros(mat.shape[0] if config.per_token else 1, dtype=_F32, device=x.device)
+        return mat.abs().amax(dim=1) if config.per_token else mat.abs().amax().reshape(1)
+
+    if config.rowwise:
+        row_amax = amax.to(_F32).reshape(-1) if amax is not None else outer_amax(xf)
+        rand = _sr_bytes((m, k), generator, x.device) if config.stochastic_rounding else None
+        codes, scale = quantize_rows(xf, row_amax, rand_bytes=rand, **kwargs)
+        out.rowwise_data = codecs.pack_fp4(codes)
+        out.rowwise_scale = apply_scale_layout(scale, config.scale_layout)
+        out.rowwise_amax = row_amax.clone()
+    if config.columnwise:
+        xt = apply_rht(x.t(), config.rht_sign_mask).to(_F32) if config.rht else xf.t()
+        if columnwise_amax is not None:
+            col_amax = columnwise_amax.to(_F32).reshape(-1)
+        elif amax is not None and not config.rht and not config.per_token:
+            col_amax = amax.to(_F32).reshape(-1)
+        else:
+            col_amax = outer_amax(xt)
+        rand = _sr_bytes((k, m), generator, x.device) if config.stochastic_rounding else None
+        codes, scale = quantize_rows(xt.contiguous(), col_amax, rand_bytes=rand, **kwargs)
+        out.columnwise_data = codecs.pack_fp4(codes)
+        out.columnwise_scale = apply_scale_layout(scale, config.scale_layout)
+        out.columnwise_amax = col_amax.clone()
+    return out
+
+
+def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
+    """Reference NVFP4 dequantize of an :class:`NVFP4Tensor` to its original shape.
+
+    ``which="columnwise"`` dequantizes the columnwise copy, undoes the RHT (in fp32) when it was
+    applied, and transposes back, so both copies return x's orientation.
+    """
+    from .swizzle import compact_scales
+
+    m, k = t.m, t.k
+    if which == "rowwise":
+        scale = compact_scales(t.rowwise_scale, t.scale_layout, m, k // 16)
+        out = dequantize_rows(t.rowwise_data, scale, t.rowwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32)
+    else:
+        scale = compact_scales(t.columnwise_scale, t.scale_layout, k, m // 16)
+        out_t = dequantize_rows(t.columnwise_data, scale, t.columnwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32)
+        if t.config.rht:
+            out_t = inverse_rht(out_t, t.config.rht_sign_mask)
+        out = out_t.t()
+    return out.to(dtype).reshape(t.shape)
