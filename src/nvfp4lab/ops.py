@@ -54,7 +54,10 @@ def flatten_2d(name: str, x: torch.Tensor) -> torch.Tensor:
     """Leading dims flatten into M; the result is contiguous (M, K)."""
     if x.dim() < 2:
         raise ValueError(f"{name} must have at least 2 dims (M, K) after flattening leading dims, got shape {tuple(x.shape)}")
-    return x.reshape(-1, x.shape[-1]).contiguous()
+    m = 1
+    for d in x.shape[:-1]:
+        m *= d
+    return x.reshape(m, x.shape[-1]).contiguous()
 
 
 def _check_multiple(name: str, value: int, mult: int, why: str) -> None:

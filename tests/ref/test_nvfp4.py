@@ -1,0 +1,131 @@
+"""Properties of the NVFP4 reference that hold independently of the golden vectors."""
+import pytest
+import torch
+
+import nvfp4lab
+from nvfp4lab.ref import codecs
+from nvfp4lab.ref.nvfp4 import apply_rht, inverse_rht, rht_matrix
+
+
+def _randn(m, k, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=g).to(dtype)
+
+
+def test_2d_blocks_are_transposition_invariant():
+    x = _randn(64, 96)
+    q = nvfp4lab.quantize_nvfp4(x, block="16x16", rowwise=True, columnwise=True, backend="ref")
+    codes_row = codecs.unpack_fp4(q.rowwise_data)
+    codes_col = codecs.unpack_fp4(q.columnwise_data)
+    assert torch.equal(codes_col, codes_row.t())
+    # one scale per 16x16 tile, repeated on each row of the tile
+    assert torch.equal(q.rowwise_scale[::16].repeat_interleave(16, 0), q.rowwise_scale)
+    assert torch.equal(q.columnwise_scale[::16], q.rowwise_scale[::16].t())
+
+
+def test_per_token_single_row_equals_per_tensor():
+    x = _randn(16, 64, torch.float32)
+    per_token = nvfp4lab.quantize_nvfp4(x, per_token=True, backend="ref")
+    for r in (0, 5, 15):
+        per_tensor = nvfp4lab.quantize_nvfp4(x[r : r + 1], backend="ref")
+        assert torch.equal(per_token.rowwise_data[r], per_tensor.rowwise_data[0])
+        assert torch.equal(per_token.rowwise_scale[r], per_tensor.rowwise_scale[0])
+    assert torch.equal(per_token.rowwise_amax, x.abs().amax(dim=1))
+
+
+def test_provided_amax_equals_computed():
+    x = _randn(32, 64)
+    q0 = nvfp4lab.quantize_nvfp4(x, rowwise=True, columnwise=True, backend="ref")
+    q1 = nvfp4lab.quantize_nvfp4(x, rowwise=True, columnwise=True, amax=x.abs().amax().float(), backend="ref")
+    for name in ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"):
+        assert torch.equal(getattr(q0, name), getattr(q1, name))
+    q2 = nvfp4lab.quantize_nvfp4(x, amax=torch.tensor([2.0 * float(x.abs().max())]), backend="ref")
+    assert not torch.equal(q0.rowwise_scale, q2.rowwise_scale)
+
+
+@pytest.mark.parametrize("layout", ["padded", "swizzled"])
+def test_scale_layouts_hold_the_compact_scales(layout):
+    x = _randn(48, 80)
+    base = nvfp4lab.quantize_nvfp4(x, rowwise=True, columnwise=True, backend="ref")
+    other = nvfp4lab.quantize_nvfp4(x, rowwise=True, columnwise=True, scale_layout=layout, backend="ref")
+    assert other.rowwise_scale.shape == (128, 8)
+    assert other.columnwise_scale.shape == (128, 4)
+    if layout == "padded":
+        assert torch.equal(other.rowwise_scale[:48, :5], base.rowwise_scale)
+        assert other.rowwise_scale[48:].eq(0).all() and other.rowwise_scale[:, 5:].eq(0).all()
+    else:
+        assert torch.equal(nvfp4lab.unswizzle_scales(other.rowwise_scale, 48, 5), base.rowwise_scale)
+    assert torch.equal(other.dequantize(torch.float32), base.dequantize(torch.float32))
+
+
+def test_rht_matrix_is_orthogonal_and_mask_flips_rows():
+    t = rht_matrix(0xD7E8)
+    assert torch.allclose(t @ t.t(), torch.eye(16))
+    t0 = rht_matrix(0)
+    signs = torch.tensor([-1.0 if (0xD7E8 >> i) & 1 else 1.0 for i in range(16)])
+    assert torch.equal(t, signs.view(-1, 1) * t0)
+    x = _randn(4, 32, torch.float32)
+    assert torch.allclose(inverse_rht(apply_rht(x).float()), x.bfloat16().float(), rtol=2e-2, atol=2e-2)
+
+
+def test_dequantize_error_is_small_and_columnwise_undoes_rht():
+    x = _randn(64, 128, torch.float32, seed=3)
+    q = nvfp4lab.quantize_nvfp4(x, rowwise=True, columnwise=True, rht=True, backend="ref")
+    for which in ("rowwise", "columnwise"):
+        deq = q.dequantize(torch.float32, which=which)
+        rel = (deq - x).norm() / x.norm()
+        assert rel < 0.15, (which, rel)
+
+
+def test_zero_block_dequantizes_to_zero_and_tiny_block_underflows():
+    x = torch.zeros(16, 32)
+    x[0, :16] = torch.randn(16)
+    x[1, 16:] = 1e-9  # scale underflows to 0 -> dequantizes to exactly 0
+    x[2, 0] = 1e6
+    q = nvfp4lab.quantize_nvfp4(x, backend="ref")
+    deq = q.dequantize(torch.float32)
+    assert deq[1].eq(0).all()
+    assert deq[3:].eq(0).all()
+    assert deq[2, 0] == 1e6
+
+
+def _grid_neighbours(y: torch.Tensor):
+    grid = torch.tensor(codecs.E2M1_GRID)
+    a = y.abs().clamp(max=6.0)
+    lo = grid[(grid.view(1, -1) <= a.view(-1, 1) * (1 + 1e-6)).sum(1) - 1].view(y.shape)
+    hi = grid[torch.clamp(8 - (grid.view(1, -1) >= a.view(-1, 1) * (1 - 1e-6)).sum(1), max=7)].view(y.shape)
+    return lo, hi
+
+
+def test_stochastic_rounding_statistics():
+    x = _randn(64, 128, torch.float32, seed=7)
+    rn = nvfp4lab.quantize_nvfp4(x, backend="ref")
+    rn_deq = rn.dequantize(torch.float32)
+    draws = [nvfp4lab.quantize_nvfp4(x, stochastic_rounding=True, seed=s, backend="ref") for s in range(50)]
+    sr_deqs = torch.stack([d.dequantize(torch.float32) for d in draws])
+    rmse_rn = (rn_deq - x).pow(2).mean().sqrt()
+    rmse_sr_mean = (sr_deqs.mean(0) - x).pow(2).mean().sqrt()
+    assert rmse_sr_mean < rmse_rn
+    # scales do not depend on the rounding mode; every SR value is one of the two grid neighbours of x/f
+    assert all(torch.equal(d.rowwise_scale, rn.rowwise_scale) for d in draws)
+    factor = (codecs.e4m3_decode(rn.rowwise_scale) * rn.rowwise_amax / (6 * 448.0)).repeat_interleave(16, 1)
+    y = torch.where(factor > 0, x / factor, torch.zeros_like(x))
+    lo, hi = _grid_neighbours(y)
+    for d in draws[:5]:
+        mag = codecs.e2m1_decode(codecs.unpack_fp4(d.rowwise_data)).abs()
+        assert ((mag == lo) | (mag == hi)).all()
+    assert not torch.equal(draws[0].rowwise_data, draws[1].rowwise_data)
+    again = nvfp4lab.quantize_nvfp4(x, stochastic_rounding=True, seed=0, backend="ref")
+    assert torch.equal(again.rowwise_data, draws[0].rowwise_data)
+    # unbiased: the mean over draws tracks x much closer than RN's error
+    assert (sr_deqs.mean(0) - x).abs().mean() < 0.5 * (rn_deq - x).abs().mean()
+
+
+def test_four_over_six_never_worse_than_map6_per_block():
+    x = _randn(64, 128, torch.float32, seed=11)
+    q6 = nvfp4lab.quantize_nvfp4(x, e4m3_max=256, backend="ref")
+    q46 = nvfp4lab.quantize_nvfp4(x, four_over_six="mse", e4m3_max=256, backend="ref")
+    e6 = (q6.dequantize(torch.float32) - x).pow(2).reshape(64, 8, 16).sum(-1)
+    e46 = (q46.dequantize(torch.float32) - x).pow(2).reshape(64, 8, 16).sum(-1)
+    assert (e46 <= e6 * (1 + 1e-5) + 1e-12).all()
+    assert (e46 < e6).any()

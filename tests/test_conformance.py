@@ -1,0 +1,62 @@
+"""The golden conformance vectors: the shipped subset always, the full ../shared/golden when present."""
+import subprocess
+import sys
+
+import pytest
+
+from nvfp4lab.conformance import default_folder, run_folder
+
+from .conftest import SHARED_GOLDEN
+
+
+def _check(folder):
+    results = run_folder(folder, backend="ref")
+    failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+    assert results, f"no cases in {folder}"
+    assert not failed, "\n".join(failed)
+    return len(results)
+
+
+def test_shipped_subset_covers_every_op():
+    names = {p.name.rsplit("_", 1)[0] for p in default_folder().glob("*.safetensors")}
+    assert names == {"nvfp4_quantize", "nvfp4_gemm", "mxfp8_quantize", "scale_swizzle"}
+    assert _check(default_folder()) >= 30
+
+
+def test_full_shared_golden_when_present():
+    if not SHARED_GOLDEN.is_dir():
+        pytest.skip("../shared/golden is not beside this checkout (a user's clone); the shipped subset still ran")
+    assert _check(SHARED_GOLDEN) == len(list(SHARED_GOLDEN.glob("*.safetensors")))
+
+
+def test_cli_prints_summary_and_exit_code(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "nvfp4lab", "conformance"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.strip().splitlines()[-1].endswith(" passed, 0 failed")
+    empty = subprocess.run([sys.executable, "-m", "nvfp4lab", "conformance", str(tmp_path)], capture_output=True, text=True)
+    assert empty.returncode == 1
+    assert "0 passed, 0 failed" in empty.stdout
+    missing = subprocess.run([sys.executable, "-m", "nvfp4lab", "conformance", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert missing.returncode == 1 and "not found" in missing.stderr
+
+
+def test_cli_reports_a_mismatch(tmp_path):
+    """A corrupted copy of a case must fail with the tensor name and index."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = sorted(default_folder().glob("nvfp4_quantize_*.safetensors"))[0]
+    with safe_open(str(src), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors["rowwise_scale"] = tensors["rowwise_scale"].clone()
+    tensors["rowwise_scale"][0, 0] ^= 1
+    save_file(tensors, str(tmp_path / src.name), metadata=meta)
+    run = subprocess.run([sys.executable, "-m", "nvfp4lab", "conformance", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "rowwise_scale" in run.stdout and "(0, 0)" in run.stdout
+    assert run.stdout.strip().splitlines()[-1] == "0 passed, 1 failed"
+    assert json.loads(meta["case"])["op"] == "nvfp4_quantize"
