@@ -6,15 +6,17 @@ from .ops import (
     nvfp4_gemm,
     quantize_mxfp8,
     quantize_nvfp4,
+    quantize_nvfp4_grouped,
+    quantize_nvfp4_grouped_bulk,
     swizzle_scales,
     unswizzle_scales,
 )
-from .tensors import MXFP8Tensor, NVFP4Tensor
+from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",
-    "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "quantize_mxfp8", "quantize_nvfp4",
+    "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "quantize_mxfp8", "quantize_nvfp4", "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
     "swizzle_scales", "unswizzle_scales",
 ]

@@ -137,6 +137,104 @@ def quantize_nvfp4(
     return out
 
 
+
+# ------------------------------------------------------------------------------- grouped NVFP4
+def _split_offsets(name: str, split_sections, m: int, device) -> torch.Tensor:
+    """list of ints or 1-D integer tensor -> int64 offsets (n+1,) on ``device``; host lists are checked."""
+    if isinstance(split_sections, torch.Tensor):
+        if split_sections.dim() != 1 or split_sections.dtype.is_floating_point or split_sections.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {split_sections.dtype} shape {tuple(split_sections.shape)}")
+        sizes = split_sections.to(device=device, dtype=torch.int64)
+        offsets = torch.zeros(sizes.numel() + 1, dtype=torch.int64, device=device)
+        torch.cumsum(sizes, 0, out=offsets[1:])
+        if split_sections.device.type == "cpu":
+            _check_sections(name, split_sections.tolist(), m)
+        return offsets
+    if not isinstance(split_sections, (list, tuple)) or not all(isinstance(s, int) for s in split_sections):
+        raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got {split_sections!r}")
+    _check_sections(name, split_sections, m)
+    sizes = torch.tensor([0] + list(split_sections), dtype=torch.int64)
+    return torch.cumsum(sizes, 0).to(device)
+
+
+def _check_sections(name: str, sections, m: int) -> None:
+    if len(sections) == 0:
+        raise ValueError(f"{name} must name at least one split")
+    if any(s < 0 for s in sections):
+        raise ValueError(f"{name} must be >= 0 each, got {list(sections)}")
+    if sum(sections) != m:
+        raise ValueError(f"{name} must sum to M = {m} (rows of x), got {sum(sections)}")
+
+
+def quantize_nvfp4_grouped_bulk(
+    x: torch.Tensor,
+    split_sections,
+    *,
+    config: Optional[NVFP4QuantConfig] = None,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
+    **options,
+):
+    """Quantize ``x`` (M, K) split along M into experts, each split with its own amax, into bulk buffers.
+
+    ``split_sections``: list of ints, or a 1-D integer tensor (may live on the GPU: the Triton path
+    reads the sizes on the device, so the call is CUDA-graph capturable; the sizes must then sum to M,
+    which is not checked without a host sync). Returns a :class:`GroupedNVFP4Tensor`; every split is
+    bit-identical to ``quantize_nvfp4`` of that split alone (stochastic rounding: statistically).
+    Options as :func:`quantize_nvfp4`; scales are compact in the bulk buffers.
+    Alignment: K % 16; each split a multiple of 16 when a columnwise or 16x16 output is asked.
+    """
+    _check_tensor("x", x)
+    if config is None:
+        config = NVFP4QuantConfig(**options)
+    elif options:
+        raise ValueError(f"pass either config= or individual options, not both (got {sorted(options)})")
+    if config.scale_layout != "compact":
+        raise ValueError("scale_layout: the grouped bulk buffers hold compact scales; use quantize_nvfp4_grouped (per-split views) for padded/swizzled scales")
+    x2 = flatten_2d("x", x)
+    m, k = x2.shape
+    _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
+    offsets = _split_offsets("split_sections", split_sections, m, x.device)
+    on_host = not isinstance(split_sections, torch.Tensor) or split_sections.device.type == "cpu"
+    if on_host and (config.columnwise or config.block == "16x16"):
+        bad = [int(s) for s in split_sections if int(s) % 16]
+        if bad:
+            raise ValueError(f"split_sections must be multiples of 16 when a columnwise or 16x16 output is asked (16-row blocks), got {bad}")
+    if seed is not None and generator is not None:
+        raise ValueError("seed and generator: pass one of them, not both")
+    backend = resolve_backend(backend, x.device)
+    if backend == "triton":
+        from .kernels import grouped_quantize
+
+        return grouped_quantize.quantize_grouped(x2, offsets, config, seed=seed, generator=generator)
+    if config.stochastic_rounding and generator is None and seed is not None:
+        generator = torch.Generator(device=x.device).manual_seed(int(seed))
+    return ref.nvfp4.quantize_grouped(x2, offsets, config, generator=generator)
+
+
+def quantize_nvfp4_grouped(x: torch.Tensor, split_sections, *, scale_layout: str = "compact", **kwargs) -> list:
+    """Grouped quantize returning one :class:`NVFP4Tensor` per split (views into the bulk buffers).
+
+    Same arguments as :func:`quantize_nvfp4_grouped_bulk`; ``scale_layout="padded"|"swizzled"`` converts
+    each split's compact scales afterwards (new tensors, not views).
+    """
+    if scale_layout not in ("compact", "padded", "swizzled"):
+        raise ValueError(f"scale_layout must be one of ('compact', 'padded', 'swizzled'), got {scale_layout!r}")
+    bulk = quantize_nvfp4_grouped_bulk(x, split_sections, **kwargs)
+    parts = bulk.split()
+    if scale_layout != "compact":
+        from dataclasses import replace
+
+        cfg = replace(bulk.config, scale_layout=scale_layout)
+        for t in parts:
+            t.config = cfg
+            if t.rowwise_scale is not None:
+                t.rowwise_scale = ref.swizzle.apply_scale_layout(t.rowwise_scale, scale_layout)
+            if t.columnwise_scale is not None:
+                t.columnwise_scale = ref.swizzle.apply_scale_layout(t.columnwise_scale, scale_layout)
+    return parts
+
 def dequantize_nvfp4(
     t: NVFP4Tensor,
     *,

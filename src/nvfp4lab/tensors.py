@@ -103,3 +103,65 @@ class MXFP8Tensor:
         from .ops import dequantize_mxfp8
 
         return dequantize_mxfp8(self, dtype=dtype, which=which)
+
+
+@dataclass
+class GroupedNVFP4Tensor:
+    """One token tensor (total_M, K) quantized split by split (MoE experts), in contiguous bulk buffers.
+
+    Split i covers rows [split_offsets[i], split_offsets[i+1]) and is quantized exactly as if it were
+    alone (its own amax). Buffers (compact scales only)::
+
+        rowwise_data      (total_M, K/2)      split i = rows of the split
+        rowwise_scale     (total_M, K/16)
+        rowwise_amax      (num_splits,) per tensor, or (total_M,) per token
+        columnwise_data   flat (K * total_M / 2,)   split i = [K*off_i/2, K*off_{i+1}/2) viewed (K, m_i/2)
+        columnwise_scale  flat (K * total_M / 16,)  split i = [K*off_i/16, ...) viewed (K, m_i/16)
+        columnwise_amax   (num_splits,) per tensor, or (num_splits, K) per token
+
+    ``split_offsets`` is an int64 tensor (num_splits + 1,) on the data's device, so a kernel can read
+    the split sizes without a host sync. :meth:`split` makes the per-split views (it reads the offsets
+    on the host).
+    """
+
+    shape: torch.Size
+    dtype: torch.dtype
+    config: NVFP4QuantConfig
+    split_offsets: torch.Tensor
+    rowwise_data: Optional[torch.Tensor] = None
+    rowwise_scale: Optional[torch.Tensor] = None
+    rowwise_amax: Optional[torch.Tensor] = None
+    columnwise_data: Optional[torch.Tensor] = None
+    columnwise_scale: Optional[torch.Tensor] = None
+    columnwise_amax: Optional[torch.Tensor] = None
+
+    @property
+    def num_splits(self) -> int:
+        return self.split_offsets.numel() - 1
+
+    def split(self, sections: Optional[list] = None) -> list:
+        """Per-split :class:`NVFP4Tensor` views into the bulk buffers (compact scales)."""
+        offsets = [int(v) for v in self.split_offsets.tolist()] if sections is None else _offsets(sections)
+        k = int(self.shape[-1])
+        cfg = self.config
+        out = []
+        for i in range(len(offsets) - 1):
+            lo, hi = offsets[i], offsets[i + 1]
+            t = NVFP4Tensor(shape=torch.Size((hi - lo, k)), dtype=self.dtype, config=cfg)
+            if cfg.rowwise:
+                t.rowwise_data = self.rowwise_data[lo:hi]
+                t.rowwise_scale = self.rowwise_scale[lo:hi]
+                t.rowwise_amax = self.rowwise_amax[lo:hi] if cfg.per_token else self.rowwise_amax[i : i + 1]
+            if cfg.columnwise:
+                t.columnwise_data = self.columnwise_data[k * lo // 2 : k * hi // 2].view(k, (hi - lo) // 2)
+                t.columnwise_scale = self.columnwise_scale[k * lo // 16 : k * hi // 16].view(k, (hi - lo) // 16)
+                t.columnwise_amax = self.columnwise_amax[i] if cfg.per_token else self.columnwise_amax[i : i + 1]
+            out.append(t)
+        return out
+
+
+def _offsets(sections) -> list:
+    offsets = [0]
+    for s in sections:
+        offsets.append(offsets[-1] + int(s))
+    return offsets

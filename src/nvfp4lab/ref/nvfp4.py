@@ -276,3 +276,33 @@ def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
             out_t = inverse_rht(out_t, t.config.rht_sign_mask)
         out = out_t.t()
     return out.to(dtype).reshape(t.shape)
+
+
+def quantize_grouped(x: torch.Tensor, split_offsets: torch.Tensor, config, *, generator=None):
+    """Reference grouped quantize: each split of rows quantized alone (the definition), written into
+    the bulk buffers of a :class:`GroupedNVFP4Tensor`."""
+    from ..tensors import GroupedNVFP4Tensor
+
+    m, k = x.shape
+    offsets = [int(v) for v in split_offsets.tolist()]
+    n = len(offsets) - 1
+    dev = x.device
+    out = GroupedNVFP4Tensor(shape=x.shape, dtype=x.dtype, config=config, split_offsets=split_offsets)
+    if config.rowwise:
+        out.rowwise_data = torch.zeros(m, k // 2, dtype=torch.uint8, device=dev)
+        out.rowwise_scale = torch.zeros(m, k // 16, dtype=torch.uint8, device=dev)
+        out.rowwise_amax = torch.zeros(m if config.per_token else n, dtype=_F32, device=dev)
+    if config.columnwise:
+        out.columnwise_data = torch.zeros(k * m // 2, dtype=torch.uint8, device=dev)
+        out.columnwise_scale = torch.zeros(k * m // 16, dtype=torch.uint8, device=dev)
+        out.columnwise_amax = torch.zeros((n, k) if config.per_token else (n,), dtype=_F32, device=dev)
+    for i, view in enumerate(out.split([offsets[j + 1] - offsets[j] for j in range(n)])):
+        lo, hi = offsets[i], offsets[i + 1]
+        if hi == lo:
+            continue
+        q = quantize(x[lo:hi], config, generator=generator)
+        for side in ("rowwise", "columnwise"):
+            if getattr(config, side):
+                for part in ("data", "scale", "amax"):
+                    getattr(view, f"{side}_{part}").copy_(getattr(q, f"{side}_{part}").reshape(getattr(view, f"{side}_{part}").shape))
+    return out
