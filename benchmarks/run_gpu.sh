@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: environment, conformance (ref + triton on cuda), the GPU test tier, and
+# every benchmark; full logs and JSON results go to $OUT (or ./gpu-out); a short table is printed last.
+#   usage: bash benchmarks/run_gpu.sh [quick|full] [step ...]     steps: env conf tests quantize dequantize mxfp8 grouped gemm linear
+# The golden vectors must be copied into the checkout first (git-ignored, carried):  cp -r ../shared/golden .gpu/golden
+set -u
+cd "$(dirname "$0")/.."
+MODE=${1:-quick}; shift || true
+STEPS=${*:-env conf tests quantize dequantize mxfp8 grouped gemm linear}
+OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NVFP4LAB_GOLDEN=${NVFP4LAB_GOLDEN:-$PWD/.gpu/golden}
+QUICK=$([ "$MODE" = quick ] && echo --quick || echo "")
+SUMMARY=()
+
+step() {  # step NAME TIMEOUT CMD...
+  local name=$1 limit=$2; shift 2
+  case " $STEPS " in *" $name "*) ;; *) return ;; esac
+  local t0=$(date +%s)
+  echo "===== $name: $*" | tee -a "$OUT/gpu.log"
+  timeout "$limit" "$@" > >(tee "$OUT/$name.log" >> "$OUT/gpu.log") 2>&1
+  local rc=$?
+  local last=$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-90)
+  SUMMARY+=("$(printf '%-11s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$last")")
+}
+
+step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
+step conf 300 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend ref --device cuda | tail -n 3; python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend triton --device cuda | tail -n 8'
+step tests 600 python3 -m pytest -q -m gpu -x -p no:cacheprovider tests
+for b in quantize dequantize mxfp8 grouped gemm linear; do
+  script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
+  [ -f "$script" ] && step "$b" 600 python3 "$script" $QUICK --out "$OUT/$b.json"
+done
+
+echo
+echo "===== summary ($MODE)"
+printf '%s\n' "${SUMMARY[@]}"
