@@ -1,4 +1,4 @@
-"""Command line: ``nvfp4lab conformance [DIR]`` and ``nvfp4lab demo`` (``python -m nvfp4lab``)."""
+"""Command line: ``nvfp4lab conformance [DIR]``, ``nvfp4lab demo`` and ``nvfp4lab lab`` (``python -m nvfp4lab``)."""
 from __future__ import annotations
 
 import argparse
@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="quantize a built-in tensor with every recipe and print an error table")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=_cmd_demo)
+    from .lab.command import add_parser as add_lab_parser
+
+    add_lab_parser(sub)
     return parser
 
 
