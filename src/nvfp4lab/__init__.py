@@ -10,6 +10,8 @@ from .ops import (
     unswizzle_scales,
 )
 from .tensors import MXFP8Tensor, NVFP4Tensor
+from .recipes import MXFP8Recipe, NVFP4Recipe
+from .modules import GroupedLinear, Linear, convert
 
 __version__ = "0.1.0"
 
@@ -17,4 +19,5 @@ __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",
     "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "quantize_mxfp8", "quantize_nvfp4",
     "swizzle_scales", "unswizzle_scales",
+    "NVFP4Recipe", "MXFP8Recipe", "Linear", "GroupedLinear", "convert",
 ]
