@@ -12,6 +12,8 @@ from .ops import (
     unswizzle_scales,
 )
 from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
+from .recipes import MXFP8Recipe, NVFP4Recipe
+from .modules import GroupedLinear, Linear, convert
 
 __version__ = "0.1.0"
 
@@ -19,4 +21,5 @@ __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",
     "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "quantize_mxfp8", "quantize_nvfp4", "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
     "swizzle_scales", "unswizzle_scales",
+    "NVFP4Recipe", "MXFP8Recipe", "Linear", "GroupedLinear", "convert",
 ]

@@ -1,0 +1,227 @@
+"""Benchmark: fwd+bwd step of nvfp4lab.Linear and GroupedLinear per recipe preset vs BF16 nn.Linear.
+
+Cases (same run, same process):
+  linear  Linear(8192 -> 8192), 8192 tokens
+  moe     GroupedLinear(8 experts, 7168 -> 2048), 8192 tokens in uneven splits (multiples of 64)
+
+For each preset the table gives the fwd+bwd step time (weights re-quantized every step, i.e. one
+micro-batch per optimizer step; ``--cached-weights`` keeps them cached), its ratio to the BF16 step,
+and the split between quantize time (the step's quantize calls: x, W and dy, both copies each, timed
+alone) and GEMM time (its three GEMMs on pre-quantized operands, timed alone); "other" is the rest
+(autograd, bias grad, padding, launch gaps). MXFP8 GEMMs are emulated (dequantize + fp32 matmul).
+Parameters and activations are bf16. Target: te_default and per_token <= 1.25x BF16 on H100/H200.
+
+    python benchmarks/linear.py            # full run on CUDA
+    python benchmarks/linear.py --quick    # fewer iterations
+    python benchmarks/linear.py --out results.json
+    python benchmarks/linear.py --device cpu --tiny --quick   # smoke run of the script on CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import nvfp4lab  # noqa: E402
+from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe  # noqa: E402
+from nvfp4lab.functional.linear import _qgemm, _quantize  # noqa: E402
+
+PRESETS = {
+    "te_default": NVFP4Recipe.te_default(),
+    "per_token": NVFP4Recipe.per_token(),
+    "per_token_grads": NVFP4Recipe.per_token(gradients=True),
+    "four_over_six": NVFP4Recipe.four_over_six(),
+    "mxfp8_emulated": MXFP8Recipe(),
+}
+TARGET = 1.25
+TARGET_PRESETS = ("te_default", "per_token")
+
+
+def timer(device: torch.device):
+    def time_ms(fn, warmup: int, iters: int) -> float:
+        for _ in range(warmup):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            return start.elapsed_time(end) / iters
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / iters
+
+    return time_ms
+
+
+def shapes(tiny: bool):
+    if tiny:
+        return dict(linear=(256, 256, 256), moe=(8, 224, 64, [32] * 8))
+    splits = [1152, 896, 1088, 960, 1216, 832, 1024, 1024]
+    return dict(linear=(8192, 8192, 8192), moe=(8, 7168, 2048, splits))
+
+
+def step_fn(module, x, dy, params, splits=None, fresh_weights=True):
+    def step():
+        for p in params:
+            p.grad = None
+        x.grad = None
+        if fresh_weights and hasattr(module, "clear_weight_cache"):
+            module.clear_weight_cache()
+        y = module(x) if splits is None else module(x, splits)
+        y.backward(dy)
+
+    return step
+
+
+def bf16_grouped(weights, splits):
+    class Loop(torch.nn.Module):
+        def forward(self, x, m_splits):
+            return torch.cat([torch.nn.functional.linear(part, w) for part, w in zip(x.split(m_splits), weights)])
+
+    return Loop()
+
+
+def split_quantize_gemm(recipe, xs, weights, dys, backend, time_ms, warmup, iters):
+    """(quantize ms, GEMM ms) of the calls one step makes, each group timed alone."""
+    def quantize_all():
+        out = []
+        for x, w, dy in zip(xs, weights, dys):
+            out.append((_quantize(recipe, "input", x, rowwise=True, columnwise=True, backend=backend),
+                        _quantize(recipe, "weight", w, rowwise=True, columnwise=True, backend=backend),
+                        _quantize(recipe, "grad", dy, rowwise=True, columnwise=True, backend=backend)))
+        return out
+
+    quantized = quantize_all()
+
+    def gemm_all():
+        for qx, qw, qdy in quantized:
+            _qgemm(qx, "rowwise", qw, "rowwise", out_dtype=torch.bfloat16, backend=backend)
+            _qgemm(qdy, "rowwise", qw, "columnwise", out_dtype=torch.bfloat16, backend=backend)
+            _qgemm(qdy, "columnwise", qx, "columnwise", out_dtype=torch.bfloat16, backend=backend)
+
+    return time_ms(quantize_all, warmup, iters), time_ms(gemm_all, warmup, iters)
+
+
+def run_case(case, args, device, time_ms):
+    warmup, iters = (2, 5) if args.quick else (5, 20)
+    dt = torch.bfloat16
+    sh = shapes(args.tiny)
+    rows = []
+    torch.manual_seed(0)
+    if case == "linear":
+        tokens, k, n = sh["linear"]
+        splits = None
+        x = torch.randn(tokens, k, device=device, dtype=dt, requires_grad=True)
+        dy = torch.randn(tokens, n, device=device, dtype=dt)
+        base = torch.nn.Linear(k, n, device=device, dtype=dt)
+        label = f"Linear {k}->{n}, {tokens} tok"
+    else:
+        experts, k, n, splits = sh["moe"]
+        tokens = sum(splits)
+        x = torch.randn(tokens, k, device=device, dtype=dt, requires_grad=True)
+        dy = torch.randn(tokens, n, device=device, dtype=dt)
+        ws = [torch.nn.Parameter(torch.randn(n, k, device=device, dtype=dt) / k**0.5) for _ in range(experts)]
+        base = bf16_grouped(ws, splits)
+        label = f"MoE {experts}x {k}->{n}, {tokens} tok"
+    base_params = list(base.parameters()) if case == "linear" else ws
+    bf16_ms = time_ms(step_fn(base, x, dy, base_params, splits), warmup, iters)
+    rows.append(dict(case=label, preset="bf16 nn.Linear", step_ms=bf16_ms, ratio=1.0, quantize_ms=None, gemm_ms=None))
+    presets = [p for p in args.presets.split(",") if p]
+    for name in presets:
+        recipe = PRESETS[name]
+        row = dict(case=label, preset=name)
+        try:
+            if case == "linear":
+                mod = Linear(k, n, device=device, dtype=dt, recipe=recipe, backend=args.backend)
+                xs, weights, dys = [x.detach()], [mod.weight.detach()], [dy]
+            else:
+                mod = GroupedLinear(experts, k, n, bias=False, device=device, dtype=dt, recipe=recipe, backend=args.backend)
+                xs, dys = list(x.detach().split(splits)), list(dy.split(splits))
+                weights = [w.detach() for w in mod.weights]
+            step_ms = time_ms(step_fn(mod, x, dy, list(mod.parameters()), splits, fresh_weights=not args.cached_weights), warmup, iters)
+            q_ms, g_ms = split_quantize_gemm(recipe, xs, weights, dys, args.backend, time_ms, warmup, iters)
+            row.update(step_ms=step_ms, ratio=step_ms / bf16_ms, quantize_ms=q_ms, gemm_ms=g_ms)
+        except Exception as err:  # keep going: one missing kernel should not hide the other rows
+            row.update(error=f"{type(err).__name__}: {err}"[:160])
+        rows.append(row)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows) -> str:
+    head = f"{'case':<32} {'preset':<16} {'step ms':>9} {'vs bf16':>8} {'quant ms':>9} {'gemm ms':>9} {'other ms':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['case']:<32} {r['preset']:<16} error: {r['error']}")
+            continue
+        other = None if r["quantize_ms"] is None else r["step_ms"] - r["quantize_ms"] - r["gemm_ms"]
+        flag = ""
+        if r["preset"] in TARGET_PRESETS:
+            flag = "  ok" if r["ratio"] <= TARGET else "  > target"
+        lines.append(f"{r['case']:<32} {r['preset']:<16} {fmt(r['step_ms']):>9} {fmt(r['ratio'], '.2f') + 'x':>8} "
+                     f"{fmt(r['quantize_ms']):>9} {fmt(r['gemm_ms']):>9} {fmt(other):>9}{flag}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer warm-up and timed iterations")
+    parser.add_argument("--out", type=Path, help="write the results as JSON to this file")
+    parser.add_argument("--presets", default=",".join(PRESETS), help=f"comma list from {list(PRESETS)}")
+    parser.add_argument("--cases", default="linear,moe", help="comma list from linear,moe")
+    parser.add_argument("--backend", default=None, choices=[None, "ref", "triton"], help="nvfp4lab.ops backend (default: auto)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (to smoke-test the script on CPU)")
+    parser.add_argument("--cached-weights", action="store_true", help="keep quantized weights cached across steps")
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.presets.split(",") if p and p not in PRESETS]
+    if unknown:
+        parser.error(f"unknown presets {unknown}; choose from {list(PRESETS)}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("CUDA is not available (use --device cpu --tiny for a smoke run)")
+    time_ms = timer(device)
+    rows = []
+    for case in [c for c in args.cases.split(",") if c]:
+        if case not in ("linear", "moe"):
+            parser.error(f"unknown case {case!r}")
+        rows.extend(run_case(case, args, device, time_ms))
+    meta = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        torch=torch.__version__, nvfp4lab=nvfp4lab.__version__, quick=args.quick, tiny=args.tiny,
+        backend=args.backend or "auto", weights="cached" if args.cached_weights else "re-quantized every step",
+    )
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if args.out:
+        args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    print(f"# {meta['device']} | torch {meta['torch']} | triton {meta.get('triton', '-')} | backend {meta['backend']} | "
+          f"weights {meta['weights']} | target: {', '.join(TARGET_PRESETS)} <= {TARGET}x bf16")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

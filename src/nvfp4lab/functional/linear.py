@@ -1,0 +1,416 @@
+"""Linear and grouped linear layers as autograd Functions over quantized TN GEMMs.
+
+With ``backward="quantized"`` (spec section 4; every GEMM is TN, ``a @ b^T`` of two K-major operands):
+
+    fprop  y  = x W^T     nvfp4_gemm(x rowwise,          W rowwise)            (+ bias in the epilogue)
+    dgrad  dx = dy W      nvfp4_gemm(dy rowwise,         W columnwise)
+    wgrad  dW = dy^T x    nvfp4_gemm(dy columnwise,      x columnwise)         (RHT on both, SR on dy)
+    bgrad  db = sum(dy)   fp32
+
+x is quantized once per forward with both copies (one call, one read), dy once per backward likewise,
+and W once with both copies (or taken from the caller's cache, see :func:`quantize_weight`). Only the
+copies a pass needs are produced: no columnwise x when W is frozen, no columnwise W when x needs no
+grad. The columnwise copy of an (M, K) tensor holds x^T as (K, M) rows; :func:`transposed_operand`
+hands it to the GEMM as a rowwise operand. With RHT both wgrad operands are transformed along the
+token dim with the same orthogonal matrix, so their product is dy^T x.
+
+Columnwise copies block 16 tokens (32 for MXFP8): when a pass needs one and the token count M is not
+a multiple, x and dy are zero-padded to the next multiple (zero rows add nothing to dW; TE asks the
+caller to pad instead). Outputs are cut back to M rows.
+
+``backward="dequantized"``: the backward GEMMs run in the compute dtype on the dequantized forward
+operands (x and W rowwise copies) with dy unquantized; ``"high_precision"``: on the original x and W.
+
+MXFP8 recipes quantize exactly like NVFP4 ones (:func:`nvfp4lab.quantize_mxfp8`), but there is no
+MXFP8 GEMM kernel: each GEMM dequantizes its two operands to fp32 and multiplies in fp32 (the
+products are exact, only the summation order differs from a tensor-core MXFP8 GEMM).
+
+Dtypes: the compute dtype is ``torch.get_autocast_dtype`` when autocast is on for x's device, else
+x's dtype. x and dy are cast to it before quantization (W is quantized from its own dtype); y has
+it; dx has x's dtype, dW W's dtype, db the bias dtype (bias grad summed in fp32). Autocast is turned off inside the Functions (the GEMMs choose their own dtypes).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .. import ops
+from ..recipes import RECIPE_TYPES, MXFP8Recipe, NVFP4Recipe, block_multiple
+from ..tensors import MXFP8Tensor, NVFP4Tensor
+
+QuantizedTensor = Union[NVFP4Tensor, MXFP8Tensor]
+_HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# -------------------------------------------------------------------------------------- helpers
+def _roundup(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def _pad_rows(x2: torch.Tensor, rows: int) -> torch.Tensor:
+    if x2.shape[0] == rows:
+        return x2
+    return torch.nn.functional.pad(x2, (0, 0, 0, rows - x2.shape[0]))
+
+
+def _check_recipe(recipe):
+    if recipe is None:
+        return NVFP4Recipe.te_default()
+    if not isinstance(recipe, RECIPE_TYPES):
+        raise TypeError(f"recipe must be an NVFP4Recipe, an MXFP8Recipe or None, got {type(recipe).__name__}")
+    return recipe
+
+
+def _check_float(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _HP_DTYPES:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of a layer's output for input ``x``: the autocast dtype of x's device when autocast
+    is enabled there, else x's dtype."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+def transposed_operand(t: NVFP4Tensor) -> NVFP4Tensor:
+    """The columnwise copy of ``t`` (logical (M, K)) as a rowwise GEMM operand of logical shape (K, M).
+
+    No data moves: the columnwise data, scales and amax become the rowwise fields. With RHT the values
+    held are those of RHT(x^T) (rows transformed in chunks of 16); the config of the view has rht off
+    because its rowwise copy is already the transformed one.
+    """
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
+    if t.columnwise_data is None:
+        raise ValueError("t has no columnwise copy (quantize with columnwise=True)")
+    config = dataclasses.replace(t.config, rowwise=True, columnwise=False, rht=False)
+    return NVFP4Tensor(
+        shape=torch.Size((t.k, t.m)), dtype=t.dtype, config=config,
+        rowwise_data=t.columnwise_data, rowwise_scale=t.columnwise_scale, rowwise_amax=t.columnwise_amax,
+    )
+
+
+def _quantize(recipe, tensor: str, x2: torch.Tensor, *, rowwise: bool, columnwise: bool, backend) -> QuantizedTensor:
+    config = recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise)
+    if isinstance(recipe, MXFP8Recipe):
+        return ops.quantize_mxfp8(x2, config=config, backend=backend)
+    return ops.quantize_nvfp4(x2, config=config, backend=backend)
+
+
+def _dequantize(t: QuantizedTensor, which: str, dtype: torch.dtype, backend) -> torch.Tensor:
+    if isinstance(t, MXFP8Tensor):
+        return ops.dequantize_mxfp8(t, dtype=dtype, which=which, backend=backend)
+    return ops.dequantize_nvfp4(t, dtype=dtype, which=which, backend=backend)
+
+
+def _gemm_matrix(t: MXFP8Tensor, copy: str, backend) -> torch.Tensor:
+    """The fp32 GEMM-orientation matrix of one MXFP8 copy: x (rowwise) or x^T (columnwise)."""
+    if copy == "rowwise":
+        return _dequantize(t, "rowwise", torch.float32, backend)
+    return _dequantize(t, "columnwise", torch.float32, backend).t()
+
+
+def _qgemm(a: QuantizedTensor, a_copy: str, b: QuantizedTensor, b_copy: str, *, out_dtype, bias=None, backend=None):
+    """A @ B^T where A (B) is the GEMM-orientation matrix of the named copy of a (b): the rowwise copy
+    of an (M, K) tensor is x itself, the columnwise copy is x^T."""
+    if isinstance(a, MXFP8Tensor):
+        out = _gemm_matrix(a, a_copy, backend) @ _gemm_matrix(b, b_copy, backend).t()
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(out_dtype)
+    a_op = a if a_copy == "rowwise" else transposed_operand(a)
+    b_op = b if b_copy == "rowwise" else transposed_operand(b)
+    return ops.nvfp4_gemm(a_op, b_op, out_dtype=out_dtype, bias=bias, backend=backend)
+
+
+def quantize_weight(weight: torch.Tensor, recipe=None, *, columnwise: bool = True, backend: Optional[str] = None) -> QuantizedTensor:
+    """Quantize a weight (N, K) with the recipe's weight config: rowwise copy (fprop) and, when
+    ``columnwise``, the columnwise copy (dgrad) in the same call. Modules cache the result while the
+    parameter is unchanged and pass it to :func:`linear` as ``quantized_weight``."""
+    recipe = _check_recipe(recipe)
+    _check_float("weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+    return _quantize(recipe, "weight", weight, rowwise=True, columnwise=columnwise, backend=backend)
+
+
+# ------------------------------------------------------------------- saving quantized copies
+# ctx.save_for_backward takes tensors only; a quantized copy is saved as (data, scale, amax) plus
+# metadata, and rebuilt as a container holding just that copy.
+def _pack(t: Optional[QuantizedTensor], copy: str):
+    if t is None:
+        return [None, None, None], None
+    amax = getattr(t, f"{copy}_amax", None)
+    tensors = [getattr(t, f"{copy}_data"), getattr(t, f"{copy}_scale"), amax]
+    return tensors, (type(t), t.shape, t.dtype, t.config, copy)
+
+
+def _unpack(tensors, meta) -> Optional[QuantizedTensor]:
+    if meta is None:
+        return None
+    cls, shape, dtype, config, copy = meta
+    fields = {f"{copy}_data": tensors[0], f"{copy}_scale": tensors[1]}
+    if cls is NVFP4Tensor:
+        fields[f"{copy}_amax"] = tensors[2]
+    return cls(shape=shape, dtype=dtype, config=config, **fields)
+
+
+# ------------------------------------------------------------------------ one GEMM, both passes
+def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wgrad, backend):
+    """y = x2 W^T (+ bias). Returns (y, tensors to save, metadata for :func:`_backward_gemm`)."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    meta = dict(m=m, n=n, k=k, x_dtype=x2.dtype, w_dtype=weight.dtype, bias_dtype=None if bias is None else bias.dtype,
+                need_dgrad=need_dgrad, need_wgrad=need_wgrad, m_pad=m, x_meta=None, w_meta=None)
+    if m == 0:
+        return x2.new_zeros((0, n), dtype=cdtype), [None] * 6, meta
+    x2 = x2.to(cdtype)
+    mode = recipe.backward
+    x_columnwise = mode == "quantized" and need_wgrad
+    w_columnwise = mode == "quantized" and need_dgrad
+    m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
+    meta["m_pad"] = m_pad
+    qx = _quantize(recipe, "input", _pad_rows(x2, m_pad), rowwise=True, columnwise=x_columnwise, backend=backend)
+    if qweight is None or (w_columnwise and qweight.columnwise_data is None):
+        qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
+    y = _qgemm(qx, "rowwise", qweight, "rowwise", out_dtype=cdtype, bias=bias, backend=backend)
+    if m_pad != m:
+        y = y[:m]
+    if mode == "quantized":
+        x_saved, meta["x_meta"] = _pack(qx if need_wgrad else None, "columnwise")
+        w_saved, meta["w_meta"] = _pack(qweight if need_dgrad else None, "columnwise")
+    elif mode == "dequantized":
+        x_saved, meta["x_meta"] = _pack(qx if need_wgrad else None, "rowwise")
+        w_saved, meta["w_meta"] = _pack(qweight if need_dgrad else None, "rowwise")
+    else:
+        x_saved = [x2 if need_wgrad else None, None, None]
+        w_saved = [weight if need_dgrad else None, None, None]
+    return y, x_saved + w_saved, meta
+
+
+def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
+    """(dx, dW, db) of one GEMM; None where not needed."""
+    m, n, k = meta["m"], meta["n"], meta["k"]
+    need_dgrad, need_wgrad = meta["need_dgrad"], meta["need_wgrad"]
+    need_bgrad = meta["bias_dtype"] is not None
+    device = dy2.device
+    if m == 0:
+        dx = torch.zeros((0, k), dtype=meta["x_dtype"], device=device) if need_dgrad else None
+        dw = torch.zeros((n, k), dtype=meta["w_dtype"], device=device) if need_wgrad else None
+        db = torch.zeros((n,), dtype=meta["bias_dtype"], device=device) if need_bgrad else None
+        return dx, dw, db
+    dy2 = dy2.to(cdtype)
+    db = dy2.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) if need_bgrad else None
+    dx = dw = None
+    mode = recipe.backward
+    if mode == "quantized":
+        qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
+        if need_dgrad or need_wgrad:
+            rows = meta["m_pad"] if need_wgrad else m
+            qdy = _quantize(recipe, "grad", _pad_rows(dy2, rows), rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
+            if need_dgrad:
+                dx = _qgemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
+            if need_wgrad:
+                dw = _qgemm(qdy, "columnwise", qx, "columnwise", out_dtype=meta["w_dtype"], backend=backend)
+        return dx, dw, db
+    if mode == "dequantized":
+        qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
+        x_hp = _dequantize(qx, "rowwise", cdtype, backend) if need_wgrad else None
+        w_hp = _dequantize(qw, "rowwise", cdtype, backend) if need_dgrad else None
+    else:
+        x_hp = saved[0]
+        w_hp = saved[3].to(cdtype) if need_dgrad else None
+    if need_dgrad:
+        dx = (dy2 @ w_hp).to(meta["x_dtype"])
+    if need_wgrad:
+        dw = (dy2.t() @ x_hp).to(meta["w_dtype"])
+    return dx, dw, db
+
+
+def _no_autocast(device: torch.device):
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+# ----------------------------------------------------------------------------- autograd Functions
+class _LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, quantized_weight, recipe, cdtype, backend):
+        in_shape = x.shape
+        x2 = x.reshape(-1, in_shape[-1])
+        need_dgrad, need_wgrad = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+        with _no_autocast(x.device):
+            y2, saved, meta = _forward_gemm(x2, weight, bias, quantized_weight, recipe, cdtype, need_dgrad, need_wgrad, backend)
+        ctx.save_for_backward(*saved)
+        ctx.meta, ctx.recipe, ctx.cdtype, ctx.backend, ctx.in_shape = meta, recipe, cdtype, backend, in_shape
+        return y2.reshape(*in_shape[:-1], meta["n"])
+
+    @staticmethod
+    def backward(ctx, dy):
+        meta = ctx.meta
+        with _no_autocast(dy.device):
+            dx2, dw, db = _backward_gemm(dy.reshape(-1, meta["n"]), ctx.saved_tensors, meta, ctx.recipe, ctx.cdtype, ctx.backend)
+        dx = dx2.reshape(ctx.in_shape) if dx2 is not None else None
+        return dx, dw, db, None, None, None, None
+
+
+class _GroupedLinearFunction(torch.autograd.Function):
+    """One GEMM per split of the token dim: y[split i] = x[split i] W_i^T (+ b_i). The loop over splits
+    calls the same ops as a single linear; a grouped quantize / grouped GEMM can replace it."""
+
+    @staticmethod
+    def forward(ctx, x, m_splits, quantized_weights, recipe, cdtype, backend, num_gemms, *params):
+        weights, biases = params[:num_gemms], params[num_gemms:]
+        in_shape = x.shape
+        x2 = x.reshape(-1, in_shape[-1])
+        need_dgrad = bool(ctx.needs_input_grad[0])
+        ys, all_saved, metas = [], [], []
+        offset = 0
+        with _no_autocast(x.device):
+            for i, rows in enumerate(m_splits):
+                need_wgrad = bool(ctx.needs_input_grad[7 + i])
+                qw = None if quantized_weights is None else quantized_weights[i]
+                y, saved, meta = _forward_gemm(x2[offset:offset + rows], weights[i], biases[i], qw, recipe, cdtype,
+                                               need_dgrad, need_wgrad, backend)
+                ys.append(y)
+                all_saved.extend(saved)
+                metas.append(meta)
+                offset += rows
+            y = torch.cat(ys, dim=0)
+        ctx.save_for_backward(*all_saved)
+        ctx.metas, ctx.recipe, ctx.cdtype, ctx.backend, ctx.in_shape = metas, recipe, cdtype, backend, in_shape
+        ctx.num_gemms, ctx.has_bias = num_gemms, [b is not None for b in biases]
+        return y.reshape(*in_shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        metas = ctx.metas
+        saved = ctx.saved_tensors
+        dy2 = dy.reshape(-1, metas[0]["n"])
+        dxs, dws, dbs = [], [], []
+        offset = 0
+        with _no_autocast(dy.device):
+            for i, meta in enumerate(metas):
+                dx, dw, db = _backward_gemm(dy2[offset:offset + meta["m"]], saved[6 * i:6 * i + 6], meta, ctx.recipe, ctx.cdtype, ctx.backend)
+                dxs.append(dx)
+                dws.append(dw)
+                dbs.append(db)
+                offset += meta["m"]
+            dx = torch.cat(dxs, dim=0).reshape(ctx.in_shape) if metas[0]["need_dgrad"] else None
+        return (dx, None, None, None, None, None, None, *dws, *dbs)
+
+
+# ---------------------------------------------------------------------------------- public API
+def _check_weight_bias(weight, bias, in_features: int, recipe, weight_name="weight", bias_name="bias"):
+    _check_float(weight_name, weight)
+    if weight.dim() != 2:
+        raise ValueError(f"{weight_name} must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if k != in_features:
+        raise ValueError(f"x.shape[-1] ({in_features}) must equal {weight_name}.shape[1] (in_features = {k})")
+    mult = block_multiple(recipe)
+    for name, value in (("in_features", k), ("out_features", n)):
+        if value % mult != 0:
+            raise ValueError(f"{name} of {weight_name} must be a multiple of {mult} for {type(recipe).__name__}, got {value}")
+    if bias is not None:
+        _check_float(bias_name, bias)
+        if bias.shape != (n,):
+            raise ValueError(f"{bias_name} must have shape (out_features,) = ({n},), got {tuple(bias.shape)}")
+
+
+def _check_quantized_weight(name: str, qw, weight, recipe) -> None:
+    if qw is None:
+        return
+    expected = MXFP8Tensor if isinstance(recipe, MXFP8Recipe) else NVFP4Tensor
+    if not isinstance(qw, expected):
+        raise TypeError(f"{name} must be an {expected.__name__} (from quantize_weight) or None, got {type(qw).__name__}")
+    if tuple(qw.shape) != tuple(weight.shape) or qw.rowwise_data is None:
+        raise ValueError(f"{name} must hold a rowwise copy of a weight of shape {tuple(weight.shape)}, got shape {tuple(qw.shape)}")
+    if qw.config != recipe.tensor_config("weight", rowwise=True, columnwise=qw.config.columnwise):
+        raise ValueError(f"{name} was quantized with {qw.config}, not with this recipe's weight config")
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    recipe=None,
+    quantized_weight: Optional[QuantizedTensor] = None,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """``y = x W^T + b`` with quantized GEMMs (see the module docstring); x is (..., in_features).
+
+    recipe: an :class:`NVFP4Recipe` (default ``te_default()``) or :class:`MXFP8Recipe`.
+    quantized_weight: the weight already quantized by :func:`quantize_weight` with this recipe (a
+        cache); a copy without the columnwise copy is re-quantized when dgrad needs it.
+    backend: passed to every :mod:`nvfp4lab.ops` call (None: Triton on CUDA, the reference otherwise).
+    """
+    recipe = _check_recipe(recipe)
+    _check_float("x", x)
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least 1 dim (..., in_features), got shape {tuple(x.shape)}")
+    _check_weight_bias(weight, bias, x.shape[-1], recipe)
+    _check_quantized_weight("quantized_weight", quantized_weight, weight, recipe)
+    return _LinearFunction.apply(x, weight, bias, quantized_weight, recipe, compute_dtype(x), backend)
+
+
+def _splits_to_list(m_splits, num_gemms: int, total: int) -> tuple:
+    if isinstance(m_splits, torch.Tensor):
+        if m_splits.dim() != 1 or m_splits.dtype.is_floating_point or m_splits.dtype == torch.bool:
+            raise TypeError(f"m_splits must be a 1-D integer tensor or a list of ints, got {m_splits.dtype} shape {tuple(m_splits.shape)}")
+        m_splits = m_splits.tolist()  # a device tensor costs one synchronization
+    elif not isinstance(m_splits, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in m_splits):
+        raise TypeError(f"m_splits must be a list of ints or a 1-D integer tensor, got {m_splits!r}")
+    if len(m_splits) != num_gemms:
+        raise ValueError(f"m_splits must have num_gemms = {num_gemms} entries, got {len(m_splits)}")
+    if any(v < 0 for v in m_splits):
+        raise ValueError(f"m_splits must be >= 0, got {list(m_splits)}")
+    if sum(m_splits) != total:
+        raise ValueError(f"m_splits must sum to the number of tokens ({total}), got sum {sum(m_splits)}")
+    return tuple(int(v) for v in m_splits)
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    m_splits: Union[Sequence[int], torch.Tensor],
+    weights: Sequence[torch.Tensor],
+    biases: Optional[Sequence[Optional[torch.Tensor]]] = None,
+    *,
+    recipe=None,
+    quantized_weights: Optional[Sequence[QuantizedTensor]] = None,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """MoE grouped linear: tokens ``x`` (M, in_features) (leading dims flatten into M) are split along M
+    into ``m_splits`` (ints or a 1-D integer tensor, one per weight); split i goes through weight i.
+    Each split is quantized with its own amax (TE's split_quantize semantics); zero-size splits are
+    skipped (their weight gradient is zero)."""
+    recipe = _check_recipe(recipe)
+    _check_float("x", x)
+    if not isinstance(weights, (list, tuple)) or len(weights) == 0:
+        raise TypeError("weights must be a non-empty list of tensors")
+    num = len(weights)
+    biases = [None] * num if biases is None else list(biases)
+    if len(biases) != num:
+        raise ValueError(f"biases must have one entry per weight ({num}), got {len(biases)}")
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least 1 dim (..., in_features), got shape {tuple(x.shape)}")
+    total = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    splits = _splits_to_list(m_splits, num, total)
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        _check_weight_bias(w, b, x.shape[-1], recipe, f"weights[{i}]", f"biases[{i}]")
+        if w.shape != weights[0].shape:
+            raise ValueError(f"weights[{i}] must have the shape of weights[0] {tuple(weights[0].shape)}, got {tuple(w.shape)}")
+    if quantized_weights is not None:
+        if len(quantized_weights) != num:
+            raise ValueError(f"quantized_weights must have one entry per weight ({num}), got {len(quantized_weights)}")
+        for i, qw in enumerate(quantized_weights):
+            _check_quantized_weight(f"quantized_weights[{i}]", qw, weights[i], recipe)
+        quantized_weights = tuple(quantized_weights)
+    return _GroupedLinearFunction.apply(x, splits, quantized_weights, recipe, compute_dtype(x), backend, num, *weights, *biases)

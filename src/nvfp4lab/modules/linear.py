@@ -1,0 +1,232 @@
+"""Training modules: :class:`Linear` (drop-in nn.Linear), :class:`GroupedLinear` (MoE) and :func:`convert`.
+
+Weight cache: each module keeps the quantized copies of its weights (the only state besides the
+parameters), keyed on the parameter's storage pointer, ``_version`` counter, shape and dtype, so
+micro-batches between two optimizer steps quantize each weight once per direction. An in-place update
+(optimizer step, ``copy_``) bumps ``_version`` and a ``.data`` swap changes the pointer; both force a
+re-quantization. The cache is bypassed (quantize every call) while torch.compile traces and while a
+CUDA graph is being captured, so a captured step always contains the weight quantization.
+``clear_weight_cache()`` drops it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .. import functional as F
+from ..recipes import RECIPE_TYPES, NVFP4Recipe, block_multiple
+
+
+def _resolve_recipe(recipe):
+    if recipe is None:
+        return NVFP4Recipe.te_default()
+    if not isinstance(recipe, RECIPE_TYPES):
+        raise TypeError(f"recipe must be an NVFP4Recipe, an MXFP8Recipe or None, got {type(recipe).__name__}")
+    return recipe
+
+
+def _check_features(in_features: int, out_features: int, recipe) -> None:
+    mult = block_multiple(recipe)
+    for name, value in (("in_features", in_features), ("out_features", out_features)):
+        if value % mult != 0:
+            raise ValueError(f"{name} must be a multiple of {mult} for {type(recipe).__name__} (block size), got {value}")
+
+
+def _cache_bypassed(weight: torch.Tensor) -> bool:
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        return True
+    if weight.is_cuda and torch.cuda.is_current_stream_capturing():
+        return True
+    return False
+
+
+class _WeightCacheMixin:
+    """Quantized-weight cache stored on the module (``self._quantized_weights``: name -> entry)."""
+
+    def _init_weight_cache(self) -> None:
+        self._quantized_weights: dict = {}
+
+    def clear_weight_cache(self) -> None:
+        """Drop the cached quantized weights."""
+        self._quantized_weights.clear()
+
+    def _quantized_weight(self, name: str, weight: torch.Tensor, need_columnwise: bool):
+        if _cache_bypassed(weight):
+            return None
+        try:
+            version = weight._version
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+        key = (weight.data_ptr(), version, tuple(weight.shape), weight.dtype, weight.device, self.recipe, self.backend)
+        entry = self._quantized_weights.get(name)
+        if entry is not None and entry[0] == key and (entry[1] or not need_columnwise):
+            return entry[2]
+        quantized = F.quantize_weight(weight.detach(), self.recipe, columnwise=need_columnwise, backend=self.backend)
+        self._quantized_weights[name] = (key, need_columnwise, quantized)
+        return quantized
+
+    def _needs_weight_columnwise(self, x: torch.Tensor) -> bool:
+        # dgrad reads W's columnwise copy: only with quantized backward and an input needing grad
+        return self.recipe.backward == "quantized" and torch.is_grad_enabled() and x.requires_grad
+
+
+class Linear(nn.Linear, _WeightCacheMixin):
+    """Drop-in :class:`torch.nn.Linear` (same parameters ``weight`` (out, in) and ``bias``, same
+    state_dict, same init) whose three GEMMs run quantized per ``recipe``.
+
+    recipe: :class:`NVFP4Recipe` (default ``NVFP4Recipe.te_default()``) or :class:`MXFP8Recipe`.
+    backend: forwarded to :mod:`nvfp4lab.ops` (None: Triton on CUDA tensors, the reference otherwise).
+    in_features and out_features must be multiples of 16 (32 for MXFP8). Inputs of any leading shape;
+    the output dtype follows autocast (see :func:`nvfp4lab.functional.linear`).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 recipe=None, backend: Optional[str] = None):
+        recipe = _resolve_recipe(recipe)
+        _check_features(in_features, out_features, recipe)
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe = recipe
+        self.backend = backend
+        self._init_weight_cache()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe=None, *, backend: Optional[str] = None) -> "Linear":
+        """A :class:`Linear` sharing ``linear``'s Parameter objects (optimizers holding them keep
+        working), with its training flag."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
+                  recipe=recipe, backend=backend)
+        new.weight = linear.weight
+        if linear.bias is not None:
+            new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        quantized = self._quantized_weight("weight", self.weight, self._needs_weight_columnwise(x))
+        return F.linear(x, self.weight, self.bias, recipe=self.recipe, quantized_weight=quantized, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe}"
+
+
+class GroupedLinear(nn.Module, _WeightCacheMixin):
+    """MoE grouped linear: ``num_gemms`` experts, each an (out_features, in_features) weight.
+
+    Parameters are separate, TE-style: ``weight0`` .. ``weight{num_gemms-1}`` and (with bias)
+    ``bias0`` .. ``bias{num_gemms-1}``, each initialized like nn.Linear's. ``forward(x, m_splits)``
+    takes tokens x (M, in_features) already sorted by expert and the per-expert token counts
+    (a list of ints, or a CPU or device integer tensor; a device tensor costs one synchronization and
+    cannot be read during CUDA graph capture). Each split is quantized on its own (its own amax) and
+    multiplied by its expert's weight; today that is a loop of per-split quantize + GEMM calls of
+    :mod:`nvfp4lab.ops`, to be replaced by grouped kernels.
+    """
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 recipe=None, backend: Optional[str] = None):
+        super().__init__()
+        if not isinstance(num_gemms, int) or num_gemms < 1:
+            raise ValueError(f"num_gemms must be a positive int, got {num_gemms!r}")
+        recipe = _resolve_recipe(recipe)
+        _check_features(in_features, out_features, recipe)
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.recipe, self.backend = recipe, backend
+        self.use_bias = bias
+        for i in range(num_gemms):
+            self.register_parameter(f"weight{i}", nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype)))
+            b = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+            self.register_parameter(f"bias{i}", b)
+        self._init_weight_cache()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for i in range(self.num_gemms):
+            w = getattr(self, f"weight{i}")
+            if w.is_meta:
+                continue
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+            b = getattr(self, f"bias{i}")
+            if b is not None:
+                bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+                nn.init.uniform_(b, -bound, bound)
+
+    @property
+    def weights(self) -> list:
+        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    @property
+    def biases(self) -> list:
+        return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
+
+    def forward(self, x: torch.Tensor, m_splits: Union[Sequence[int], torch.Tensor]) -> torch.Tensor:
+        need_columnwise = self._needs_weight_columnwise(x)
+        quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(self.weights)]
+        if any(q is None for q in quantized):
+            quantized = None
+        return F.grouped_linear(x, m_splits, self.weights, self.biases, recipe=self.recipe,
+                                quantized_weights=quantized, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.use_bias}, recipe={self.recipe}")
+
+
+# ------------------------------------------------------------------------------------ convert
+@dataclass
+class ConversionReport:
+    """What :func:`convert` did: module names converted, and (name, reason) for those left as is."""
+
+    converted: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"converted {len(self.converted)} nn.Linear, skipped {len(self.skipped)}"]
+        lines += [f"  converted  {name}" for name in self.converted]
+        lines += [f"  skipped    {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def convert(model: nn.Module, recipe=None, filter: Optional[Callable[[str, nn.Linear], bool]] = None, *,
+            backend: Optional[str] = None) -> ConversionReport:
+    """Replace, in place, every ``nn.Linear`` inside ``model`` by :class:`Linear` with ``recipe``
+    (sharing its Parameters). ``filter(name, module) -> bool`` selects layers (None: all). Layers whose
+    in/out features are not multiples of 16 (32 for MXFP8), layers the filter rejects, and a model that
+    is itself an nn.Linear (convert its parent, or use :meth:`Linear.from_linear`) are skipped and
+    listed with the reason. A layer shared by several parents is converted once."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    recipe = _resolve_recipe(recipe)
+    if filter is not None and not callable(filter):
+        raise TypeError(f"filter must be a callable (name, module) -> bool or None, got {type(filter).__name__}")
+    report = ConversionReport()
+    if isinstance(model, nn.Linear) and not isinstance(model, Linear):
+        report.skipped.append(("", "the model itself is an nn.Linear (use nvfp4lab.Linear.from_linear)"))
+        return report
+    mult = block_multiple(recipe)
+    done: dict = {}
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent._modules.items()):  # named_children() hides repeats
+            if not isinstance(child, nn.Linear) or isinstance(child, Linear):
+                continue
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if id(child) in done:
+                setattr(parent, child_name, done[id(child)])
+                continue
+            if filter is not None and not filter(name, child):
+                report.skipped.append((name, "rejected by filter"))
+                continue
+            bad = [f"{n}={v}" for n, v in (("in_features", child.in_features), ("out_features", child.out_features)) if v % mult]
+            if bad:
+                report.skipped.append((name, f"{', '.join(bad)} not a multiple of {mult}"))
+                continue
+            new = Linear.from_linear(child, recipe, backend=backend)
+            done[id(child)] = new
+            setattr(parent, child_name, new)
+            report.converted.append(name)
+    return report

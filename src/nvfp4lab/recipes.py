@@ -1,0 +1,357 @@
+"""Training recipes: which quantization each operand of a linear layer's three GEMMs gets.
+
+A linear layer runs three TN GEMMs (spec section 4):
+
+    fprop  y  = x W^T      x rowwise         W rowwise
+    dgrad  dx = dy W       dy rowwise        W columnwise
+    wgrad  dW = dy^T x     dy columnwise     x columnwise     (RHT goes on these two copies)
+
+so each of the three tensors (``"input"`` x, ``"weight"`` W, ``"grad"`` dy) is used in two roles, one
+per copy. :meth:`NVFP4Recipe.config_for` maps a role to the :class:`~nvfp4lab.config.NVFP4QuantConfig`
+of that copy; :meth:`NVFP4Recipe.tensor_config` gives the config that produces both copies of a tensor
+in one quantize call (one read of the tensor).
+
+Recipes are frozen dataclasses validated at construction. Named presets build the common ones; the
+environment override layer (:meth:`NVFP4Recipe.from_env`) is explicit: no recipe ever reads the
+environment unless ``from_env`` is called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from .config import SCALE_LAYOUTS, MXFP8QuantConfig, NVFP4QuantConfig
+
+TENSORS = ("input", "weight", "grad")
+# role -> (tensor, copy); the copy a GEMM reads (spec section 4)
+ROLES = {
+    "input_fprop": ("input", "rowwise"),
+    "input_wgrad": ("input", "columnwise"),
+    "weight_fprop": ("weight", "rowwise"),
+    "weight_dgrad": ("weight", "columnwise"),
+    "grad_dgrad": ("grad", "rowwise"),
+    "grad_wgrad": ("grad", "columnwise"),
+}
+FOUR_OVER_SIX_SCOPES = (None, "weights", "activations", "all")
+FOUR_OVER_SIX_ERR_MODES = ("mae", "mse")
+BACKWARD_MODES = ("quantized", "dequantized", "high_precision")
+DEFAULT_RHT_SIGN_MASK = 0xD7E8
+
+
+def _in_scope(scope: Optional[str], tensor: str) -> bool:
+    """Whether a 4over6 scope covers ``tensor`` (gradients are never covered)."""
+    if scope is None or tensor == "grad":
+        return False
+    return scope == "all" or (scope == "weights") == (tensor == "weight")
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _check_role(role: str) -> tuple[str, str]:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {tuple(ROLES)}, got {role!r}")
+    return ROLES[role]
+
+
+def _check_tensor(tensor: str) -> None:
+    if tensor not in TENSORS:
+        raise ValueError(f"tensor must be one of {TENSORS}, got {tensor!r}")
+
+
+@dataclass(frozen=True)
+class NVFP4Recipe:
+    """NVFP4 training recipe (TE's ``NVFP4BlockScaling`` options plus the seeds').
+
+    weight_2d: weights use 16x16 blocks (one scale per tile, shared by both copies); else 1x16.
+        With per-token activations the weight stays per tensor (PR 3045's 2D weight: its scalar amax
+        works unchanged against a per-token operand in :func:`nvfp4lab.nvfp4_gemm`).
+    rht: random Hadamard transform on the wgrad operands (columnwise copies of input and grad), with
+        sign mask ``rht_sign_mask`` (TE's fixed 0xD7E8).
+    stochastic_rounding: stochastic rounding of the gradient (both copies). Never on input or weight.
+    per_token_activations: one amax per row of x (rowwise copy) and per column of x (columnwise copy);
+        TE main's ``row_scaled_activation`` (seed 000) / PR 3045's per-token cast (seed 001).
+    per_token_gradients: the same for dy (PR 3045 allows per-token gradients).
+    four_over_six_scope: 4over6 scope, None / "weights" / "activations" / "all". Never on gradients.
+    four_over_six_err_mode: "mae" (TE's default) or "mse" (fouroversix's default).
+    four_over_six_e256_scope: which 4over6 tensors use E = 256 as the global-scale constant (the
+        others 448); TE's ``nvfp4_4over6_e4m3_use_256``, default "all". Tensors without 4over6
+        always use 448.
+    backward: "quantized" (NVFP4 dgrad and wgrad GEMMs), "dequantized" (the backward GEMMs run in
+        high precision on the dequantized forward operands, dy unquantized) or "high_precision"
+        (the backward GEMMs run on the original x and W). TE's ``NVTE_BACKWARD_OVERRIDE``. rht,
+        stochastic_rounding and the input's columnwise copy only act in "quantized" mode.
+    scale_layout: block-scale layout of every quantized operand ("swizzled" = cuBLAS GEMM order).
+
+    Rules (ValueError at construction): 4over6 never on gradients; RHT excludes per-token on the
+    tensor that carries it (input or grad) and 4over6 on activations; per_token_gradients needs
+    backward="quantized"; every role's config must satisfy :class:`NVFP4QuantConfig`'s rules.
+    """
+
+    weight_2d: bool = True
+    rht: bool = True
+    rht_sign_mask: int = DEFAULT_RHT_SIGN_MASK
+    stochastic_rounding: bool = True
+    per_token_activations: bool = False
+    per_token_gradients: bool = False
+    four_over_six_scope: Optional[str] = None
+    four_over_six_err_mode: str = "mae"
+    four_over_six_e256_scope: Optional[str] = "all"
+    backward: str = "quantized"
+    scale_layout: str = "swizzled"
+
+    def __post_init__(self):
+        for name in ("weight_2d", "rht", "stochastic_rounding", "per_token_activations", "per_token_gradients"):
+            _check_bool(name, getattr(self, name))
+        if isinstance(self.rht_sign_mask, bool) or not isinstance(self.rht_sign_mask, int) or not 0 <= self.rht_sign_mask < (1 << 16):
+            raise ValueError(f"rht_sign_mask must be a 16-bit integer, got {self.rht_sign_mask!r}")
+        if self.four_over_six_scope in ("grad", "grads", "gradients"):
+            raise ValueError(f"four_over_six_scope={self.four_over_six_scope!r}: 4over6 is never applied to gradients "
+                             f"(scopes: {FOUR_OVER_SIX_SCOPES})")
+        if self.four_over_six_scope not in FOUR_OVER_SIX_SCOPES:
+            raise ValueError(f"four_over_six_scope must be one of {FOUR_OVER_SIX_SCOPES}, got {self.four_over_six_scope!r}")
+        if self.four_over_six_err_mode not in FOUR_OVER_SIX_ERR_MODES:
+            raise ValueError(f"four_over_six_err_mode must be one of {FOUR_OVER_SIX_ERR_MODES}, got {self.four_over_six_err_mode!r}")
+        if self.four_over_six_e256_scope not in FOUR_OVER_SIX_SCOPES:
+            raise ValueError(f"four_over_six_e256_scope must be one of {FOUR_OVER_SIX_SCOPES}, got {self.four_over_six_e256_scope!r}")
+        if self.backward not in BACKWARD_MODES:
+            raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
+        if self.scale_layout not in SCALE_LAYOUTS:
+            raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+        rules = [
+            (self.rht and self.per_token_activations, "rht and per_token_activations",
+             "per-token NVFP4 does not take RHT, and the input's columnwise (wgrad) copy is per-token too"),
+            (self.rht and self.per_token_gradients, "rht and per_token_gradients",
+             "per-token NVFP4 does not take RHT, and the gradient's columnwise (wgrad) copy is per-token too"),
+            (self.rht and _in_scope(self.four_over_six_scope, "input"), f"rht and four_over_six_scope={self.four_over_six_scope!r}",
+             "TE rejects RHT with 4over6, and the input's columnwise copy would need both"),
+            (self.per_token_gradients and self.backward != "quantized", f"per_token_gradients and backward={self.backward!r}",
+             "gradients are only quantized with backward='quantized'"),
+        ]
+        for bad, names, why in rules:
+            if bad:
+                raise ValueError(f"incompatible recipe options {names}: {why}")
+        for tensor in TENSORS:  # every role must be a valid NVFP4QuantConfig
+            try:
+                self.tensor_config(tensor, rowwise=True, columnwise=True)
+            except ValueError as err:
+                raise ValueError(f"recipe gives the {tensor!r} tensor an invalid config: {err}") from None
+
+    # ------------------------------------------------------------------------------- presets
+    @classmethod
+    def te_default(cls, **overrides) -> "NVFP4Recipe":
+        """TE's ``NVFP4BlockScaling()`` defaults: 16x16 weights, RHT on the wgrad operands, stochastic
+        rounding of gradients, per-tensor amax everywhere, E = 448."""
+        return cls(**overrides)
+
+    @classmethod
+    def per_token(cls, *, gradients: bool = False, **overrides) -> "NVFP4Recipe":
+        """Per-token activations (TE main's row-scaled activation, seeds 000/001) with per-tensor 16x16
+        weights (PR 3045's 2D weight) and stochastic rounding of gradients; RHT off (per-token NVFP4
+        does not take it). ``gradients=True`` also makes dy per-token (PR 3045)."""
+        base = dict(rht=False, per_token_activations=True, per_token_gradients=gradients)
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def four_over_six(cls, scope: str = "all", err_mode: str = "mae", **overrides) -> "NVFP4Recipe":
+        """4over6 (PR 2972) on ``scope`` with TE's MAE error and E = 256 for the 4over6 tensors;
+        16x16 weights and stochastic rounding of gradients stay on. RHT is off when the scope covers
+        activations (TE rejects RHT with 4over6), else on."""
+        base = dict(four_over_six_scope=scope, four_over_six_err_mode=err_mode, rht=not _in_scope(scope, "input"))
+        base.update(overrides)
+        return cls(**base)
+
+    # --------------------------------------------------------------------------- role -> config
+    def tensor_config(self, tensor: str, *, rowwise: bool = True, columnwise: bool = False) -> NVFP4QuantConfig:
+        """The config quantizing ``tensor`` ("input", "weight" or "grad") to the requested copies in
+        one call. RHT is set only when the columnwise copy is requested (it only acts there)."""
+        _check_tensor(tensor)
+        four_over_six = self.four_over_six_err_mode if _in_scope(self.four_over_six_scope, tensor) else None
+        e4m3_max = 448.0
+        if four_over_six is not None and _in_scope(self.four_over_six_e256_scope, tensor):
+            e4m3_max = 256.0
+        if tensor == "weight":
+            options = dict(block="16x16" if self.weight_2d else "1x16")
+        elif tensor == "input":
+            options = dict(per_token=self.per_token_activations, rht=self.rht and columnwise)
+        else:
+            options = dict(per_token=self.per_token_gradients, rht=self.rht and columnwise,
+                           stochastic_rounding=self.stochastic_rounding)
+        return NVFP4QuantConfig(
+            rowwise=rowwise, columnwise=columnwise, four_over_six=four_over_six, e4m3_max=e4m3_max,
+            rht_sign_mask=self.rht_sign_mask, scale_layout=self.scale_layout, **options,
+        )
+
+    def config_for(self, role: str) -> NVFP4QuantConfig:
+        """The config of one GEMM operand copy; ``role`` is one of :data:`ROLES`
+        (e.g. "input_fprop" = x rowwise, "grad_wgrad" = dy columnwise)."""
+        tensor, copy = _check_role(role)
+        return self.tensor_config(tensor, rowwise=copy == "rowwise", columnwise=copy == "columnwise")
+
+    # ------------------------------------------------------------------------- environment layer
+    @classmethod
+    def from_env(cls, base: Optional["NVFP4Recipe"] = None, environ: Optional[Mapping[str, str]] = None) -> "NVFP4Recipe":
+        """``base`` (default :meth:`te_default`) with the overrides set in ``environ`` (default
+        ``os.environ``). Only this method reads the environment. Variables (unset = keep ``base``):
+
+        ========================================  ======================================================
+        NVTE_NVFP4_DISABLE_RHT=0|1                rht = not value
+        NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING    stochastic_rounding = not value
+        NVTE_NVFP4_DISABLE_2D_QUANTIZATION        weight_2d = not value
+        NVTE_NVFP4_ROW_SCALED_ACTIVATION=0|1      per_token_activations (TE main)
+        NVTE_NVFP4_PER_TOKEN_ACTIVATION=0|1       per_token_activations (PR 2931 name)
+        NVTE_NVFP4_PER_TOKEN=0|1                  per_token_activations and per_token_gradients (PR 3045)
+        NVFP4LAB_PER_TOKEN_GRADIENTS=0|1          per_token_gradients (no TE name)
+        NVTE_NVFP4_4OVER6=none|weights|activations|all           four_over_six_scope
+        NVTE_NVFP4_4OVER6_ERR_MODE=MAE|MSE                       four_over_six_err_mode
+        NVTE_NVFP4_4OVER6_E4M3_USE_256=none|weights|activations|all  four_over_six_e256_scope
+        NVTE_BACKWARD_OVERRIDE=none|dequantized|high_precision   backward ("none" = "quantized")
+        NVFP4LAB_RHT_SIGN_MASK=<int, e.g. 0xD7E8>                rht_sign_mask
+        ========================================  ======================================================
+
+        Values are case-insensitive; a malformed value raises ValueError naming the variable, and an
+        incompatible result raises the recipe's ValueError (e.g. per-token activations need
+        NVTE_NVFP4_DISABLE_RHT=1 on top of the TE default).
+        """
+        env = os.environ if environ is None else environ
+        base = cls.te_default() if base is None else base
+        if not isinstance(base, cls):
+            raise TypeError(f"base must be an {cls.__name__} or None, got {type(base).__name__}")
+        changes: dict = {}
+
+        def flag(name: str) -> Optional[bool]:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return None
+            value = raw.strip().lower()
+            if value not in ("0", "1", "true", "false"):
+                raise ValueError(f"environment variable {name} must be 0 or 1, got {raw!r}")
+            return value in ("1", "true")
+
+        def scope(name: str):
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return ...
+            value = raw.strip().lower()
+            if value in ("none", "0"):
+                return None
+            if value not in ("weights", "activations", "all"):
+                raise ValueError(f"environment variable {name} must be none, weights, activations or all, got {raw!r}")
+            return value
+
+        for name, field in (("NVTE_NVFP4_DISABLE_RHT", "rht"), ("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "stochastic_rounding"),
+                            ("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "weight_2d")):
+            value = flag(name)
+            if value is not None:
+                changes[field] = not value
+        for name, fields in (("NVTE_NVFP4_PER_TOKEN", ("per_token_activations", "per_token_gradients")),
+                             ("NVTE_NVFP4_ROW_SCALED_ACTIVATION", ("per_token_activations",)),
+                             ("NVTE_NVFP4_PER_TOKEN_ACTIVATION", ("per_token_activations",)),
+                             ("NVFP4LAB_PER_TOKEN_GRADIENTS", ("per_token_gradients",))):
+            value = flag(name)
+            if value is not None:
+                for field in fields:
+                    changes[field] = changes.get(field, False) or value
+        for name, field in (("NVTE_NVFP4_4OVER6", "four_over_six_scope"), ("NVTE_NVFP4_4OVER6_E4M3_USE_256", "four_over_six_e256_scope")):
+            value = scope(name)
+            if value is not ...:
+                changes[field] = value
+        raw = env.get("NVTE_NVFP4_4OVER6_ERR_MODE")
+        if raw:
+            if raw.strip().lower() not in FOUR_OVER_SIX_ERR_MODES:
+                raise ValueError(f"environment variable NVTE_NVFP4_4OVER6_ERR_MODE must be MAE or MSE, got {raw!r}")
+            changes["four_over_six_err_mode"] = raw.strip().lower()
+        backward = _backward_from_env(env)
+        if backward is not None:
+            changes["backward"] = backward
+        raw = env.get("NVFP4LAB_RHT_SIGN_MASK")
+        if raw:
+            try:
+                changes["rht_sign_mask"] = int(raw.strip(), 0)
+            except ValueError:
+                raise ValueError(f"environment variable NVFP4LAB_RHT_SIGN_MASK must be an integer, got {raw!r}") from None
+        return dataclasses.replace(base, **changes)
+
+    def replace(self, **changes) -> "NVFP4Recipe":
+        """A copy with ``changes`` applied (validated like a new recipe)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _backward_from_env(env: Mapping[str, str]) -> Optional[str]:
+    raw = env.get("NVTE_BACKWARD_OVERRIDE")
+    if not raw:
+        return None
+    value = raw.strip().lower()
+    if value == "none":
+        return "quantized"
+    if value not in ("dequantized", "high_precision"):
+        raise ValueError(f"environment variable NVTE_BACKWARD_OVERRIDE must be none, dequantized or high_precision, got {raw!r}")
+    return value
+
+
+MXFP8_FORMATS = ("e4m3", "hybrid")
+
+
+@dataclass(frozen=True)
+class MXFP8Recipe:
+    """MXFP8 training recipe (TE's ``MXFP8BlockScaling``): E8M0 scales per 32 elements.
+
+    fp8_format: "e4m3" everywhere (TE's default) or "hybrid" (E5M2 gradients).
+    backward: as in :class:`NVFP4Recipe`.
+
+    There is no MXFP8 GEMM kernel: every GEMM runs on the dequantized operands in fp32 (exact
+    products; only the summation order differs from an MXFP8 tensor-core GEMM) and rounds once to the
+    output dtype. Layers need in/out features that are multiples of 32.
+    """
+
+    fp8_format: str = "e4m3"
+    backward: str = "quantized"
+    scale_layout: str = "compact"
+
+    def __post_init__(self):
+        if self.fp8_format not in MXFP8_FORMATS:
+            raise ValueError(f"fp8_format must be one of {MXFP8_FORMATS}, got {self.fp8_format!r}")
+        if self.backward not in BACKWARD_MODES:
+            raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
+        if self.scale_layout not in SCALE_LAYOUTS:
+            raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+
+    @classmethod
+    def te_default(cls, **overrides) -> "MXFP8Recipe":
+        """TE's ``MXFP8BlockScaling()``: E4M3 for every tensor."""
+        return cls(**overrides)
+
+    def tensor_config(self, tensor: str, *, rowwise: bool = True, columnwise: bool = False) -> MXFP8QuantConfig:
+        _check_tensor(tensor)
+        fmt = "e5m2" if (tensor == "grad" and self.fp8_format == "hybrid") else "e4m3"
+        return MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=self.scale_layout)
+
+    def config_for(self, role: str) -> MXFP8QuantConfig:
+        tensor, copy = _check_role(role)
+        return self.tensor_config(tensor, rowwise=copy == "rowwise", columnwise=copy == "columnwise")
+
+    @classmethod
+    def from_env(cls, base: Optional["MXFP8Recipe"] = None, environ: Optional[Mapping[str, str]] = None) -> "MXFP8Recipe":
+        """``base`` with NVTE_BACKWARD_OVERRIDE applied (the only MXFP8 variable); explicit only."""
+        env = os.environ if environ is None else environ
+        base = cls.te_default() if base is None else base
+        if not isinstance(base, cls):
+            raise TypeError(f"base must be an {cls.__name__} or None, got {type(base).__name__}")
+        backward = _backward_from_env(env)
+        return base if backward is None else dataclasses.replace(base, backward=backward)
+
+    def replace(self, **changes) -> "MXFP8Recipe":
+        return dataclasses.replace(self, **changes)
+
+
+RECIPE_TYPES = (NVFP4Recipe, MXFP8Recipe)
+
+
+def block_multiple(recipe) -> int:
+    """Feature dims (in and out) must be multiples of this for ``recipe``: 16 (NVFP4) or 32 (MXFP8)."""
+    return 32 if isinstance(recipe, MXFP8Recipe) else 16

@@ -1,0 +1,245 @@
+"""fprop / dgrad / wgrad of nvfp4lab.functional.linear against a composition of reference steps:
+quantize each operand with a config written out here by hand (TE's recipe tables), dequantize, and
+multiply in float64 (the reference GEMM), within the GEMM tolerance (rtol 2^-7).
+
+The expected side never calls the recipe's role mapping or the functional code. Stochastic rounding
+is reproduced by re-seeding before the single gradient quantization (same backend, same bits).
+"""
+import pytest
+import torch
+
+import nvfp4lab
+from nvfp4lab import MXFP8QuantConfig, MXFP8Recipe, NVFP4QuantConfig, NVFP4Recipe
+from nvfp4lab import functional as F
+
+RTOL = 2.0**-7
+
+DEVICES = [
+    pytest.param(("cpu", "ref"), id="cpu-ref"),
+    pytest.param(("cuda", "triton"), id="cuda-triton", marks=pytest.mark.gpu),
+]
+
+# Hand-written per-tensor options of each preset (TE NVFP4BlockScaling defaults; seeds 000/001/004).
+SW = dict(scale_layout="swizzled")
+EXPECTED = {
+    "te_default": dict(input=dict(rht=True, **SW), weight=dict(block="16x16", **SW),
+                       grad=dict(rht=True, stochastic_rounding=True, **SW)),
+    "per_token": dict(input=dict(per_token=True, **SW), weight=dict(block="16x16", **SW),
+                      grad=dict(stochastic_rounding=True, **SW)),
+    "per_token_gradients": dict(input=dict(per_token=True, **SW), weight=dict(block="16x16", **SW),
+                                grad=dict(per_token=True, stochastic_rounding=True, **SW)),
+    "four_over_six": dict(input=dict(four_over_six="mae", e4m3_max=256.0, **SW),
+                          weight=dict(block="16x16", four_over_six="mae", e4m3_max=256.0, **SW),
+                          grad=dict(stochastic_rounding=True, **SW)),
+    "four_over_six_weights_mse": dict(input=dict(rht=True, **SW),
+                                      weight=dict(block="16x16", four_over_six="mse", e4m3_max=256.0, **SW),
+                                      grad=dict(rht=True, stochastic_rounding=True, **SW)),
+    "1d_weights_compact": dict(input=dict(rht=True), weight=dict(), grad=dict(rht=True, stochastic_rounding=True)),
+}
+RECIPES = {
+    "te_default": NVFP4Recipe.te_default(),
+    "per_token": NVFP4Recipe.per_token(),
+    "per_token_gradients": NVFP4Recipe.per_token(gradients=True),
+    "four_over_six": NVFP4Recipe.four_over_six(),
+    "four_over_six_weights_mse": NVFP4Recipe.four_over_six("weights", "mse"),
+    "1d_weights_compact": NVFP4Recipe(weight_2d=False, scale_layout="compact"),
+}
+
+
+def assert_gemm_close(actual, expected, what):
+    expected = expected.to(torch.float64)
+    actual = actual.to(torch.float64)
+    atol = RTOL * 2.0**-3 * expected.abs().max().item()  # for outputs near cancellation
+    bad = (actual - expected).abs() > atol + RTOL * expected.abs()
+    assert not bad.any(), (f"{what}: {int(bad.sum())}/{bad.numel()} elements off, max abs err "
+                           f"{(actual - expected).abs().max().item():.4g} (|expected| max {expected.abs().max().item():.4g})")
+
+
+def q(x, backend, rowwise=True, columnwise=True, **options):
+    return nvfp4lab.quantize_nvfp4(x, config=NVFP4QuantConfig(rowwise=rowwise, columnwise=columnwise, **options), backend=backend)
+
+
+def deq64(t, which, backend):
+    return nvfp4lab.dequantize_nvfp4(t, dtype=torch.float32, which=which, backend=backend).double()
+
+
+def make_inputs(device, m=48, k=64, n=32, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(device=device, dtype=dtype)
+    b = torch.randn(n, generator=g).to(device=device, dtype=dtype)
+    dy = torch.randn(m, n, generator=g).to(device=device, dtype=dtype)
+    return x, w, b, dy
+
+
+def run_linear(x, w, b, dy, recipe, backend, seed=1234):
+    x = x.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(True)
+    b = b.clone().requires_grad_(True)
+    y = F.linear(x, w, b, recipe=recipe, backend=backend)
+    torch.manual_seed(seed)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+def expected_nvfp4(x, w, b, dy, opts, backend, seed=1234, m_pad=None):
+    """fprop/dgrad/wgrad from reference steps; tokens zero-padded to m_pad for the columnwise copies."""
+    m = x.shape[0]
+    m_pad = m if m_pad is None else m_pad
+    pad = lambda t: torch.cat([t, t.new_zeros(m_pad - m, t.shape[1])]) if m_pad != m else t  # noqa: E731
+    qx = q(pad(x), backend, **opts["input"])
+    qw = q(w, backend, **opts["weight"])
+    torch.manual_seed(seed)
+    qdy = q(pad(dy), backend, **opts["grad"])
+    y = deq64(qx, "rowwise", backend)[:m] @ deq64(qw, "rowwise", backend).T + b.double()
+    dx = deq64(qdy, "rowwise", backend)[:m] @ deq64(qw, "columnwise", backend)
+    dw = deq64(qdy, "columnwise", backend).T @ deq64(qx, "columnwise", backend)
+    return y, dx, dw, dy.double().sum(0)
+
+
+@pytest.mark.parametrize("device_backend", DEVICES)
+@pytest.mark.parametrize("preset", list(RECIPES))
+def test_linear_matches_reference_composition(preset, device_backend):
+    device, backend = device_backend
+    x, w, b, dy = make_inputs(device)
+    y, dx, dw, db = run_linear(x, w, b, dy, RECIPES[preset], backend)
+    y_e, dx_e, dw_e, db_e = expected_nvfp4(x, w, b, dy, EXPECTED[preset], backend)
+    assert y.dtype == dx.dtype == dw.dtype == torch.bfloat16
+    assert_gemm_close(y, y_e, "fprop")
+    assert_gemm_close(dx, dx_e, "dgrad")
+    assert_gemm_close(dw, dw_e, "wgrad")
+    assert_gemm_close(db, db_e, "bgrad")
+
+
+@pytest.mark.parametrize("device_backend", DEVICES)
+def test_tokens_not_multiple_of_16_are_zero_padded_for_columnwise_copies(device_backend):
+    device, backend = device_backend
+    x, w, b, dy = make_inputs(device, m=40)
+    y, dx, dw, _ = run_linear(x, w, b, dy, RECIPES["te_default"], backend)
+    y_e, dx_e, dw_e, _ = expected_nvfp4(x, w, b, dy, EXPECTED["te_default"], backend, m_pad=48)
+    assert y.shape == (40, 32) and dx.shape == (40, 64)
+    assert_gemm_close(y, y_e, "fprop")
+    assert_gemm_close(dx, dx_e, "dgrad")
+    assert_gemm_close(dw, dw_e, "wgrad")
+
+
+@pytest.mark.parametrize("device_backend", DEVICES)
+@pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
+def test_mxfp8_matches_reference_composition(fmt, device_backend):
+    device, backend = device_backend
+    x, w, b, dy = make_inputs(device, m=64, k=64, n=32)
+    y, dx, dw, db = run_linear(x, w, b, dy, MXFP8Recipe(fp8_format=fmt), backend)
+
+    def mq(t, fp8_format="e4m3"):
+        return nvfp4lab.quantize_mxfp8(t, config=MXFP8QuantConfig(rowwise=True, columnwise=True, fp8_format=fp8_format), backend=backend)
+
+    def d(t, which):
+        return nvfp4lab.dequantize_mxfp8(t, dtype=torch.float32, which=which, backend=backend).double()
+
+    qx, qw, qdy = mq(x), mq(w), mq(dy, "e5m2" if fmt == "hybrid" else "e4m3")
+    assert_gemm_close(y, d(qx, "rowwise") @ d(qw, "rowwise").T + b.double(), "fprop")
+    assert_gemm_close(dx, d(qdy, "rowwise") @ d(qw, "columnwise"), "dgrad")
+    assert_gemm_close(dw, d(qdy, "columnwise").T @ d(qx, "columnwise"), "wgrad")
+    assert_gemm_close(db, dy.double().sum(0), "bgrad")
+
+
+@pytest.mark.parametrize("device_backend", DEVICES)
+@pytest.mark.parametrize("mode", ["dequantized", "high_precision"])
+def test_backward_override_modes(mode, device_backend):
+    device, backend = device_backend
+    x, w, b, dy = make_inputs(device)
+    y, dx, dw, _ = run_linear(x, w, b, dy, NVFP4Recipe(backward=mode), backend)
+    qx = q(x, backend, columnwise=False)
+    qw = q(w, backend, columnwise=False, block="16x16", scale_layout="swizzled")
+    x_hat, w_hat = deq64(qx, "rowwise", backend), deq64(qw, "rowwise", backend)
+    assert_gemm_close(y, x_hat @ w_hat.T + b.double(), "fprop")
+    if mode == "high_precision":
+        x_hat, w_hat = x.double(), w.double()
+    else:  # the backward GEMMs read the forward copies dequantized to the compute dtype (bf16)
+        x_hat, w_hat = x_hat.to(torch.bfloat16).double(), w_hat.to(torch.bfloat16).double()
+    assert_gemm_close(dx, dy.double() @ w_hat, "dgrad")
+    assert_gemm_close(dw, dy.double().T @ x_hat, "wgrad")
+
+
+@pytest.mark.parametrize("device_backend", DEVICES)
+def test_leading_dims_and_frozen_weight(device_backend):
+    """(B, S, K) input; a frozen weight gets no grad and dx is still right."""
+    device, backend = device_backend
+    x, w, b, dy = make_inputs(device, m=48)
+    recipe = RECIPES["per_token"]
+    x3 = x.reshape(3, 16, 64).clone().requires_grad_(True)
+    y = F.linear(x3, w, None, recipe=recipe, backend=backend)
+    torch.manual_seed(7)
+    y.backward(dy.reshape(3, 16, 32))
+    opts = EXPECTED["per_token"]
+    qx, qw = q(x, backend, columnwise=False, **opts["input"]), q(w, backend, **opts["weight"])
+    torch.manual_seed(7)
+    qdy = q(dy, backend, columnwise=False, **opts["grad"])  # no wgrad: only dy's rowwise copy
+    assert y.shape == (3, 16, 32) and x3.grad.shape == (3, 16, 64)
+    assert_gemm_close(y.reshape(48, 32), deq64(qx, "rowwise", backend) @ deq64(qw, "rowwise", backend).T, "fprop")
+    assert_gemm_close(x3.grad.reshape(48, 64), deq64(qdy, "rowwise", backend) @ deq64(qw, "columnwise", backend), "dgrad")
+
+
+def test_quantized_weight_is_used_and_checked():
+    x, w, b, _ = make_inputs("cpu")
+    recipe = NVFP4Recipe.te_default()
+    qw = F.quantize_weight(w, recipe, columnwise=False)
+    y_cached = F.linear(x, w, b, recipe=recipe, quantized_weight=qw)
+    assert torch.equal(y_cached, F.linear(x, w, b, recipe=recipe))
+    # a cached weight quantized with another recipe's config is rejected
+    other = F.quantize_weight(w, NVFP4Recipe(weight_2d=False), columnwise=False)
+    with pytest.raises(ValueError, match="quantized_weight"):
+        F.linear(x, w, b, recipe=recipe, quantized_weight=other)
+    with pytest.raises(TypeError, match="quantized_weight"):
+        F.linear(x, w, b, recipe=recipe, quantized_weight=w)
+
+
+def test_columnwise_weight_copy_added_when_dgrad_needs_it():
+    x, w, b, dy = make_inputs("cpu")
+    recipe = NVFP4Recipe.te_default()
+    rowwise_only = F.quantize_weight(w, recipe, columnwise=False)
+    xr, xr2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    y = F.linear(xr, w, b, recipe=recipe, quantized_weight=rowwise_only)
+    torch.manual_seed(5)  # same stochastic-rounding bits for dy in both runs
+    y.backward(dy)
+    y2 = F.linear(xr2, w, b, recipe=recipe)
+    torch.manual_seed(5)
+    y2.backward(dy)
+    assert torch.equal(xr.grad, xr2.grad)
+
+
+def test_transposed_operand_holds_the_columnwise_copy():
+    x, _, _, _ = make_inputs("cpu")
+    t = q(x, "ref", block="16x16")
+    view = F.transposed_operand(t)
+    assert view.shape == (64, 48) and view.rowwise_data is t.columnwise_data
+    # 16x16 blocks are transposition invariant (spec section 5): the view dequantizes to x_hat^T
+    assert torch.equal(view.dequantize(torch.float32), t.dequantize(torch.float32).T)
+    with pytest.raises(ValueError, match="columnwise"):
+        F.transposed_operand(q(x, "ref", columnwise=False))
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda x, w: F.linear(x.double(), w), TypeError, "x must be float32"),
+        (lambda x, w: F.linear(x, w[:, :32]), ValueError, r"x.shape\[-1\]"),
+        (lambda x, w: F.linear(x[:, :8], w[:, :8]), ValueError, "in_features of weight must be a multiple of 16"),
+        (lambda x, w: F.linear(x, w, torch.zeros(5)), ValueError, "bias must have shape"),
+        (lambda x, w: F.linear(x, w, recipe="te_default"), TypeError, "recipe must be"),
+        (lambda x, w: F.linear(x, torch.zeros(48, 64), recipe=MXFP8Recipe()), ValueError, "out_features of weight must be a multiple of 32"),
+    ],
+)
+def test_bad_arguments(call, exc, match):
+    x, w, _, _ = make_inputs("cpu", dtype=torch.float32)
+    with pytest.raises(exc, match=match):
+        call(x, w)
+
+
+def test_zero_tokens():
+    w = torch.randn(32, 64, requires_grad=True)
+    x = torch.zeros(0, 64, requires_grad=True)
+    y = F.linear(x, w)
+    assert y.shape == (0, 32)
+    y.sum().backward()
+    assert x.grad.shape == (0, 64) and torch.equal(w.grad, torch.zeros_like(w))

@@ -1,0 +1,165 @@
+"""NVFP4Recipe / MXFP8Recipe: presets, role -> config mapping, rules, environment layer."""
+import dataclasses
+
+import pytest
+
+from nvfp4lab import MXFP8QuantConfig, MXFP8Recipe, NVFP4QuantConfig, NVFP4Recipe
+from nvfp4lab.recipes import ROLES
+
+SW = "swizzled"
+
+
+def cfg(**kw):
+    kw.setdefault("scale_layout", SW)
+    return NVFP4QuantConfig(**kw)
+
+
+def test_te_default_is_the_dataclass_default_and_maps_roles_like_te():
+    r = NVFP4Recipe.te_default()
+    assert r == NVFP4Recipe()
+    expected = {  # TE NVFP4BlockScaling: 2D weights, RHT on the wgrad copies of input and grad, SR on grads
+        "input_fprop": cfg(),
+        "input_wgrad": cfg(rowwise=False, columnwise=True, rht=True),
+        "weight_fprop": cfg(block="16x16"),
+        "weight_dgrad": cfg(block="16x16", rowwise=False, columnwise=True),
+        "grad_dgrad": cfg(stochastic_rounding=True),
+        "grad_wgrad": cfg(rowwise=False, columnwise=True, rht=True, stochastic_rounding=True),
+    }
+    assert set(ROLES) == set(expected)
+    for role, want in expected.items():
+        assert r.config_for(role) == want, role
+    assert r.tensor_config("input", rowwise=True, columnwise=True) == cfg(columnwise=True, rht=True)
+    assert r.config_for("input_wgrad").rht_sign_mask == 0xD7E8
+
+
+def test_per_token_preset():
+    r = NVFP4Recipe.per_token()
+    assert r.config_for("input_fprop") == cfg(per_token=True)
+    assert r.config_for("input_wgrad") == cfg(rowwise=False, columnwise=True, per_token=True)
+    assert r.config_for("weight_fprop") == cfg(block="16x16")  # the weight stays per tensor, 16x16
+    assert r.config_for("grad_dgrad") == cfg(stochastic_rounding=True)
+    g = NVFP4Recipe.per_token(gradients=True)
+    assert g.config_for("grad_wgrad") == cfg(rowwise=False, columnwise=True, per_token=True, stochastic_rounding=True)
+
+
+def test_four_over_six_preset_and_scopes():
+    r = NVFP4Recipe.four_over_six()
+    assert r.config_for("input_fprop") == cfg(four_over_six="mae", e4m3_max=256.0)
+    assert r.config_for("weight_dgrad") == cfg(block="16x16", rowwise=False, columnwise=True, four_over_six="mae", e4m3_max=256.0)
+    assert r.config_for("grad_wgrad") == cfg(rowwise=False, columnwise=True, stochastic_rounding=True)  # never on grads
+    w = NVFP4Recipe.four_over_six("weights", "mse")
+    assert w.rht and w.config_for("input_wgrad") == cfg(rowwise=False, columnwise=True, rht=True)
+    assert w.config_for("weight_fprop") == cfg(block="16x16", four_over_six="mse", e4m3_max=256.0)
+    # E = 256 only where four_over_six_e256_scope says; 448 elsewhere
+    e = NVFP4Recipe.four_over_six("all", four_over_six_e256_scope="weights")
+    assert e.config_for("input_fprop").e4m3_max == 448.0 and e.config_for("weight_fprop").e4m3_max == 256.0
+    assert NVFP4Recipe.four_over_six("all", four_over_six_e256_scope=None).config_for("weight_fprop").e4m3_max == 448.0
+
+
+def test_other_options_reach_the_configs():
+    r = NVFP4Recipe(weight_2d=False, rht_sign_mask=0x1234, stochastic_rounding=False, scale_layout="compact")
+    assert r.config_for("weight_fprop") == NVFP4QuantConfig()
+    assert r.config_for("grad_wgrad") == NVFP4QuantConfig(rowwise=False, columnwise=True, rht=True, rht_sign_mask=0x1234)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(per_token_activations=True), "rht and per_token_activations"),
+        (dict(per_token_gradients=True), "rht and per_token_gradients"),
+        (dict(four_over_six_scope="activations"), "rht and four_over_six_scope='activations'"),
+        (dict(four_over_six_scope="all"), "rht and four_over_six_scope='all'"),
+        (dict(four_over_six_scope="gradients"), "never applied to gradients"),
+        (dict(four_over_six_scope="grads"), "never applied to gradients"),
+        (dict(four_over_six_scope="everything"), "four_over_six_scope must be one of"),
+        (dict(four_over_six_err_mode="max"), "four_over_six_err_mode must be one of"),
+        (dict(four_over_six_e256_scope="gradients"), "four_over_six_e256_scope must be one of"),
+        (dict(backward="fp8"), "backward must be one of"),
+        (dict(rht=False, per_token_gradients=True, backward="dequantized"), "per_token_gradients and backward='dequantized'"),
+        (dict(rht_sign_mask=1 << 16), "rht_sign_mask must be a 16-bit integer"),
+        (dict(scale_layout="tiled"), "scale_layout must be one of"),
+    ],
+)
+def test_bad_combinations_raise_naming_the_rule(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        NVFP4Recipe(**kwargs)
+
+
+def test_bad_types_raise_type_error():
+    with pytest.raises(TypeError, match="rht must be a bool"):
+        NVFP4Recipe(rht=1)
+    with pytest.raises(ValueError, match="role must be one of"):
+        NVFP4Recipe().config_for("activation_fprop")
+    with pytest.raises(ValueError, match="tensor must be one of"):
+        NVFP4Recipe().tensor_config("bias")
+
+
+def test_presets_accept_overrides_and_recipes_are_frozen():
+    r = NVFP4Recipe.per_token(stochastic_rounding=False)
+    assert not r.stochastic_rounding and r.per_token_activations
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.rht = True
+    assert r.replace(backward="dequantized").backward == "dequantized"
+    with pytest.raises(ValueError, match="rht and per_token_activations"):
+        r.replace(rht=True)
+
+
+def test_from_env_maps_te_variables():
+    env = {
+        "NVTE_NVFP4_DISABLE_RHT": "1",
+        "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": "1",
+        "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": "1",
+        "NVTE_NVFP4_ROW_SCALED_ACTIVATION": "1",
+        "NVTE_NVFP4_4OVER6": "weights",
+        "NVTE_NVFP4_4OVER6_ERR_MODE": "MSE",
+        "NVTE_NVFP4_4OVER6_E4M3_USE_256": "none",
+        "NVTE_BACKWARD_OVERRIDE": "dequantized",
+    }
+    r = NVFP4Recipe.from_env(environ=env)
+    assert r == NVFP4Recipe(rht=False, stochastic_rounding=False, weight_2d=False, per_token_activations=True,
+                            four_over_six_scope="weights", four_over_six_err_mode="mse", four_over_six_e256_scope=None,
+                            backward="dequantized")
+    assert NVFP4Recipe.from_env(environ={}) == NVFP4Recipe.te_default()
+    base = NVFP4Recipe.per_token()
+    assert NVFP4Recipe.from_env(base, environ={"NVTE_NVFP4_PER_TOKEN_ACTIVATION": "0", "NVTE_NVFP4_DISABLE_RHT": "0"}) == NVFP4Recipe()
+    pt = NVFP4Recipe.from_env(environ={"NVTE_NVFP4_PER_TOKEN": "1", "NVTE_NVFP4_DISABLE_RHT": "1"})
+    assert pt.per_token_activations and pt.per_token_gradients
+    assert NVFP4Recipe.from_env(environ={"NVFP4LAB_RHT_SIGN_MASK": "0xACE1"}).rht_sign_mask == 0xACE1
+    assert NVFP4Recipe.from_env(base, environ={"NVTE_BACKWARD_OVERRIDE": "none"}).backward == "quantized"
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"NVTE_NVFP4_DISABLE_RHT": "yes"}, "NVTE_NVFP4_DISABLE_RHT must be 0 or 1"),
+        ({"NVTE_NVFP4_4OVER6": "grads"}, "NVTE_NVFP4_4OVER6 must be"),
+        ({"NVTE_NVFP4_4OVER6_ERR_MODE": "L1"}, "NVTE_NVFP4_4OVER6_ERR_MODE must be MAE or MSE"),
+        ({"NVTE_BACKWARD_OVERRIDE": "fp32"}, "NVTE_BACKWARD_OVERRIDE must be"),
+        ({"NVFP4LAB_RHT_SIGN_MASK": "abc"}, "NVFP4LAB_RHT_SIGN_MASK must be an integer"),
+        ({"NVTE_NVFP4_ROW_SCALED_ACTIVATION": "1"}, "rht and per_token_activations"),  # TE default keeps RHT on
+    ],
+)
+def test_from_env_rejects_bad_values(env, match):
+    with pytest.raises(ValueError, match=match):
+        NVFP4Recipe.from_env(environ=env)
+
+
+def test_environment_is_read_only_by_from_env(monkeypatch):
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "high_precision")
+    assert NVFP4Recipe().rht and NVFP4Recipe.te_default().backward == "quantized"
+    r = NVFP4Recipe.from_env()
+    assert not r.rht and r.backward == "high_precision"
+    assert MXFP8Recipe.from_env().backward == "high_precision" and MXFP8Recipe().backward == "quantized"
+
+
+def test_mxfp8_recipe():
+    r = MXFP8Recipe.te_default()
+    assert r.config_for("grad_wgrad") == MXFP8QuantConfig(rowwise=False, columnwise=True)
+    h = MXFP8Recipe(fp8_format="hybrid")
+    assert h.config_for("grad_dgrad") == MXFP8QuantConfig(fp8_format="e5m2")
+    assert h.config_for("input_fprop") == MXFP8QuantConfig()
+    with pytest.raises(ValueError, match="fp8_format must be one of"):
+        MXFP8Recipe(fp8_format="e5m2")
+    with pytest.raises(ValueError, match="backward must be one of"):
+        MXFP8Recipe(backward="none")
