@@ -8,7 +8,7 @@ overrides that default choice (never an explicit ``backend=`` argument).
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -306,3 +306,148 @@ def nvfp4_gemm(
 
         return gemm_kernels.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
     return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
+
+
+def nvfp4_grouped_gemm(
+    a: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
+    b: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
+    offs: Optional[torch.Tensor] = None,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    accumulate: bool = False,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """Grouped (MoE) GEMM in one launch: rows of expert e of A times expert e's weights, TN.
+
+    a: the tokens sorted by expert, either one NVFP4Tensor (M, K) whose rowwise amax is (1,) or
+       per token (M,) -- an activation quantized per expert split is this form with each split's
+       amax repeated over its rows -- together with ``offs``; or a list of E per-expert NVFP4Tensors
+       (M_e, K), concatenated here (one copy of codes and scales; offs must then be None).
+    b: the weights, either one NVFP4Tensor of logical shape (E, N, K) (rowwise amax (1,), (E,) per
+       expert or (E*N,) per row), or a list of E NVFP4Tensors (N, K), stacked here (one copy; pass a
+       stacked tensor to avoid it).
+    offs: int32/int64 tensor (E,) on a's device, cumulative row ends (torch._grouped_mm's ``offs``):
+       expert e owns rows offs[e-1]:offs[e] (offs[-1] := 0). Zero-size experts are allowed. It must
+       be nondecreasing and end at M; the Triton path reads it on the device without a host sync
+       and does not check this (the reference does), rows past offs[E-1] are then not written.
+    bias: (N,) or (E, N); out: (M, N), written in place (added to when ``accumulate``).
+    Per expert the result is exactly :func:`nvfp4_gemm` of its rows and weights.
+    """
+    a, offs = _grouped_a(a, offs)
+    b, num_experts = _grouped_b(b)
+    if a.k != b.k:
+        raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    m, k = a.m, a.k
+    n = b.m // num_experts
+    device = a.rowwise_data.device
+    _check_tensor("offs", offs, (torch.int32, torch.int64))
+    if offs.shape != (num_experts,):
+        raise ValueError(f"offs must have shape (E,) = ({num_experts},) (one cumulative row end per expert), got {tuple(offs.shape)}")
+    if offs.device != device:
+        raise ValueError(f"offs must be on a's device {device}, got {offs.device}")
+    if a.rowwise_amax.numel() not in (1, m):
+        raise ValueError(f"a's rowwise_amax must have 1 or M = {m} elements, got {a.rowwise_amax.numel()}")
+    if b.rowwise_amax.numel() not in (1, num_experts, num_experts * n):
+        raise ValueError(f"b's rowwise_amax must have 1, E = {num_experts} or E*N = {num_experts * n} elements, got {b.rowwise_amax.numel()}")
+    if bias is not None:
+        _check_tensor("bias", bias)
+        if bias.shape not in ((n,), (num_experts, n)):
+            raise ValueError(f"bias must have shape (N,) = ({n},) or (E, N) = ({num_experts}, {n}), got {tuple(bias.shape)}")
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
+    if out is not None:
+        _check_tensor("out", out, OUT_DTYPES)
+        if out.shape != (m, n):
+            raise ValueError(f"out must have shape (M, N) = ({m}, {n}), got {tuple(out.shape)}")
+        out_dtype = out.dtype
+    backend = resolve_backend(backend, device)
+    if m == 0 or n == 0 or k == 0:
+        result = torch.zeros(m, n, dtype=torch.float32, device=device)
+        if bias is not None and m > 0:
+            b2 = bias.float().reshape(-1, n)
+            expert = torch.bucketize(torch.arange(m, device=device), offs.to(torch.int64), right=True)
+            result = result + b2[expert.clamp(max=b2.shape[0] - 1)]
+        if accumulate:
+            result = result + out.float()
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result.to(out_dtype)
+    if backend == "triton":
+        from .kernels import nvfp4_gemm as gemm_kernels
+
+        return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
+                                               accumulate=accumulate)
+    return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
+
+
+def _check_rowwise(name: str, t) -> None:
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
+    if t.rowwise_data is None:
+        raise ValueError(f"{name} has no rowwise copy: the GEMM reads rowwise data (quantize with rowwise=True)")
+
+
+def _grouped_a(a, offs):
+    """a as one (M, K) NVFP4Tensor and offs; a list of per-expert tensors is concatenated."""
+    if isinstance(a, NVFP4Tensor):
+        _check_rowwise("a", a)
+        if offs is None:
+            raise ValueError("offs is required when a is one NVFP4Tensor (it says which rows belong to which expert)")
+        return a, offs
+    if not isinstance(a, (list, tuple)) or len(a) == 0:
+        raise TypeError(f"a must be an NVFP4Tensor or a non-empty list of NVFP4Tensors, got {type(a).__name__}")
+    if offs is not None:
+        raise ValueError("offs must be None when a is a list of per-expert NVFP4Tensors (their sizes give the split)")
+    for i, t in enumerate(a):
+        _check_rowwise(f"a[{i}]", t)
+        if t.e4m3_max != a[0].e4m3_max:
+            raise ValueError(f"a[{i}] has e4m3_max {t.e4m3_max}, a[0] {a[0].e4m3_max}: all splits need the same E")
+        if t.k != a[0].k:
+            raise ValueError(f"a[{i}] has K = {t.k}, a[0] K = {a[0].k}: all splits need the same K")
+    sizes = [t.m for t in a]
+    device = a[0].rowwise_data.device
+    amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m) if t.rowwise_amax.numel() == 1
+                      else t.rowwise_amax.reshape(-1).float() for t in a])
+    offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
+    return _concat_rows(a, amax, per_token=True), offs
+
+
+def _grouped_b(b):
+    """b as one stacked NVFP4Tensor with E*N rows, and E; a list is stacked with amax (E,) or (E*N,)."""
+    if isinstance(b, NVFP4Tensor):
+        _check_rowwise("b", b)
+        if len(b.shape) != 3:
+            raise ValueError(f"b must have logical shape (E, N, K) (the experts' weights stacked), got {tuple(b.shape)}")
+        return b, int(b.shape[0])
+    if not isinstance(b, (list, tuple)) or len(b) == 0:
+        raise TypeError(f"b must be an NVFP4Tensor (E, N, K) or a non-empty list of NVFP4Tensors, got {type(b).__name__}")
+    for i, t in enumerate(b):
+        _check_rowwise(f"b[{i}]", t)
+        if (t.m, t.k) != (b[0].m, b[0].k):
+            raise ValueError(f"b[{i}] is ({t.m}, {t.k}), b[0] is ({b[0].m}, {b[0].k}): all experts need the same (N, K)")
+        if t.e4m3_max != b[0].e4m3_max:
+            raise ValueError(f"b[{i}] has e4m3_max {t.e4m3_max}, b[0] {b[0].e4m3_max}: all experts need the same E")
+    per_row = any(t.rowwise_amax.numel() != 1 for t in b)
+    amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m if per_row else 1) for t in b])
+    stacked = _concat_rows(b, amax, per_token=False)
+    stacked.shape = torch.Size((len(b), b[0].m, b[0].k))
+    return stacked, len(b)
+
+
+def _concat_rows(ts, amax: torch.Tensor, per_token: bool) -> NVFP4Tensor:
+    from dataclasses import replace
+
+    t0 = ts[0]
+    scales = [ref.swizzle.compact_scales(t.rowwise_scale, t.scale_layout, t.m, t.k // 16) for t in ts]
+    config = replace(t0.config, scale_layout="compact", columnwise=False, rowwise=True)
+    if per_token:
+        config = replace(config, per_token=True, rht=False, block="1x16")
+    return NVFP4Tensor(
+        shape=torch.Size((sum(t.m for t in ts), t0.k)), dtype=t0.dtype, config=config,
+        rowwise_data=torch.cat([t.rowwise_data for t in ts]), rowwise_scale=torch.cat(scales), rowwise_amax=amax,
+    )
