@@ -151,7 +151,8 @@ def candidate_configs(m, n):
     C = G.GemmConfig
     if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-        return [C(bm, bn, bk, 8, 4, st) for bn in (32, 64, 128) for bk, st in ((128, 4), (256, 3), (256, 5))]
+        cands = [C(bm, bn, 256, 8, 4 if bn == 32 else 8, 4, split_k=sk) for bn in (32, 64, 128) for sk in (1, 2, 4, 8)]
+        return cands + [C(bm, 64, 128, 8, 8, 6, split_k=4), C(bm, 128, 128, 8, 8, 6, split_k=8)]
     if m <= 1024:
         return [C(64, 128, 128, 8, 4, 4), C(128, 128, 128, 8, 8, 3), C(128, 128, 64, 8, 4, 4),
                 C(64, 64, 128, 8, 4, 4), C(64, 128, 64, 8, 4, 4, b_predecode=True),

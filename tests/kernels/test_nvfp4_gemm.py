@@ -380,6 +380,21 @@ def test_b_predecode_path(k):
         assert_equal(out, want)
 
 
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_k(split_k):
+    """K split over CTAs (5 K tiles: uneven splits, one may be empty), partials summed by the epilogue kernel."""
+    gen = torch.Generator().manual_seed(30 + split_k)
+    a, b = exact_operand(20, 288, gen, amax="token"), exact_operand(40, 288, gen, amax="token")
+    bias = torch.randn(40, generator=gen)
+    old = torch.randn(20, 40, generator=gen).to(torch.bfloat16)
+    want = old.clone()
+    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
+    for b_pre in (False, True):
+        got = old.clone()
+        G.run(a, b, got, bias=bias, accumulate=True, config=G.GemmConfig(16, 32, 64, 4, 4, 1, b_predecode=b_pre, split_k=split_k))
+        assert_equal(got, want)
+
+
 # ------------------------------------------------------------------------------- grouped, CPU tier
 def _per_expert_reference(a, b_list, sizes, bias=None, out_dtype=torch.float32):
     """The definition: one dense reference GEMM per expert on the expert's rows."""
@@ -512,6 +527,9 @@ def test_config_table_rows():
             for v in (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps):
                 assert v & (v - 1) == 0
     assert G.choose_config(16, 4096, 4096, torch.device("cpu")).block_k % 64 == 0
+    if torch.cuda.is_available():
+        cfg = G.choose_config(16, 4096, 4096, torch.device("cuda"))
+        assert cfg.split_k > 1 and cfg.block_m == 16
 
 
 _COMPILE_SM90 = r"""
@@ -522,13 +540,13 @@ from nvfp4lab.kernels import nvfp4_gemm as G
 
 fn = G._nvfp4_gemm_kernel
 pointers = {"a_ptr": "*u8", "a_scale_ptr": "*u8", "a_amax_ptr": "*fp32", "b_ptr": "*u8", "b_scale_ptr": "*u8",
-            "b_amax_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16", "offs_ptr": "*i32"}
+            "b_amax_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16", "offs_ptr": "*i32", "ws_ptr": "*fp32"}
 for decode in (0, 1):
     for _, cfg in (G._HOPPER[0], G._HOPPER[-1]):
         constexprs = dict(A_SWIZZLED=False, B_SWIZZLED=True, A_AMAX_ROWS=True, B_AMAX_MODE=0, BIAS_MODE=1,
-                          ACCUMULATE=False, OUT_BF16=True, GROUPED=True, E_POW2=8, EVEN_K=decode == 0, DECODE=decode,
-                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                          B_PRE=cfg.b_predecode)
+                          ACCUMULATE=False, OUT_BF16=True, GROUPED=cfg.block_m > 16, E_POW2=8, EVEN_K=decode == 0,
+                          DECODE=decode, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                          GROUP_M=cfg.group_m, B_PRE=cfg.b_predecode, SPLIT_K=1 if cfg.block_m > 16 else 3)
         if cfg.b_predecode:
             pointers["b_ptr"] = "*fp16"
         sig = {name: pointers.get(name, "constexpr" if name in constexprs else ("fp32" if name == "inv_e" else "i32"))
@@ -549,6 +567,13 @@ for decode in (0, 1):
                                     constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})
     assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
     print("ok expand", decode)
+fn_e = G._split_k_epilogue_kernel
+ptr_e = {"ws_ptr": "*fp32", "a_amax_ptr": "*fp32", "b_amax_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
+ce = dict(SPLIT_K=3, A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True, OUT_BF16=True, BLOCK_M=32, BLOCK_N=32)
+sig = {name: ptr_e.get(name, "constexpr" if name in ce else ("fp32" if name == "inv_e" else "i32")) for name in fn_e.arg_names}
+src = triton.compiler.ASTSource(fn=fn_e, signature=sig, constexprs={(fn_e.arg_names.index(k),): v for k, v in ce.items()})
+assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
+print("ok split-k epilogue")
 """
 
 
@@ -564,7 +589,7 @@ def test_compiles_for_sm90(tmp_path):
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("no ptxas on this machine")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 6, proc.stdout
+    assert proc.stdout.count("ok") == 7, proc.stdout
 
 
 # ------------------------------------------------------------------------------------ GPU tier

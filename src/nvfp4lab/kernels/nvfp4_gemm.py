@@ -66,7 +66,6 @@ import triton
 import triton.language as tl
 
 
-
 def _roundup(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
@@ -99,9 +98,11 @@ def _scale_offsets(rows, cols, stride, cols4, SWIZZLED: tl.constexpr):
         return rows[:, None] * stride + cols[None, :]
 
 
-# PTX for DECODE=1. Operands: $0,$1 = low-nibble values of bytes (0,1) and (2,3); $2,$3 = high-nibble
-# values of bytes (0,1) and (2,3) (FP16 pairs); $4 = the 4 packed bytes; $5, $6 = the FP16 scales of
-# bytes (0,1) and (2,3). Codes n0..n7 sit in nibbles 0..7 of $4 (byte j = n(2j) | n(2j+1) << 4).
+# PTX for DECODE=1, one invocation per 4 bytes (Triton's pack=4). Operands: $0,$1 = low-nibble values
+# of bytes (0,1) and (2,3); $2,$3 = high-nibble values of bytes (0,1) and (2,3) (FP16 pairs); $4 = the
+# 4 packed bytes; $5, $6 = the FP16 scales of bytes (0,1) and (2,3); $7 ($8..$10 unused copies) = the
+# low table word. Each output element is computed from its own byte and scale, so the result does not
+# depend on which elements Triton groups together. Codes n0..n7 sit in nibbles 0..7 of $4.
 # A prmt selector nibble k (bits 2..0) picks byte k of the result from {a: bytes 0-3, b: bytes 4-7};
 # the table holds the FP16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6 and selectors 0 give the zero low
 # bytes. Selector nibbles 1 and 3 hold the codes of one output pair, so for the pair (n0, n2) it is
@@ -192,7 +193,7 @@ def _decode_tile(packed, scale_bits, tab_lo, ROWS: tl.constexpr, BK: tl.constexp
 def _nvfp4_gemm_kernel(
     a_ptr, a_scale_ptr, a_amax_ptr,
     b_ptr, b_scale_ptr, b_amax_ptr,
-    bias_ptr, out_ptr, offs_ptr,
+    bias_ptr, out_ptr, offs_ptr, ws_ptr,
     M, N, K,
     stride_a, stride_as, a_cols4,
     stride_b, stride_bs, b_cols4,
@@ -211,6 +212,7 @@ def _nvfp4_gemm_kernel(
     DECODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_PRE: tl.constexpr,  # b_ptr is B already expanded by _expand_kernel: fp16 (rows, roundup(K, BLOCK_K))
+    SPLIT_K: tl.constexpr,  # dense only: program_id(1) takes 1/SPLIT_K of the K tiles, partials to ws_ptr
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -270,8 +272,19 @@ def _nvfp4_gemm_kernel(
     K2 = K // 2
     K16 = K // 16
 
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if SPLIT_K > 1:
+        pid_k = tl.program_id(1)
+        per_split = tl.cdiv(k_tiles, SPLIT_K)
+        k_first = pid_k * per_split
+        k_last = tl.minimum(k_first + per_split, k_tiles)
+        a_ptrs += k_first * BK2
+        b_ptrs += k_first * (BLOCK_K if B_PRE else BK2)
+    else:
+        k_first = 0
+        k_last = k_tiles
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_last):
         kb = k * BK16 + kk16
         a_sptrs = a_scale_ptr + _scale_offsets(rows_a, kb, stride_as, a_cols4, A_SWIZZLED)
         if EVEN_K:
@@ -302,7 +315,21 @@ def _nvfp4_gemm_kernel(
         acc = tl.dot(a_val, tl.trans(b_val), acc)
         a_ptrs += BK2
 
-    # Epilogue: alpha per element from the two amax vectors, in the reference's order of roundings.
+    if SPLIT_K > 1:  # fp32 partial sums; _split_k_epilogue_kernel adds them and finishes
+        ws_ptrs = ws_ptr + pid_k.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+    else:
+        _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
+                  out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
+                  OUT_BF16, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
+              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr,
+              BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings."""
     if A_AMAX_ROWS:
         amax_a = tl.load(a_amax_ptr + rows_a)
     else:
@@ -327,6 +354,30 @@ def _nvfp4_gemm_kernel(
         tl.store(out_ptrs, _f32_to_bf16_rne(res), mask=omask)
     else:
         tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _split_k_epilogue_kernel(
+    ws_ptr, a_amax_ptr, b_amax_ptr, bias_ptr, out_ptr,
+    M, N, stride_om, stride_on, inv_e,
+    SPLIT_K: tl.constexpr, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
+    ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Dense split-K: sum the SPLIT_K fp32 partials (fixed order, deterministic), then the epilogue."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
+    rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    mask = mask_m[:, None] & mask_n[None, :]
+    ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0)
+    _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
+              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
+              OUT_BF16, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -364,13 +415,14 @@ class GemmConfig:
     num_stages: int = 3
     maxnreg: Optional[int] = None  # cap registers (ptxas .maxnreg), e.g. for 2 CTAs per SM
     b_predecode: bool = False  # expand B to fp16 once (one extra pass), then decode only A per tile
+    split_k: int = 1  # dense GEMMs: K split over this many CTAs, fp32 partials summed by a second kernel
 
 
 # Per GPU: (max M, config) rows, first match wins (M: rows per expert for grouped GEMMs). H100 and H200
 # share the SM (sm_90, 132 SMs), so they share rows; the split by M is what matters:
-# * M <= 64 (decode): a weight-streaming problem. Narrow column tiles give enough CTAs to keep every SM
-#   streaming (choose_config halves BLOCK_N when N / BLOCK_N < #SMs), deep K tiles and stages keep
-#   enough bytes in flight; the few A rows are decoded per tile at little cost.
+# * M <= 64 (decode): a weight-streaming problem whose cost is decoding B once. choose_config splits K
+#   until there are about 16 warps per SM (decode latencies hidden, every SM streaming); deep K tiles
+#   and stages keep enough bytes in flight; the few A rows are decoded per tile at little cost.
 # * medium M: both operands decoded per tile (decode work per FLOP falls as 1/BLOCK_M + 1/BLOCK_N).
 # * large M: B is expanded to FP16 once (about 4.6 bytes of traffic per weight) and only A is decoded
 #   per tile; B's tiles then take Triton's pipelined path, which lets the MMA overlap A's decoding.
@@ -378,9 +430,9 @@ class GemmConfig:
 # Rows are a starting point from instruction counts of the sm_90 SASS; ``benchmarks/gemm.py --sweep``
 # times alternatives on the GPU.
 _HOPPER = (
-    (16, GemmConfig(16, 64, 256, 8, 4, 4)),
-    (32, GemmConfig(32, 64, 256, 8, 4, 4)),
-    (64, GemmConfig(64, 64, 256, 8, 4, 4)),
+    (16, GemmConfig(16, 64, 256, 8, 8, 4)),
+    (32, GemmConfig(32, 64, 256, 8, 8, 4)),
+    (64, GemmConfig(64, 64, 256, 8, 8, 4)),
     (256, GemmConfig(64, 128, 128, 8, 4, 4)),
     (1024, GemmConfig(128, 128, 128, 8, 8, 3)),
     (1 << 62, GemmConfig(128, 256, 64, 8, 8, 4, b_predecode=True)),
@@ -418,8 +470,13 @@ def choose_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
     for max_m, cfg in _CONFIGS[_gpu_key(device)]:
         if m <= max_m:
             break
-    if max_m <= 64 and cfg.block_n > 32 and triton.cdiv(n, cfg.block_n) < _num_sms(device):
-        cfg = replace(cfg, block_n=cfg.block_n // 2)  # more column tiles: every SM streams weights
+    if max_m <= 64:
+        # Decode-like: aim at ~16 warps per SM (enough to hide the decode's latencies), splitting K when
+        # there are too few output tiles, each split keeping at least 2 K tiles.
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        target = 16 * _num_sms(device) // cfg.num_warps
+        split = min(8, triton.cdiv(target, tiles), triton.cdiv(k, cfg.block_k) // 2)
+        cfg = replace(cfg, split_k=max(1, split))
     return cfg
 
 
@@ -441,6 +498,15 @@ def default_decode(device: torch.device) -> int:
 
 
 # -------------------------------------------------------------------------------------- launcher
+_EXPAND_ROWS = 64
+
+
+def _asm_fits(rows: int, block_k: int, num_warps: int) -> bool:
+    """The PTX decoder takes 4 bytes per invocation: Triton aborts the process (not an exception) when
+    a thread holds a number of bytes that is not a multiple of 4, so only whole multiples are allowed."""
+    return (rows * block_k // 2) % (4 * 32 * num_warps) == 0
+
+
 def _scale_args(scale: torch.Tensor, layout: str, rows: int, k: int):
     """(tensor, row stride, cols4, swizzled?) for a scale buffer of the given layout."""
     k16 = k // 16
@@ -480,22 +546,29 @@ def _launch(
         config = choose_config(per_expert_m, n, k, device)
     if decode is None:
         decode = default_decode(device)
+    if decode == 1 and not all(_asm_fits(r, config.block_k, w) for r, w in (
+            (config.block_m, config.num_warps), (config.block_n, config.num_warps), (_EXPAND_ROWS, 4))):
+        decode = 0
     b_arg, b_stride = b_data, b_data.stride(0)
     if config.b_predecode:
-        b_rows, block_r = b_data.shape[0], 64
+        b_rows, block_r = b_data.shape[0], _EXPAND_ROWS
         b_arg = torch.empty((b_rows, _roundup(k, config.block_k)), dtype=torch.float16, device=device)
         b_stride = b_arg.stride(0)
         _expand_kernel[(triton.cdiv(b_rows, block_r), b_arg.shape[1] // config.block_k)](
             b_data, b_sc, b_arg, b_rows, k, b_data.stride(0), b_ss, b_c4, b_stride, _TAB_LO,
             B_SWIZZLED=b_sw, DECODE=decode, BLOCK_R=block_r, BLOCK_K=config.block_k, num_warps=4,
         )
+    split_k = 1 if grouped else max(1, config.split_k)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=device) if split_k > 1 else a_amax
     rows_tiles = triton.cdiv(m, config.block_m) + (num_experts if grouped else 0)
-    grid = (rows_tiles * triton.cdiv(n, config.block_n),)
+    grid = (rows_tiles * triton.cdiv(n, config.block_n), split_k)
     dummy = a_amax
+    flags = dict(A_AMAX_ROWS=a_amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
+                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16)
     _nvfp4_gemm_kernel[grid](
         a_data, a_sc, a_amax,
         b_arg, b_sc, b_amax,
-        bias if bias is not None else dummy, out, offs if offs is not None else dummy,
+        bias if bias is not None else dummy, out, offs if offs is not None else dummy, ws,
         m, n, k,
         a_data.stride(0), a_ss, a_c4,
         b_stride, b_ss, b_c4,
@@ -503,21 +576,23 @@ def _launch(
         num_experts,
         gemm_inv(e_max_a, e_max_b),
         _TAB_LO,
-        A_SWIZZLED=a_sw, B_SWIZZLED=b_sw,
-        A_AMAX_ROWS=a_amax.numel() != 1,
-        B_AMAX_MODE=b_mode,
-        BIAS_MODE=bias_mode,
-        ACCUMULATE=bool(accumulate),
-        OUT_BF16=out.dtype == torch.bfloat16,
+        A_SWIZZLED=a_sw, B_SWIZZLED=b_sw, **flags,
         GROUPED=grouped, E_POW2=triton.next_power_of_2(max(num_experts, 1)),
         EVEN_K=k % config.block_k == 0,
         DECODE=decode,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        B_PRE=config.b_predecode,
+        B_PRE=config.b_predecode, SPLIT_K=split_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({} if config.maxnreg is None else {"maxnreg": config.maxnreg}),
         enable_fp_fusion=False,  # alpha, bias and out_old are separate roundings, as in the reference
     )
+    if split_k > 1:
+        block = 32
+        _split_k_epilogue_kernel[(triton.cdiv(m, block), triton.cdiv(n, block))](
+            ws, a_amax, b_amax, bias if bias is not None else dummy, out,
+            m, n, out.stride(0), out.stride(1), gemm_inv(e_max_a, e_max_b),
+            SPLIT_K=split_k, **flags, BLOCK_M=block, BLOCK_N=block, num_warps=4, enable_fp_fusion=False,
+        )
     return out
 
 
