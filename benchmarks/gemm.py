@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout
 
 import nvfp4lab  # noqa: E402
+from nvfp4lab import moe  # noqa: E402
 from nvfp4lab.kernels import nvfp4_gemm as G  # noqa: E402
 
 SQUARE = [2048, 4096, 8192, 16384]
@@ -192,7 +193,7 @@ def bench_grouped(experts, sizes, n, k, gen):
     w = torch.randn(experts, n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
     a = quantize(x, per_token=True)
     b_list = [quantize(w[e]) for e in range(experts)]
-    b, _ = nvfp4lab.ops._grouped_b(b_list)  # stacked once, outside the timing
+    b = moe.stack_weights(b_list)  # stacked once, outside the timing
     offs = torch.tensor(sizes, device=DEVICE).cumsum(0).to(torch.int32)
     res["nvfp4_grouped"] = tflops(time_graph([lambda: nvfp4lab.nvfp4_grouped_gemm(a, b, offs, backend="triton")]))
     out = torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16)

@@ -324,10 +324,11 @@ def nvfp4_grouped_gemm(
     a: the tokens sorted by expert, either one NVFP4Tensor (M, K) whose rowwise amax is (1,) or
        per token (M,) -- an activation quantized per expert split is this form with each split's
        amax repeated over its rows -- together with ``offs``; or a list of E per-expert NVFP4Tensors
-       (M_e, K), concatenated here (one copy of codes and scales; offs must then be None).
+       (M_e, K), concatenated here by :func:`nvfp4lab.moe.concat_tokens` (one copy of codes and
+       scales; offs must then be None).
     b: the weights, either one NVFP4Tensor of logical shape (E, N, K) (rowwise amax (1,), (E,) per
-       expert or (E*N,) per row), or a list of E NVFP4Tensors (N, K), stacked here (one copy; pass a
-       stacked tensor to avoid it).
+       expert or (E*N,) per row), or a list of E NVFP4Tensors (N, K), stacked here by
+       :func:`nvfp4lab.moe.stack_weights` (one copy; stack once and pass the result to avoid it).
     offs: int32/int64 tensor (E,) on a's device, cumulative row ends (torch._grouped_mm's ``offs``):
        expert e owns rows offs[e-1]:offs[e] (offs[-1] := 0). Zero-size experts are allowed. It must
        be nondecreasing and end at M; the Triton path reads it on the device without a host sync
@@ -335,8 +336,23 @@ def nvfp4_grouped_gemm(
     bias: (N,) or (E, N); out: (M, N), written in place (added to when ``accumulate``).
     Per expert the result is exactly :func:`nvfp4_gemm` of its rows and weights.
     """
-    a, offs = _grouped_a(a, offs)
-    b, num_experts = _grouped_b(b)
+    from . import moe
+
+    if isinstance(a, NVFP4Tensor):
+        moe.check_rowwise("a", a)
+        if offs is None:
+            raise ValueError("offs is required when a is one NVFP4Tensor (it says which rows belong to which expert)")
+    elif offs is not None:
+        raise ValueError("offs must be None when a is a list of per-expert NVFP4Tensors (their sizes give the split)")
+    else:
+        a, offs = moe.concat_tokens(a)
+    if isinstance(b, NVFP4Tensor):
+        moe.check_rowwise("b", b)
+        if len(b.shape) != 3:
+            raise ValueError(f"b must have logical shape (E, N, K) (the experts' weights stacked), got {tuple(b.shape)}")
+    else:
+        b = moe.stack_weights(b)
+    num_experts = int(b.shape[0])
     if a.k != b.k:
         raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
     if out_dtype not in OUT_DTYPES:
@@ -383,71 +399,3 @@ def nvfp4_grouped_gemm(
         return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
                                                accumulate=accumulate)
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
-
-
-def _check_rowwise(name: str, t) -> None:
-    if not isinstance(t, NVFP4Tensor):
-        raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
-    if t.rowwise_data is None:
-        raise ValueError(f"{name} has no rowwise copy: the GEMM reads rowwise data (quantize with rowwise=True)")
-
-
-def _grouped_a(a, offs):
-    """a as one (M, K) NVFP4Tensor and offs; a list of per-expert tensors is concatenated."""
-    if isinstance(a, NVFP4Tensor):
-        _check_rowwise("a", a)
-        if offs is None:
-            raise ValueError("offs is required when a is one NVFP4Tensor (it says which rows belong to which expert)")
-        return a, offs
-    if not isinstance(a, (list, tuple)) or len(a) == 0:
-        raise TypeError(f"a must be an NVFP4Tensor or a non-empty list of NVFP4Tensors, got {type(a).__name__}")
-    if offs is not None:
-        raise ValueError("offs must be None when a is a list of per-expert NVFP4Tensors (their sizes give the split)")
-    for i, t in enumerate(a):
-        _check_rowwise(f"a[{i}]", t)
-        if t.e4m3_max != a[0].e4m3_max:
-            raise ValueError(f"a[{i}] has e4m3_max {t.e4m3_max}, a[0] {a[0].e4m3_max}: all splits need the same E")
-        if t.k != a[0].k:
-            raise ValueError(f"a[{i}] has K = {t.k}, a[0] K = {a[0].k}: all splits need the same K")
-    sizes = [t.m for t in a]
-    device = a[0].rowwise_data.device
-    amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m) if t.rowwise_amax.numel() == 1
-                      else t.rowwise_amax.reshape(-1).float() for t in a])
-    offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
-    return _concat_rows(a, amax, per_token=True), offs
-
-
-def _grouped_b(b):
-    """b as one stacked NVFP4Tensor with E*N rows, and E; a list is stacked with amax (E,) or (E*N,)."""
-    if isinstance(b, NVFP4Tensor):
-        _check_rowwise("b", b)
-        if len(b.shape) != 3:
-            raise ValueError(f"b must have logical shape (E, N, K) (the experts' weights stacked), got {tuple(b.shape)}")
-        return b, int(b.shape[0])
-    if not isinstance(b, (list, tuple)) or len(b) == 0:
-        raise TypeError(f"b must be an NVFP4Tensor (E, N, K) or a non-empty list of NVFP4Tensors, got {type(b).__name__}")
-    for i, t in enumerate(b):
-        _check_rowwise(f"b[{i}]", t)
-        if (t.m, t.k) != (b[0].m, b[0].k):
-            raise ValueError(f"b[{i}] is ({t.m}, {t.k}), b[0] is ({b[0].m}, {b[0].k}): all experts need the same (N, K)")
-        if t.e4m3_max != b[0].e4m3_max:
-            raise ValueError(f"b[{i}] has e4m3_max {t.e4m3_max}, b[0] {b[0].e4m3_max}: all experts need the same E")
-    per_row = any(t.rowwise_amax.numel() != 1 for t in b)
-    amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m if per_row else 1) for t in b])
-    stacked = _concat_rows(b, amax, per_token=False)
-    stacked.shape = torch.Size((len(b), b[0].m, b[0].k))
-    return stacked, len(b)
-
-
-def _concat_rows(ts, amax: torch.Tensor, per_token: bool) -> NVFP4Tensor:
-    from dataclasses import replace
-
-    t0 = ts[0]
-    scales = [ref.swizzle.compact_scales(t.rowwise_scale, t.scale_layout, t.m, t.k // 16) for t in ts]
-    config = replace(t0.config, scale_layout="compact", columnwise=False, rowwise=True)
-    if per_token:
-        config = replace(config, per_token=True, rht=False, block="1x16")
-    return NVFP4Tensor(
-        shape=torch.Size((sum(t.m for t in ts), t0.k)), dtype=t0.dtype, config=config,
-        rowwise_data=torch.cat([t.rowwise_data for t in ts]), rowwise_scale=torch.cat(scales), rowwise_amax=amax,
-    )

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import nvfp4lab
-from nvfp4lab import ref
+from nvfp4lab import moe, ref
 from nvfp4lab.config import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_gemm as G
 from nvfp4lab.tensors import NVFP4Tensor
@@ -456,7 +456,8 @@ def test_grouped_ptx_decoder_in_kernel(emulated_asm):
     sizes, n, k = [9, 0, 30], 24, 64
     a = exact_operand(sum(sizes), k, gen, amax="token")
     b_list = [exact_operand(n, k, gen) for _ in sizes]
-    stacked, num_experts = nvfp4lab.ops._grouped_b(b_list)
+    stacked = moe.stack_weights(b_list)
+    num_experts = len(b_list)
     want = _per_expert_reference(a, b_list, sizes)
     for cfg in (None, G.GemmConfig(32, 32, 64, 4, 4, 1, b_predecode=True)):
         out = poisoned((sum(sizes), n), torch.float32, "cpu")
@@ -506,7 +507,7 @@ def test_custom_ops_trace_with_fake_impls():
     a, b = exact_operand(32, 64, gen, amax="token"), exact_operand(32, 64, gen)
     bias = torch.randn(32, generator=gen)
     offs = torch.tensor([10, 32])
-    stacked, _ = nvfp4lab.ops._grouped_b([b, b])
+    stacked = moe.stack_weights([b, b])
 
     def fn(x_a, x_b, bias):
         y = G.nvfp4_gemm(x_a, x_b, out_dtype=torch.float32, bias=bias)
@@ -654,7 +655,8 @@ def test_gpu_grouped(decode):
     sizes, n, k = [700, 0, 1, 300, 2048, 0, 129, 512], 2048, 1024
     a = exact_operand(sum(sizes), k, gen, amax="token", device="cuda")
     b_list = [exact_operand(n, k, gen, device="cuda") for _ in sizes]
-    stacked, num_experts = nvfp4lab.ops._grouped_b(b_list)
+    stacked = moe.stack_weights(b_list)
+    num_experts = len(b_list)
     bias = torch.randn(len(sizes), n, device="cuda")
     out = poisoned((sum(sizes), n), torch.bfloat16)
     G.run(a, stacked, out, bias=bias, offs=torch.tensor(sizes, device="cuda").cumsum(0), num_experts=num_experts,

@@ -43,6 +43,10 @@ A. B's tiles are then plain loads that Triton pipelines into shared memory, whic
 asynchronously under A's decoding; when both operands are decoded in the loop, Triton waits for each
 MMA before decoding the next tile. The expansion costs O(N K) traffic against the GEMM's O(M N K).
 
+Split-K (``GemmConfig.split_k``, dense only; chosen for M <= 64): program_id(1) takes a contiguous
+range of K tiles and stores fp32 partials; :func:`_split_k_epilogue_kernel` sums them in a fixed order
+(deterministic) and applies the epilogue.
+
 Grouped GEMM: rows of A are split into E consecutive experts by ``offs`` (device int tensor (E,),
 cumulative row ends; zero-size experts allowed; no host sync). The grid covers an upper bound of
 ``cdiv(M, BLOCK_M) + E`` row tiles; each program finds its expert from ``offs`` and exits if it has
@@ -475,8 +479,10 @@ def choose_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
         # there are too few output tiles, each split keeping at least 2 K tiles.
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         target = 16 * _num_sms(device) // cfg.num_warps
-        split = min(8, triton.cdiv(target, tiles), triton.cdiv(k, cfg.block_k) // 2)
-        cfg = replace(cfg, split_k=max(1, split))
+        k_tiles = triton.cdiv(k, cfg.block_k)
+        split = max(1, min(8, triton.cdiv(target, tiles), k_tiles // 2))
+        split = triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))  # no empty splits
+        cfg = replace(cfg, split_k=split)
     return cfg
 
 
