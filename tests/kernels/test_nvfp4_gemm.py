@@ -33,6 +33,16 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 SCALES_1_2 = (0x38, 0x40)  # 1.0, 2.0: products are multiples of 1/4 up to 144
 SCALES_SUBNORMAL = tuple(range(1, 8))  # m * 2^-9
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+_NO_TRITON_NEEDED = {"test_ptx_decoder_every_byte_and_scale", "test_input_errors", "test_config_table_rows"}
+
+
+@pytest.fixture(autouse=True)
+def _cpu_tier_needs_interpreter(request):
+    """CPU-tier tests run Triton on CPU tensors, i.e. under the interpreter (tests/conftest.py sets it
+    when there is no GPU); on a GPU machine without TRITON_INTERPRET=1 only the gpu tier applies."""
+    if ("gpu" not in request.keywords and request.function.__name__ not in _NO_TRITON_NEEDED
+            and torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"):
+        pytest.skip("CPU-tier kernel test: needs TRITON_INTERPRET=1 on a machine with a GPU")
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -542,8 +552,8 @@ from nvfp4lab.kernels import nvfp4_gemm as G
 fn = G._nvfp4_gemm_kernel
 pointers = {"a_ptr": "*u8", "a_scale_ptr": "*u8", "a_amax_ptr": "*fp32", "b_ptr": "*u8", "b_scale_ptr": "*u8",
             "b_amax_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16", "offs_ptr": "*i32", "ws_ptr": "*fp32"}
-for decode in (0, 1):
-    for _, cfg in (G._HOPPER[0], G._HOPPER[-1]):
+for decode, rows in ((1, (G._HOPPER[0], G._HOPPER[-1])), (0, (G._HOPPER[-1],))):
+    for _, cfg in rows:
         constexprs = dict(A_SWIZZLED=False, B_SWIZZLED=True, A_AMAX_ROWS=True, B_AMAX_MODE=0, BIAS_MODE=1,
                           ACCUMULATE=False, OUT_BF16=True, GROUPED=cfg.block_m > 16, E_POW2=8, EVEN_K=decode == 0,
                           DECODE=decode, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -560,14 +570,14 @@ for decode in (0, 1):
         assert len(c.asm["cubin"]) > 0 and c.metadata.shared > 0
         pointers["b_ptr"] = "*u8"
         print("ok", decode, cfg)
-    fn_x = G._expand_kernel
-    ptr_x = {"b_ptr": "*u8", "b_scale_ptr": "*u8", "out_ptr": "*fp16"}
-    cx = dict(B_SWIZZLED=True, DECODE=decode, BLOCK_R=64, BLOCK_K=64)
-    sig = {name: ptr_x.get(name, "constexpr" if name in cx else "i32") for name in fn_x.arg_names}
-    src = triton.compiler.ASTSource(fn=fn_x, signature=sig, attrs={(fn_x.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_x},
-                                    constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})
-    assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
-    print("ok expand", decode)
+fn_x = G._expand_kernel
+ptr_x = {"b_ptr": "*u8", "b_scale_ptr": "*u8", "out_ptr": "*fp16"}
+cx = dict(B_SWIZZLED=True, DECODE=1, BLOCK_R=64, BLOCK_K=64)
+sig = {name: ptr_x.get(name, "constexpr" if name in cx else "i32") for name in fn_x.arg_names}
+src = triton.compiler.ASTSource(fn=fn_x, signature=sig, attrs={(fn_x.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_x},
+                                constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})
+assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
+print("ok expand")
 fn_e = G._split_k_epilogue_kernel
 ptr_e = {"ws_ptr": "*fp32", "a_amax_ptr": "*fp32", "b_amax_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
 ce = dict(SPLIT_K=3, A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True, OUT_BF16=True, BLOCK_M=32, BLOCK_N=32)
@@ -580,7 +590,8 @@ print("ok split-k epilogue")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tier runs the kernels themselves")
 def test_compiles_for_sm90(tmp_path):
-    """Both decoders, smallest and largest tiles, compile to sm_90 cubins (Triton + ptxas, no GPU)."""
+    """The PTX decoder with the smallest (split-K) and largest (B expansion) tiles, the portable one,
+    the expansion and split-K epilogue kernels compile to sm_90 cubins (Triton + ptxas, no GPU)."""
     import subprocess
     import sys
 
@@ -590,7 +601,7 @@ def test_compiles_for_sm90(tmp_path):
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("no ptxas on this machine")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 7, proc.stdout
+    assert proc.stdout.count("ok") == 5, proc.stdout
 
 
 # ------------------------------------------------------------------------------------ GPU tier
