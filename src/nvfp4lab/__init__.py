@@ -4,6 +4,7 @@ from .ops import (
     dequantize_mxfp8,
     dequantize_nvfp4,
     nvfp4_gemm,
+    nvfp4_grouped_gemm,
     quantize_mxfp8,
     quantize_nvfp4,
     quantize_nvfp4_grouped,
@@ -19,7 +20,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",
-    "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "quantize_mxfp8", "quantize_nvfp4", "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
+    "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "nvfp4_grouped_gemm", "quantize_mxfp8", "quantize_nvfp4",
+    "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
     "swizzle_scales", "unswizzle_scales",
     "NVFP4Recipe", "MXFP8Recipe", "Linear", "GroupedLinear", "convert",
 ]

@@ -8,7 +8,7 @@ overrides that default choice (never an explicit ``backend=`` argument).
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -407,3 +407,96 @@ def nvfp4_gemm(
 
         return gemm_kernels.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
     return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
+
+
+def nvfp4_grouped_gemm(
+    a: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
+    b: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
+    offs: Optional[torch.Tensor] = None,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    accumulate: bool = False,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """Grouped (MoE) GEMM in one launch: rows of expert e of A times expert e's weights, TN.
+
+    a: the tokens sorted by expert, either one NVFP4Tensor (M, K) whose rowwise amax is (1,) or
+       per token (M,) -- an activation quantized per expert split is this form with each split's
+       amax repeated over its rows -- together with ``offs``; or a list of E per-expert NVFP4Tensors
+       (M_e, K), concatenated here by :func:`nvfp4lab.moe.concat_tokens` (one copy of codes and
+       scales; offs must then be None).
+    b: the weights, either one NVFP4Tensor of logical shape (E, N, K) (rowwise amax (1,), (E,) per
+       expert or (E*N,) per row), or a list of E NVFP4Tensors (N, K), stacked here by
+       :func:`nvfp4lab.moe.stack_weights` (one copy; stack once and pass the result to avoid it).
+    offs: int32/int64 tensor (E,) on a's device, cumulative row ends (torch._grouped_mm's ``offs``):
+       expert e owns rows offs[e-1]:offs[e] (offs[-1] := 0). Zero-size experts are allowed. It must
+       be nondecreasing and end at M; the Triton path reads it on the device without a host sync
+       and does not check this (the reference does), rows past offs[E-1] are then not written.
+    bias: (N,) or (E, N); out: (M, N), written in place (added to when ``accumulate``).
+    Per expert the result is exactly :func:`nvfp4_gemm` of its rows and weights.
+    """
+    from . import moe
+
+    if isinstance(a, NVFP4Tensor):
+        moe.check_rowwise("a", a)
+        if offs is None:
+            raise ValueError("offs is required when a is one NVFP4Tensor (it says which rows belong to which expert)")
+    elif offs is not None:
+        raise ValueError("offs must be None when a is a list of per-expert NVFP4Tensors (their sizes give the split)")
+    else:
+        a, offs = moe.concat_tokens(a)
+    if isinstance(b, NVFP4Tensor):
+        moe.check_rowwise("b", b)
+        if len(b.shape) != 3:
+            raise ValueError(f"b must have logical shape (E, N, K) (the experts' weights stacked), got {tuple(b.shape)}")
+    else:
+        b = moe.stack_weights(b)
+    num_experts = int(b.shape[0])
+    if a.k != b.k:
+        raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    m, k = a.m, a.k
+    n = b.m // num_experts
+    device = a.rowwise_data.device
+    _check_tensor("offs", offs, (torch.int32, torch.int64))
+    if offs.shape != (num_experts,):
+        raise ValueError(f"offs must have shape (E,) = ({num_experts},) (one cumulative row end per expert), got {tuple(offs.shape)}")
+    if offs.device != device:
+        raise ValueError(f"offs must be on a's device {device}, got {offs.device}")
+    if a.rowwise_amax.numel() not in (1, m):
+        raise ValueError(f"a's rowwise_amax must have 1 or M = {m} elements, got {a.rowwise_amax.numel()}")
+    if b.rowwise_amax.numel() not in (1, num_experts, num_experts * n):
+        raise ValueError(f"b's rowwise_amax must have 1, E = {num_experts} or E*N = {num_experts * n} elements, got {b.rowwise_amax.numel()}")
+    if bias is not None:
+        _check_tensor("bias", bias)
+        if bias.shape not in ((n,), (num_experts, n)):
+            raise ValueError(f"bias must have shape (N,) = ({n},) or (E, N) = ({num_experts}, {n}), got {tuple(bias.shape)}")
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
+    if out is not None:
+        _check_tensor("out", out, OUT_DTYPES)
+        if out.shape != (m, n):
+            raise ValueError(f"out must have shape (M, N) = ({m}, {n}), got {tuple(out.shape)}")
+        out_dtype = out.dtype
+    backend = resolve_backend(backend, device)
+    if m == 0 or n == 0 or k == 0:
+        result = torch.zeros(m, n, dtype=torch.float32, device=device)
+        if bias is not None and m > 0:
+            b2 = bias.float().reshape(-1, n)
+            expert = torch.bucketize(torch.arange(m, device=device), offs.to(torch.int64), right=True)
+            result = result + b2[expert.clamp(max=b2.shape[0] - 1)]
+        if accumulate:
+            result = result + out.float()
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result.to(out_dtype)
+    if backend == "triton":
+        from .kernels import nvfp4_gemm as gemm_kernels
+
+        return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
+                                               accumulate=accumulate)
+    return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)

@@ -57,3 +57,57 @@ def nvfp4_gemm(
         out.copy_(result)
         return out
     return result
+
+
+def nvfp4_grouped_gemm(
+    a,
+    b,
+    offs: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """Grouped (MoE) GEMM, defined as one :func:`nvfp4_gemm` per expert.
+
+    a: (M, K) with amax (1,) or (M,); b: the E experts' weights stacked, E*N rows, amax (1,), (E,)
+    per expert or (E*N,) per row; offs: (E,) cumulative row ends, expert e owns rows
+    offs[e-1]:offs[e] of a and out (offs[-1] = 0), offs[E-1] == M. bias: (N,) or (E, N).
+    """
+    ends = [int(v) for v in offs.tolist()]
+    num_experts = len(ends)
+    m, k = a.m, a.k
+    n = b.m // num_experts
+    starts = [0] + ends[:-1]
+    if any(e < s for s, e in zip(starts, ends)) or ends[-1] != m:
+        raise ValueError(f"offs must be nondecreasing cumulative row ends with offs[-1] == M = {m}, got {ends}")
+    a_scale = compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16)
+    b_scale = compact_scales(b.rowwise_scale, b.scale_layout, b.m, k // 16)
+    a_amax, b_amax = a.rowwise_amax.reshape(-1), b.rowwise_amax.reshape(-1)
+    result = torch.empty(m, n, dtype=out_dtype, device=a.rowwise_data.device) if out is None else out
+    for e, (r0, r1) in enumerate(zip(starts, ends)):
+        if r1 == r0:
+            continue
+        a_e = _rows(a, a_scale, a_amax if a_amax.numel() == 1 else a_amax[r0:r1], r0, r1)
+        if b_amax.numel() == 1:
+            b_amax_e = b_amax
+        elif b_amax.numel() == num_experts * n and n != 1:
+            b_amax_e = b_amax[e * n:(e + 1) * n]
+        else:
+            b_amax_e = b_amax[e:e + 1]
+        b_e = _rows(b, b_scale, b_amax_e, e * n, (e + 1) * n)
+        bias_e = None if bias is None else (bias[e] if bias.dim() == 2 else bias)
+        nvfp4_gemm(a_e, b_e, out_dtype=out_dtype, bias=bias_e, out=result[r0:r1], accumulate=accumulate)
+    return result
+
+
+def _rows(t, compact_scale: torch.Tensor, amax: torch.Tensor, r0: int, r1: int):
+    """Rows r0:r1 of an NVFP4Tensor's rowwise copy as an NVFP4Tensor with compact scales."""
+    from dataclasses import replace
+
+    return replace(
+        t, shape=torch.Size((r1 - r0, t.k)), config=replace(t.config, scale_layout="compact"),
+        rowwise_data=t.rowwise_data[r0:r1], rowwise_scale=compact_scale[r0:r1], rowwise_amax=amax,
+        columnwise_data=None, columnwise_scale=None, columnwise_amax=None,
+    )

@@ -1,0 +1,712 @@
+"""NVFP4 x NVFP4 GEMM for Hopper (and the Triton interpreter): ``out = A @ B^T``, dense and grouped (MoE).
+
+Operands (both K-major, cuBLAS "TN"; the rowwise copies of two :class:`~nvfp4lab.NVFP4Tensor`)::
+
+    A data  uint8 (M, K/2)        two E2M1 codes per byte, element 2j in the low nibble
+    A scale uint8 E4M3            compact (M, K/16) | padded / swizzled (roundup(M,128), roundup(K/16,4))
+    A amax  fp32 (1,) | (M,)      per tensor | per token (row of A)
+    B       the same with N rows (grouped: E*N rows, expert e owns rows e*N..e*N+N-1); B amax
+            (1,) | (E,) per expert | (E*N,) per row (output channel)
+
+Numerics (spec section 12, :mod:`nvfp4lab.ref.gemm`)::
+
+    acc[i, j]   = sum_k (q_a * s_a)[i, k] * (q_b * s_b)[j, k]            fp32 (tensor-core order)
+    alpha[i, j] = fl(fl(amax_a[i] * amax_b[j]) * fl(1/(36 E_a E_b)))     in the epilogue, per element
+    out         = out_dtype(fl(fl(acc * alpha) + bias[j]) + out_old)     bias / out_old optional
+
+How: each K step loads the packed bytes and E4M3 scales of a BLOCK_M x BLOCK_K tile of A and a
+BLOCK_N x BLOCK_K tile of B, expands them in registers to FP16 values q * s and feeds ``tl.dot``
+(fp32 accumulation). Every product of an E2M1 value (2 significant bits) and an E4M3 scale (4 bits,
+2^-9..448) is an FP16 normal number in [2^-10, 2688] or zero, so the expansion is exact and the tensor
+core forms exactly the block products of Blackwell's FP4 MMA; only the fp32 summation order differs,
+which the golden tolerance allows. FP16 rather than BF16: same tensor-core rate, and the Triton
+interpreter computes FP16 dots in fp32 while it mis-handles BF16 operands. Within each K tile the
+positions are permuted (:func:`_decode_tile`; both operands alike, so the dot is unchanged) so that a
+thread's decoded register pairs are exactly the pairs its MMA fragment needs.
+
+Two decoders of the codes (``DECODE``):
+
+* ``1`` (GPU default): PTX inline asm on whole 32-bit words (8 codes): the FP16 high byte of each
+  magnitude is looked up with ``prmt`` (byte permute over an 8-entry table; the low bytes are 0), the
+  sign bits are moved into place with one more ``prmt`` and shifts, and the scales are applied by
+  ``mul.rn.f16x2``: 28 instructions per 8 codes, all values normal. The tests run its text through a
+  PTX emulator, alone and inside the kernel. ``NVFP4LAB_GEMM_DECODE=triton`` selects decoder 0.
+* ``0`` (portable; the interpreter's): the 3 magnitude bits of a code go to FP16 bits 11..9 and the
+  sign to bit 15, which reads exactly as ``value * 2^-14`` for all 16 codes (0.5 is the FP16 subnormal
+  2^-15); widened to fp32 (exact), multiplied by ``s * 2^14`` and narrowed to FP16, both exact.
+
+E4M3 scales decode exactly (0x7F / 0xFF give NaN, as in the reference), a zero scale gives zeros.
+
+B expansion (``GemmConfig.b_predecode``, large M): B is first expanded to FP16 q * s by
+:func:`_expand_kernel` (same tiling and permutation, zero-padded past K), and the GEMM then decodes only
+A. B's tiles are then plain loads that Triton pipelines into shared memory, which lets the MMA run
+asynchronously under A's decoding; when both operands are decoded in the loop, Triton waits for each
+MMA before decoding the next tile. The expansion costs O(N K) traffic against the GEMM's O(M N K).
+
+Split-K (``GemmConfig.split_k``, dense only; chosen for M <= 64): program_id(1) takes a contiguous
+range of K tiles and stores fp32 partials; :func:`_split_k_epilogue_kernel` sums them in a fixed order
+(deterministic) and applies the epilogue.
+
+Grouped GEMM: rows of A are split into E consecutive experts by ``offs`` (device int tensor (E,),
+cumulative row ends; zero-size experts allowed; no host sync). The grid covers an upper bound of
+``cdiv(M, BLOCK_M) + E`` row tiles; each program finds its expert from ``offs`` and exits if it has
+no work. B is the stacked weights; alpha and bias follow the expert of the row.
+
+Constraints: K % 16 == 0 (whole scale blocks); BLOCK_K a multiple of 64; out may be strided.
+Block sizes: :func:`choose_config` (a small table per GPU, ``_CONFIGS``).
+Public launchers: the ``torch.library`` custom ops ``nvfp4lab::nvfp4_gemm``, ``nvfp4_gemm_out``,
+``nvfp4_grouped_gemm``, ``nvfp4_grouped_gemm_out`` (fake impls for torch.compile), wrapped by
+:func:`nvfp4_gemm` and :func:`nvfp4_grouped_gemm`; :func:`run` launches directly (tests, tuning).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _roundup(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_inv(e4m3_max_a: float, e4m3_max_b: float) -> float:
+    """fl32(1 / (36 E_a E_b)) as a Python float holding an exact fp32 value."""
+    return torch.tensor(1.0 / (36.0 * e4m3_max_a * e4m3_max_b), dtype=torch.float32).item()
+
+
+# -------------------------------------------------------------------------------- device helpers
+@triton.jit
+def _f32_to_bf16_rne(v):
+    """fp32 -> bf16 with round-to-nearest-even from bits (the interpreter's own cast truncates)."""
+    bits = v.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(v != v, 0x7FC0, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _scale_offsets(rows, cols, stride, cols4, SWIZZLED: tl.constexpr):
+    """Byte offsets of scale entries (rows[:, None], cols[None, :]) in a compact/padded (row stride
+    ``stride``) or swizzled (cuBLAS 128x4, ``cols4`` = roundup(K/16,4)/4) scale buffer."""
+    if SWIZZLED:
+        r = (rows // 128) * (cols4 * 512) + (rows % 32) * 16 + ((rows % 128) // 32) * 4
+        c = (cols // 4) * 512 + (cols % 4)
+        return r[:, None] + c[None, :]
+    else:
+        return rows[:, None] * stride + cols[None, :]
+
+
+# PTX for DECODE=1, one invocation per 4 bytes (Triton's pack=4). Operands: $0,$1 = low-nibble values
+# of bytes (0,1) and (2,3); $2,$3 = high-nibble values of bytes (0,1) and (2,3) (FP16 pairs); $4 = the
+# 4 packed bytes; $5, $6 = the FP16 scales of bytes (0,1) and (2,3); $7 ($8..$10 unused copies) = the
+# low table word. Each output element is computed from its own byte and scale, so the result does not
+# depend on which elements Triton groups together. Codes n0..n7 sit in nibbles 0..7 of $4.
+# A prmt selector nibble k (bits 2..0) picks byte k of the result from {a: bytes 0-3, b: bytes 4-7};
+# the table holds the FP16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6 and selectors 0 give the zero low
+# bytes. Selector nibbles 1 and 3 hold the codes of one output pair, so for the pair (n0, n2) it is
+# ($4 << 4) & 0x7070, for (n1, n3) $4 & 0x7070, for (n4, n6) ($4 >> 12) & 0x7070, for (n5, n7)
+# ($4 >> 16) & 0x7070. W = prmt($4, $4, 0x1302) holds byte b0 at byte 1 and b1 at byte 3 (the signs
+# of n1, n3 at bits 15, 31) and b2, b3 at bytes 0, 2, so W << 4, W << 12 and W << 8 bring the signs
+# of (n0, n2), (n4, n6) and (n5, n7) to bits 15 and 31. All values are normal, no .ftz anywhere.
+DECODE_ASM_TEXT = """
+{
+.reg .b32 w, t, m, s;
+prmt.b32 w, $4, $4, 0x1302;
+shl.b32 t, $4, 4;
+and.b32 t, t, 0x7070;
+prmt.b32 m, $7, 0x46444240, t;
+shl.b32 s, w, 4;
+and.b32 s, s, 0x80008000;
+or.b32 m, m, s;
+mul.rn.f16x2 $0, m, $5;
+and.b32 t, $4, 0x7070;
+prmt.b32 m, $7, 0x46444240, t;
+and.b32 s, w, 0x80008000;
+or.b32 m, m, s;
+mul.rn.f16x2 $2, m, $5;
+shr.b32 t, $4, 12;
+and.b32 t, t, 0x7070;
+prmt.b32 m, $7, 0x46444240, t;
+shl.b32 s, w, 12;
+and.b32 s, s, 0x80008000;
+or.b32 m, m, s;
+mul.rn.f16x2 $1, m, $6;
+shr.b32 t, $4, 16;
+and.b32 t, t, 0x7070;
+prmt.b32 m, $7, 0x46444240, t;
+shl.b32 s, w, 8;
+and.b32 s, s, 0x80008000;
+or.b32 m, m, s;
+mul.rn.f16x2 $3, m, $6;
+}
+"""
+_DECODE_ASM = tl.constexpr(DECODE_ASM_TEXT)
+_TAB_LO = 0x3E3C3800  # FP16 high bytes of 0, 0.5, 1, 1.5: passed as a kernel argument so that it sits in one register
+
+
+@triton.jit
+def _e4m3_to_f32(bits):
+    """E4M3 bits (int32) -> fp32, exact: the 7 low bits at FP16 bits 13..7 read as s * 2^-8 for every
+    code (E4M3 subnormals land on FP16 subnormals), widened exactly and rescaled; 0x7F/0xFF -> NaN."""
+    h = ((bits & 0x7F) << 7) | ((bits & 0x80) << 8)
+    s = h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    return tl.where((bits & 0x7F) == 0x7F, float("nan"), s)
+
+
+@triton.jit
+def _decode_tile(packed, scale_bits, tab_lo, ROWS: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):
+    """[ROWS, BK/2] uint8 codes + [ROWS, BK/16] uint8 E4M3 scales -> [ROWS, BK] fp16 values q * s,
+    with the K positions permuted (the same permutation for both operands, so the dot is unchanged).
+
+    Why permute: an MMA operand fragment gives each of 4 lanes 2-element pairs spread over every 16
+    K positions, while the codes of a lane are best read as whole 32-bit words. With byte index bits
+    B0..B(L-1) (L = log2(BK/2)) and nibble bit N, position bit 0 is B0, bits 1-2 are B(L-2), B(L-1)
+    (the lane bits of the fragment) and bit 3 is N, the rest B1..B(L-3): each lane then owns BK/8
+    contiguous bytes of a row and every decoded register pair is a pair the MMA wants.
+    """
+    L4: tl.constexpr = 4  # byte bits B(L-1), B(L-2)
+    MID: tl.constexpr = BK // 64  # byte bits B(L-3)..B3: with L4, the 16-element block index
+    x = tl.reshape(packed, (ROWS, L4, MID, 4, 2))  # last two dims: B2 B1, B0
+    s = _e4m3_to_f32(scale_bits.to(tl.int32))
+    s = tl.reshape(s, (ROWS, L4, MID))[:, :, :, None, None]
+    if DECODE == 1:
+        lo, hi = tl.inline_asm_elementwise(
+            _DECODE_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r", [x, s.to(tl.float16), tab_lo],
+            dtype=(tl.float16, tl.float16), is_pure=True, pack=4,
+        )
+    else:
+        xi = x.to(tl.int32)
+        lo_bits = ((xi & 7) << 9) | ((xi & 8) << 12)
+        hi_bits = ((xi & 0x70) << 5) | ((xi & 0x80) << 8)
+        s14 = s * 16384.0  # undo the 2^-14 of the bit placement
+        lo = (lo_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * s14).to(tl.float16)
+        hi = (hi_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * s14).to(tl.float16)
+    v = tl.join(lo, hi)  # [ROWS, L4, MID, 4, 2, N]
+    v = tl.permute(v, (0, 2, 3, 5, 1, 4))  # [ROWS, MID, 4, N, L4, 2]
+    return tl.reshape(v, (ROWS, BK))
+
+
+# ----------------------------------------------------------------------------------------- kernel
+@triton.jit
+def _nvfp4_gemm_kernel(
+    a_ptr, a_scale_ptr, a_amax_ptr,
+    b_ptr, b_scale_ptr, b_amax_ptr,
+    bias_ptr, out_ptr, offs_ptr, ws_ptr,
+    M, N, K,
+    stride_a, stride_as, a_cols4,
+    stride_b, stride_bs, b_cols4,
+    stride_om, stride_on,
+    num_experts,
+    inv_e,  # fl(1/(36 E_a E_b))
+    tab_lo,  # 0x3E3C3800, the low half of the decode table, in a register (DECODE=1)
+    A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr,
+    A_AMAX_ROWS: tl.constexpr,  # A amax per row of A
+    B_AMAX_MODE: tl.constexpr,  # 0 scalar, 1 per expert, 2 per row of B
+    BIAS_MODE: tl.constexpr,  # 0 none, 1 (N,), 2 (E, N)
+    ACCUMULATE: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    GROUPED: tl.constexpr, E_POW2: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DECODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    B_PRE: tl.constexpr,  # b_ptr is B already expanded by _expand_kernel: fp16 (rows, roundup(K, BLOCK_K))
+    SPLIT_K: tl.constexpr,  # dense only: program_id(1) takes 1/SPLIT_K of the K tiles, partials to ws_ptr
+):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    if GROUPED:
+        e_idx = tl.arange(0, E_POW2)
+        ends = tl.load(offs_ptr + e_idx, mask=e_idx < num_experts, other=0).to(tl.int32)
+        starts = tl.load(offs_ptr + e_idx - 1, mask=(e_idx >= 1) & (e_idx < num_experts), other=0).to(tl.int32)
+        ends = tl.minimum(ends, M)
+        starts = tl.maximum(tl.minimum(starts, M), 0)
+        sizes = tl.maximum(ends - starts, 0)
+        tiles = (sizes + BLOCK_M - 1) // BLOCK_M
+        cum = tl.cumsum(tiles, 0)  # inclusive
+        num_pid_m = tl.sum(tiles, 0)
+    else:
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+    # Grouped ordering: GROUP_M row tiles share each column tile of B while it is in L2.
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    if first_pid_m >= num_pid_m:
+        return  # grouped: past the real number of row tiles
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    if pid_n >= num_pid_n:
+        return  # grouped: the last, partial group of row tiles
+
+    if GROUPED:
+        expert = tl.sum((cum <= pid_m).to(tl.int32), 0)
+        sel = e_idx == expert
+        tile_base = tl.sum(tl.where(sel, cum - tiles, 0), 0)
+        row_start = tl.sum(tl.where(sel, starts, 0), 0) + (pid_m - tile_base) * BLOCK_M
+        row_end = tl.sum(tl.where(sel, ends, 0), 0)
+    else:
+        expert = 0
+        row_start = pid_m * BLOCK_M
+        row_end = M
+
+    offs_m = row_start + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < row_end
+    mask_n = offs_n < N
+    # Out-of-range rows read row 0 / the expert's first row (always valid) instead of masking every
+    # load; their results are never stored.
+    rows_a = tl.where(mask_m, offs_m, row_start).to(tl.int64)
+    rows_b = (expert * N + tl.where(mask_n, offs_n, 0)).to(tl.int64)
+
+    BK2: tl.constexpr = BLOCK_K // 2
+    BK16: tl.constexpr = BLOCK_K // 16
+    kk2 = tl.arange(0, BK2)
+    kk16 = tl.arange(0, BK16)
+    a_ptrs = a_ptr + rows_a[:, None] * stride_a + kk2[None, :]
+    if B_PRE:
+        b_ptrs = b_ptr + rows_b[:, None] * stride_b + tl.arange(0, BLOCK_K)[None, :]
+    else:
+        b_ptrs = b_ptr + rows_b[:, None] * stride_b + kk2[None, :]
+    K2 = K // 2
+    K16 = K // 16
+
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if SPLIT_K > 1:
+        pid_k = tl.program_id(1)
+        per_split = tl.cdiv(k_tiles, SPLIT_K)
+        k_first = pid_k * per_split
+        k_last = tl.minimum(k_first + per_split, k_tiles)
+        a_ptrs += k_first * BK2
+        b_ptrs += k_first * (BLOCK_K if B_PRE else BK2)
+    else:
+        k_first = 0
+        k_last = k_tiles
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_first, k_last):
+        kb = k * BK16 + kk16
+        a_sptrs = a_scale_ptr + _scale_offsets(rows_a, kb, stride_as, a_cols4, A_SWIZZLED)
+        if EVEN_K:
+            a_raw = tl.load(a_ptrs)
+            a_sc = tl.load(a_sptrs)
+        else:
+            kmask2 = (k * BK2 + kk2) < K2
+            kmask16 = kb < K16
+            # Zero codes and zero scales past K: both decode to exact zeros.
+            a_raw = tl.load(a_ptrs, mask=kmask2[None, :], other=0)
+            a_sc = tl.load(a_sptrs, mask=kmask16[None, :], other=0)
+        a_val = _decode_tile(a_raw, a_sc, tab_lo, BLOCK_M, BLOCK_K, DECODE)
+        if B_PRE:
+            # Expanded with the same BLOCK_K tiling and zero-padded past K: plain FP16 tiles, which
+            # Triton pipelines into shared memory so the MMA overlaps the decoding of A.
+            b_val = tl.load(b_ptrs)
+            b_ptrs += BLOCK_K
+        else:
+            b_sptrs = b_scale_ptr + _scale_offsets(rows_b, kb, stride_bs, b_cols4, B_SWIZZLED)
+            if EVEN_K:
+                b_raw = tl.load(b_ptrs)
+                b_sc = tl.load(b_sptrs)
+            else:
+                b_raw = tl.load(b_ptrs, mask=kmask2[None, :], other=0)
+                b_sc = tl.load(b_sptrs, mask=kmask16[None, :], other=0)
+            b_val = _decode_tile(b_raw, b_sc, tab_lo, BLOCK_N, BLOCK_K, DECODE)
+            b_ptrs += BK2
+        acc = tl.dot(a_val, tl.trans(b_val), acc)
+        a_ptrs += BK2
+
+    if SPLIT_K > 1:  # fp32 partial sums; _split_k_epilogue_kernel adds them and finishes
+        ws_ptrs = ws_ptr + pid_k.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+    else:
+        _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
+                  out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
+                  OUT_BF16, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
+              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr,
+              BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings."""
+    if A_AMAX_ROWS:
+        amax_a = tl.load(a_amax_ptr + rows_a)
+    else:
+        amax_a = tl.load(a_amax_ptr + tl.zeros((BLOCK_M,), dtype=tl.int32))
+    if B_AMAX_MODE == 2:
+        amax_b = tl.load(b_amax_ptr + rows_b)
+    elif B_AMAX_MODE == 1:
+        amax_b = tl.load(b_amax_ptr + expert + tl.zeros((BLOCK_N,), dtype=tl.int32))
+    else:
+        amax_b = tl.load(b_amax_ptr + tl.zeros((BLOCK_N,), dtype=tl.int32))
+    alpha = (amax_a[:, None] * amax_b[None, :]) * inv_e
+    res = acc * alpha
+    if BIAS_MODE == 1:
+        res = res + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    elif BIAS_MODE == 2:
+        res = res + tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n.to(tl.int64)[None, :] * stride_on
+    omask = mask_m[:, None] & mask_n[None, :]
+    if ACCUMULATE:
+        res = res + tl.load(out_ptrs, mask=omask, other=0.0).to(tl.float32)
+    if OUT_BF16:
+        tl.store(out_ptrs, _f32_to_bf16_rne(res), mask=omask)
+    else:
+        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _split_k_epilogue_kernel(
+    ws_ptr, a_amax_ptr, b_amax_ptr, bias_ptr, out_ptr,
+    M, N, stride_om, stride_on, inv_e,
+    SPLIT_K: tl.constexpr, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
+    ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Dense split-K: sum the SPLIT_K fp32 partials (fixed order, deterministic), then the epilogue."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
+    rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    mask = mask_m[:, None] & mask_n[None, :]
+    ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0)
+    _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
+              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
+              OUT_BF16, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _expand_kernel(
+    b_ptr, b_scale_ptr, out_ptr,
+    rows, K, stride_b, stride_bs, b_cols4, stride_o,
+    tab_lo,
+    B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """B (rows, K) codes + scales -> fp16 q * s (rows, roundup(K, BLOCK_K)), each BLOCK_K tile in the
+    decoder's permuted order (as the GEMM decodes A with the same BLOCK_K), zeros past K."""
+    pid_r = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = offs_r < rows
+    rows_b = tl.where(mask_r, offs_r, 0).to(tl.int64)
+    kk2 = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    kb = pid_k * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    raw = tl.load(b_ptr + rows_b[:, None] * stride_b + kk2[None, :], mask=(kk2 < K // 2)[None, :], other=0)
+    sc = tl.load(b_scale_ptr + _scale_offsets(rows_b, kb, stride_bs, b_cols4, B_SWIZZLED),
+                 mask=(kb < K // 16)[None, :], other=0)
+    val = _decode_tile(raw, sc, tab_lo, BLOCK_R, BLOCK_K, DECODE)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows_b[:, None] * stride_o + cols[None, :], val, mask=mask_r[:, None])
+
+
+# ------------------------------------------------------------------------------ block-size table
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    maxnreg: Optional[int] = None  # cap registers (ptxas .maxnreg), e.g. for 2 CTAs per SM
+    b_predecode: bool = False  # expand B to fp16 once (one extra pass), then decode only A per tile
+    split_k: int = 1  # dense GEMMs: K split over this many CTAs, fp32 partials summed by a second kernel
+
+
+# Per GPU: (max M, config) rows, first match wins (M: rows per expert for grouped GEMMs). H100 and H200
+# share the SM (sm_90, 132 SMs), so they share rows; the split by M is what matters:
+# * M <= 64 (decode): a weight-streaming problem whose cost is decoding B once. choose_config splits K
+#   until there are about 16 warps per SM (decode latencies hidden, every SM streaming); deep K tiles
+#   and stages keep enough bytes in flight; the few A rows are decoded per tile at little cost.
+# * medium M: both operands decoded per tile (decode work per FLOP falls as 1/BLOCK_M + 1/BLOCK_N).
+# * large M: B is expanded to FP16 once (about 4.6 bytes of traffic per weight) and only A is decoded
+#   per tile; B's tiles then take Triton's pipelined path, which lets the MMA overlap A's decoding.
+#   Expanding costs O(N K) against the GEMM's O(M N K), so it pays off once M is large.
+# Rows are a starting point from instruction counts of the sm_90 SASS; ``benchmarks/gemm.py --sweep``
+# times alternatives on the GPU.
+_HOPPER = (
+    (16, GemmConfig(16, 64, 256, 8, 8, 4)),
+    (32, GemmConfig(32, 64, 256, 8, 8, 4)),
+    (64, GemmConfig(64, 64, 256, 8, 8, 4)),
+    (256, GemmConfig(64, 128, 128, 8, 4, 4)),
+    (1024, GemmConfig(128, 128, 128, 8, 8, 3)),
+    (1 << 62, GemmConfig(128, 256, 64, 8, 8, 4, b_predecode=True)),
+)
+_CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
+# Interpreter: small tiles so that tests hit every edge mask; larger ones only for larger problems
+# (numpy runs whole tiles, so fewer programs is what makes the interpreter fast).
+_INTERPRET_SMALL = GemmConfig(32, 32, 64, 4, 4, 1)
+_INTERPRET_LARGE = GemmConfig(64, 64, 128, 4, 4, 1)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_key_cached(index: int) -> str:
+    name = torch.cuda.get_device_name(index)
+    for key in _CONFIGS:
+        if key in name:
+            return key
+    return "default"
+
+
+def _gpu_key(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "default"
+    return _gpu_key_cached(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
+    """Block sizes for an (m, n, k) problem on ``device`` (m: rows per expert for grouped GEMMs)."""
+    if device.type != "cuda" or _interpreting():
+        return _INTERPRET_LARGE if min(m, n) >= 64 and k >= 128 else _INTERPRET_SMALL
+    for max_m, cfg in _CONFIGS[_gpu_key(device)]:
+        if m <= max_m:
+            break
+    if max_m <= 64:
+        # Decode-like: aim at ~16 warps per SM (enough to hide the decode's latencies), splitting K when
+        # there are too few output tiles, each split keeping at least 2 K tiles.
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        target = 16 * _num_sms(device) // cfg.num_warps
+        k_tiles = triton.cdiv(k, cfg.block_k)
+        split = max(1, min(8, triton.cdiv(target, tiles), k_tiles // 2))
+        split = triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))  # no empty splits
+        cfg = replace(cfg, split_k=split)
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms_cached(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    return _num_sms_cached(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def default_decode(device: torch.device) -> int:
+    """1 (PTX decoder) on CUDA, 0 (portable) under the interpreter; ``NVFP4LAB_GEMM_DECODE=triton``
+    selects the portable decoder on the GPU too."""
+    if device.type != "cuda" or _interpreting():
+        return 0
+    return 0 if os.environ.get("NVFP4LAB_GEMM_DECODE", "asm") == "triton" else 1
+
+
+# -------------------------------------------------------------------------------------- launcher
+_EXPAND_ROWS = 64
+
+
+def _asm_fits(rows: int, block_k: int, num_warps: int) -> bool:
+    """The PTX decoder takes 4 bytes per invocation: Triton aborts the process (not an exception) when
+    a thread holds a number of bytes that is not a multiple of 4, so only whole multiples are allowed."""
+    return (rows * block_k // 2) % (4 * 32 * num_warps) == 0
+
+
+def _scale_args(scale: torch.Tensor, layout: str, rows: int, k: int):
+    """(tensor, row stride, cols4, swizzled?) for a scale buffer of the given layout."""
+    k16 = k // 16
+    if layout == "swizzled":
+        return scale.reshape(-1), 0, _roundup(k16, 4) // 4, True
+    if scale.dim() != 2 or scale.stride(1) != 1:
+        scale = scale.contiguous()
+    return scale, scale.stride(0), 0, False
+
+
+def _launch(
+    a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
+    *, m, n, k, num_experts, e_max_a, e_max_b, accumulate, grouped, config=None, decode=None,
+):
+    device = a_data.device
+    if a_data.stride(-1) != 1:
+        a_data = a_data.contiguous()
+    if b_data.stride(-1) != 1:
+        b_data = b_data.contiguous()
+    a_sc, a_ss, a_c4, a_sw = _scale_args(a_scale, a_layout, m, k)
+    b_sc, b_ss, b_c4, b_sw = _scale_args(b_scale, b_layout, num_experts * n, k)
+    a_amax = a_amax.reshape(-1).to(torch.float32)
+    b_amax = b_amax.reshape(-1).to(torch.float32)
+    if b_amax.numel() == 1:
+        b_mode = 0
+    elif b_amax.numel() == num_experts * n and n != 1:
+        b_mode = 2
+    else:
+        b_mode = 1
+    if bias is None:
+        bias_mode = 0
+    else:
+        bias_mode = 2 if bias.dim() == 2 else 1
+        bias = bias.contiguous()
+    if config is None:
+        per_expert_m = m if not grouped else max(1, m // max(num_experts, 1))
+        config = choose_config(per_expert_m, n, k, device)
+    if decode is None:
+        decode = default_decode(device)
+    if decode == 1 and not all(_asm_fits(r, config.block_k, w) for r, w in (
+            (config.block_m, config.num_warps), (config.block_n, config.num_warps), (_EXPAND_ROWS, 4))):
+        decode = 0
+    b_arg, b_stride = b_data, b_data.stride(0)
+    if config.b_predecode:
+        b_rows, block_r = b_data.shape[0], _EXPAND_ROWS
+        b_arg = torch.empty((b_rows, _roundup(k, config.block_k)), dtype=torch.float16, device=device)
+        b_stride = b_arg.stride(0)
+        _expand_kernel[(triton.cdiv(b_rows, block_r), b_arg.shape[1] // config.block_k)](
+            b_data, b_sc, b_arg, b_rows, k, b_data.stride(0), b_ss, b_c4, b_stride, _TAB_LO,
+            B_SWIZZLED=b_sw, DECODE=decode, BLOCK_R=block_r, BLOCK_K=config.block_k, num_warps=4,
+        )
+    split_k = 1 if grouped else max(1, config.split_k)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=device) if split_k > 1 else a_amax
+    rows_tiles = triton.cdiv(m, config.block_m) + (num_experts if grouped else 0)
+    grid = (rows_tiles * triton.cdiv(n, config.block_n), split_k)
+    dummy = a_amax
+    flags = dict(A_AMAX_ROWS=a_amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
+                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16)
+    _nvfp4_gemm_kernel[grid](
+        a_data, a_sc, a_amax,
+        b_arg, b_sc, b_amax,
+        bias if bias is not None else dummy, out, offs if offs is not None else dummy, ws,
+        m, n, k,
+        a_data.stride(0), a_ss, a_c4,
+        b_stride, b_ss, b_c4,
+        out.stride(0), out.stride(1),
+        num_experts,
+        gemm_inv(e_max_a, e_max_b),
+        _TAB_LO,
+        A_SWIZZLED=a_sw, B_SWIZZLED=b_sw, **flags,
+        GROUPED=grouped, E_POW2=triton.next_power_of_2(max(num_experts, 1)),
+        EVEN_K=k % config.block_k == 0,
+        DECODE=decode,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        B_PRE=config.b_predecode, SPLIT_K=split_k,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **({} if config.maxnreg is None else {"maxnreg": config.maxnreg}),
+        enable_fp_fusion=False,  # alpha, bias and out_old are separate roundings, as in the reference
+    )
+    if split_k > 1:
+        block = 32
+        _split_k_epilogue_kernel[(triton.cdiv(m, block), triton.cdiv(n, block))](
+            ws, a_amax, b_amax, bias if bias is not None else dummy, out,
+            m, n, out.stride(0), out.stride(1), gemm_inv(e_max_a, e_max_b),
+            SPLIT_K=split_k, **flags, BLOCK_M=block, BLOCK_N=block, num_warps=4, enable_fp_fusion=False,
+        )
+    return out
+
+
+# ------------------------------------------------------------------- torch.library custom ops
+# Tensors and plain values only (an NVFP4Tensor is unpacked by the Python wrappers below), so that
+# torch.compile (fullgraph) and CUDA graphs see opaque ops with shape-only fake implementations.
+@torch.library.custom_op("nvfp4lab::nvfp4_gemm", mutates_args=())
+def _gemm_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
+    bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype,
+) -> torch.Tensor:
+    m, n = a_data.shape[0], b_data.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
+    return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, None, bias, out,
+                   m=m, n=n, k=k, num_experts=1, e_max_a=e_max_a, e_max_b=e_max_b, accumulate=False, grouped=False)
+
+
+@_gemm_op.register_fake
+def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias, k, out_dtype):
+    return a_data.new_empty((a_data.shape[0], b_data.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("nvfp4lab::nvfp4_gemm_out", mutates_args=("out",))
+def _gemm_out_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
+    bias: Optional[torch.Tensor], k: int, out: torch.Tensor, accumulate: bool,
+) -> None:
+    _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, None, bias, out,
+            m=a_data.shape[0], n=b_data.shape[0], k=k, num_experts=1, e_max_a=e_max_a, e_max_b=e_max_b,
+            accumulate=accumulate, grouped=False)
+
+
+@_gemm_out_op.register_fake
+def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias, k, out, accumulate):
+    return None
+
+
+@torch.library.custom_op("nvfp4lab::nvfp4_grouped_gemm", mutates_args=())
+def _grouped_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
+    offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype,
+) -> torch.Tensor:
+    m, n = a_data.shape[0], b_data.shape[0] // num_experts
+    out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
+    return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
+                   m=m, n=n, k=k, num_experts=num_experts, e_max_a=e_max_a, e_max_b=e_max_b,
+                   accumulate=False, grouped=True)
+
+
+@_grouped_op.register_fake
+def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
+      bias, k, out_dtype):
+    return a_data.new_empty((a_data.shape[0], b_data.shape[0] // num_experts), dtype=out_dtype)
+
+
+@torch.library.custom_op("nvfp4lab::nvfp4_grouped_gemm_out", mutates_args=("out",))
+def _grouped_out_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
+    offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out: torch.Tensor,
+    accumulate: bool,
+) -> None:
+    _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
+            m=a_data.shape[0], n=b_data.shape[0] // num_experts, k=k, num_experts=num_experts,
+            e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True)
+
+
+@_grouped_out_op.register_fake
+def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
+      bias, k, out, accumulate):
+    return None
+
+
+def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, config=None, decode=None):
+    """Direct launch without the custom op, for tests and tuning: writes ``out`` (M, N) and returns it.
+    ``config`` (a :class:`GemmConfig`) and ``decode`` (0 or 1) override the defaults."""
+    grouped = offs is not None
+    return _launch(a.rowwise_data, a.rowwise_scale, a.scale_layout, a.rowwise_amax,
+                   b.rowwise_data, b.rowwise_scale, b.scale_layout, b.rowwise_amax, offs, bias, out,
+                   m=a.m, n=b.m // num_experts, k=a.k, num_experts=num_experts, e_max_a=a.e4m3_max,
+                   e_max_b=b.e4m3_max, accumulate=accumulate, grouped=grouped, config=config, decode=decode)
+
+
+def _operand(t):
+    return (t.rowwise_data, t.rowwise_scale, t.rowwise_amax, t.scale_layout, float(t.e4m3_max))
+
+
+# ------------------------------------------------------------------------------ Python wrappers
+def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulate=False):
+    """``a @ b^T`` of two NVFP4Tensors' rowwise copies (checked by :func:`nvfp4lab.ops.nvfp4_gemm`,
+    which also handles M, N or K == 0). Writes ``out`` in place when given."""
+    if out is None:
+        return torch.ops.nvfp4lab.nvfp4_gemm(*_operand(a), *_operand(b), bias, a.k, out_dtype)
+    torch.ops.nvfp4lab.nvfp4_gemm_out(*_operand(a), *_operand(b), bias, a.k, out, bool(accumulate))
+    return out
+
+
+def nvfp4_grouped_gemm(a, b, offs, num_experts, *, out_dtype=torch.bfloat16, bias=None, out=None,
+                       accumulate=False):
+    """Grouped ``a[rows of e] @ b[e]^T`` for the bulk ``a`` (M, K) and the stacked ``b`` (E*N rows);
+    checked by :func:`nvfp4lab.ops.nvfp4_grouped_gemm`. ``offs``: device int tensor (E,) of cumulative
+    row ends."""
+    if out is None:
+        return torch.ops.nvfp4lab.nvfp4_grouped_gemm(*_operand(a), *_operand(b), offs, num_experts, bias, a.k,
+                                                      out_dtype)
+    torch.ops.nvfp4lab.nvfp4_grouped_gemm_out(*_operand(a), *_operand(b), offs, num_experts, bias, a.k, out,
+                                              bool(accumulate))
+    return out

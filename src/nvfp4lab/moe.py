@@ -1,0 +1,66 @@
+"""Containers for grouped (MoE) GEMMs: per-expert NVFP4Tensors into the one-launch layout.
+
+:func:`nvfp4lab.nvfp4_grouped_gemm` takes the tokens as one (M, K) NVFP4Tensor plus cumulative row
+ends, and the weights as one NVFP4Tensor of logical shape (E, N, K). These helpers build both from
+per-expert tensors (each copies the codes and scales once; stack weights once, not per call).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+import torch
+
+from .ref.swizzle import compact_scales
+from .tensors import NVFP4Tensor
+
+
+def check_rowwise(name: str, t) -> None:
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
+    if t.rowwise_data is None:
+        raise ValueError(f"{name} has no rowwise copy: the GEMM reads rowwise data (quantize with rowwise=True)")
+
+
+def _check_list(name: str, ts, same_rows: bool) -> None:
+    if not isinstance(ts, (list, tuple)) or len(ts) == 0:
+        raise TypeError(f"{name} must be an NVFP4Tensor or a non-empty list of NVFP4Tensors, got {type(ts).__name__}")
+    for i, t in enumerate(ts):
+        check_rowwise(f"{name}[{i}]", t)
+        if t.k != ts[0].k or (same_rows and t.m != ts[0].m):
+            what = "(N, K)" if same_rows else "K"
+            raise ValueError(f"{name}[{i}] is ({t.m}, {t.k}), {name}[0] is ({ts[0].m}, {ts[0].k}): all need the same {what}")
+        if t.e4m3_max != ts[0].e4m3_max:
+            raise ValueError(f"{name}[{i}] has e4m3_max {t.e4m3_max}, {name}[0] {ts[0].e4m3_max}: all need the same E")
+
+
+def _concat_rows(ts, amax: torch.Tensor, shape, per_token: bool) -> NVFP4Tensor:
+    t0 = ts[0]
+    scales = [compact_scales(t.rowwise_scale, t.scale_layout, t.m, t.k // 16) for t in ts]
+    config = replace(t0.config, scale_layout="compact", columnwise=False, rowwise=True)
+    if per_token:
+        config = replace(config, per_token=True, rht=False, block="1x16")
+    return NVFP4Tensor(
+        shape=torch.Size(shape), dtype=t0.dtype, config=config,
+        rowwise_data=torch.cat([t.rowwise_data for t in ts]), rowwise_scale=torch.cat(scales), rowwise_amax=amax,
+    )
+
+
+def concat_tokens(tensors: Sequence[NVFP4Tensor]) -> tuple[NVFP4Tensor, torch.Tensor]:
+    """Per-expert token splits (M_e, K), each with its own amax ((1,) or (M_e,)) -> one (M, K) tensor
+    with per-row amax (each split's amax repeated over its rows) and ``offs`` (E,) int32 row ends."""
+    _check_list("a", tensors, same_rows=False)
+    amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m) for t in tensors])
+    device = tensors[0].rowwise_data.device
+    offs = torch.tensor([t.m for t in tensors], dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
+    m = sum(t.m for t in tensors)
+    return _concat_rows(tensors, amax, (m, tensors[0].k), per_token=True), offs
+
+
+def stack_weights(tensors: Sequence[NVFP4Tensor]) -> NVFP4Tensor:
+    """E per-expert weights (N, K) -> one NVFP4Tensor of logical shape (E, N, K), compact scales, amax
+    (E,) (one per expert) or (E*N,) when any expert has per-row amax."""
+    _check_list("b", tensors, same_rows=True)
+    per_row = any(t.rowwise_amax.numel() != 1 for t in tensors)
+    amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m if per_row else 1) for t in tensors])
+    return _concat_rows(tensors, amax, (len(tensors), tensors[0].m, tensors[0].k), per_token=False)
