@@ -249,7 +249,9 @@ class _LinearFunction(torch.autograd.Function):
             y2, saved, meta = _forward_gemm(x2, weight, bias, quantized_weight, recipe, cdtype, need_dgrad, need_wgrad, backend)
         ctx.save_for_backward(*saved)
         ctx.meta, ctx.recipe, ctx.cdtype, ctx.backend, ctx.in_shape = meta, recipe, cdtype, backend, in_shape
-        return y2.reshape(*in_shape[:-1], meta["n"])
+        out_shape = torch.Size((*in_shape[:-1], meta["n"]))
+        # a same-shape reshape returns a view, which FSDP2 flags when it is a module's output
+        return y2 if y2.shape == out_shape else y2.reshape(out_shape)
 
     @staticmethod
     def backward(ctx, dy):
@@ -286,7 +288,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(*all_saved)
         ctx.metas, ctx.recipe, ctx.cdtype, ctx.backend, ctx.in_shape = metas, recipe, cdtype, backend, in_shape
         ctx.num_gemms, ctx.has_bias = num_gemms, [b is not None for b in biases]
-        return y.reshape(*in_shape[:-1], y.shape[-1])
+        out_shape = torch.Size((*in_shape[:-1], y.shape[-1]))
+        return y if y.shape == out_shape else y.reshape(out_shape)  # no view: see _LinearFunction
 
     @staticmethod
     def backward(ctx, dy):

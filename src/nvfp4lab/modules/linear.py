@@ -7,6 +7,12 @@ micro-batches between two optimizer steps quantize each weight once per directio
 re-quantization. The cache is bypassed (quantize every call) while torch.compile traces and while a
 CUDA graph is being captured, so a captured step always contains the weight quantization.
 ``clear_weight_cache()`` drops it.
+
+Distributed: under FSDP (modules it manages carry ``_is_fsdp_managed_module``) the cache is bypassed:
+FSDP refills the gathered weight in place with its version counter preserved, so the key cannot see
+an optimizer step. Under DDP the parameters are the module's own and the cache stays on. With
+:func:`nvfp4lab.fsdp.enable_fp4_all_gather` FSDP hands the module an already quantized weight
+(:class:`~nvfp4lab.fsdp.NVFP4GatheredWeight`), which is used as is.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ..fsdp import NVFP4GatheredWeight
 from ..recipes import RECIPE_TYPES, NVFP4Recipe, block_multiple
 
 
@@ -56,7 +63,13 @@ class _WeightCacheMixin:
         self._quantized_weights.clear()
 
     def _quantized_weight(self, name: str, weight: torch.Tensor, need_columnwise: bool):
-        if _cache_bypassed(weight):
+        if isinstance(weight, NVFP4GatheredWeight):  # FSDP2 FP4 all-gather: quantized on the way in
+            quantized = weight.quantized
+            if need_columnwise and quantized.columnwise_data is None:
+                raise ValueError(f"{name}: the FP4-gathered weight has no columnwise copy for dgrad; "
+                                 "recipe.backward changed after the all-gather")
+            return quantized
+        if _cache_bypassed(weight) or getattr(self, "_is_fsdp_managed_module", False):
             return None
         try:
             version = weight._version
