@@ -34,6 +34,8 @@ implementation (torch.compile, CUDA graphs: no host sync); empty inputs return w
 """
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -44,13 +46,13 @@ from .swizzle import swizzle_offset
 _INT32_LIMIT = 2**31
 
 
-def _roundup(n: int, m: int) -> int:
+def roundup(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def _rcp_f32(v: float) -> float:
-    """fl32(1/v) as a Python float that is exactly an fp32 value (so no later conversion rounds)."""
-    return torch.tensor(1.0 / v, dtype=torch.float32).item()
+def rcp_f32(v: float) -> float:
+    """fl32(1/v) as a Python float that is exactly an fp32 value (no later conversion rounds it)."""
+    return struct.unpack("f", struct.pack("f", 1.0 / v))[0]
 
 
 @triton.jit
@@ -215,11 +217,11 @@ def launch_nvfp4_dequantize(
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     check_tile(block_rows, block_cols, min_cols=16)
     blocks = cols // 16
-    scale_stride = blocks if scale_layout == "compact" else _roundup(blocks, 4)
+    scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
     local_extent = max(block_rows * cols, block_cols * rows if transpose else 0)
     grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
     _nvfp4_dequantize_kernel[grid](
-        _as_words(data), scale, amax, out, rows, cols, scale_stride, _roundup(blocks, 4) // 4, _rcp_f32(6.0 * e4m3_max),
+        _as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max),
         SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=amax.numel() != 1, TRANSPOSE=transpose,
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=local_extent >= _INT32_LIMIT,
         SOFT_BF16=soft_bf16_cast(out), EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps,
@@ -252,7 +254,7 @@ def _check_parts(which: str, data, scale, amax, rows: int, cols: int, layout: st
     if tuple(data.shape) != (rows, cols // 2):
         raise ValueError(f"{prefix}data must have shape {(rows, cols // 2)} (two E2M1 codes per byte), got {tuple(data.shape)}")
     blocks = cols // 16
-    want = (rows, blocks) if layout == "compact" else (_roundup(rows, 128), _roundup(blocks, 4))
+    want = (rows, blocks) if layout == "compact" else (roundup(rows, 128), roundup(blocks, 4))
     if scale.numel() != want[0] * want[1] or (layout != "swizzled" and tuple(scale.shape) != want):
         raise ValueError(f"{prefix}scale must have shape {want} for scale_layout={layout!r}, got {tuple(scale.shape)}")
     if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:

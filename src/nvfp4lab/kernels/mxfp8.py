@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from . import _codecs
-from .dequantize import cast_to_out, check_tile, e4m3_decode_exact, soft_bf16_cast
+from .dequantize import cast_to_out, check_tile, e4m3_decode_exact, rcp_f32, roundup, soft_bf16_cast
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
@@ -47,10 +47,6 @@ FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # same bits for every input (tests/kernels/test_mxfp8.py checks it on the GPU) at a fraction of the
 # integer work. benchmarks/mxfp8.py measures both.
 FP8_CAST = "soft"
-
-
-def _roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
 
 
 @triton.jit
@@ -257,13 +253,12 @@ def _mxfp8_dequantize_kernel(
 
 
 # ------------------------------------------------------------------------------------- launchers
-def _rcp_f32(v: float) -> float:
-    return torch.tensor(1.0 / v, dtype=torch.float32).item()
-
-
 def _quantize_tile(rows: int, cols: int) -> tuple[int, int, int]:
-    """(BLOCK_ROWS, BLOCK_COLS, num_warps): 64 x 128 tiles; BLOCK_ROWS and BLOCK_COLS divide 128 so a
-    tile's swizzled scales stay inside one 128-row band."""
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps): 64 x 128 tiles (64 elements per thread: no spills with
+    16-byte vector accesses); 32 x 64 when K % 16 != 0 (scalar accesses need more registers).
+    BLOCK_ROWS divides 128, so a tile's swizzled rowwise scales stay in one 128-row band."""
+    if cols % 16 != 0:
+        return 32, 64, 4
     block_rows = 64 if rows > 32 else 32
     block_cols = 128 if cols > 64 else (64 if cols > 32 else 32)
     return block_rows, block_cols, 4
@@ -274,8 +269,8 @@ def scale_shapes(rows: int, cols: int, layout: str) -> tuple[tuple[int, int], tu
     if layout == "compact":
         return (rows, cols // 32), (rows // 32, cols)
     if layout == "padded":
-        return (_roundup(rows, 128), _roundup(cols // 32, 4)), (_roundup(rows // 32, 4), _roundup(cols, 128))
-    return (_roundup(rows, 128), _roundup(cols // 32, 4)), (_roundup(cols, 128), _roundup(rows // 32, 4))
+        return (roundup(rows, 128), roundup(cols // 32, 4)), (roundup(rows // 32, 4), roundup(cols, 128))
+    return (roundup(rows, 128), roundup(cols // 32, 4)), (roundup(cols, 128), roundup(rows // 32, 4))
 
 
 def launch_mxfp8_quantize(
@@ -312,9 +307,9 @@ def launch_mxfp8_quantize(
         x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
         col_data if colwise else dummy, col_scale if colwise else dummy,
         rows, cols,
-        cols // 32 if scale_layout == "compact" else _roundup(cols // 32, 4), _roundup(cols // 32, 4) // 4,
-        cols if scale_layout == "compact" else _roundup(cols, 128), _roundup(rows // 32, 4) // 4,
-        _rcp_f32(FP8_MAX[fp8_format]),
+        cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4), roundup(cols // 32, 4) // 4,
+        cols if scale_layout == "compact" else roundup(cols, 128), roundup(rows // 32, 4) // 4,
+        rcp_f32(FP8_MAX[fp8_format]),
         ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
         EVEN=rows % block_rows == 0 and cols % block_cols == 0, HW_CAST=fp8_cast == "hw", num_warps=num_warps,
@@ -348,11 +343,11 @@ def launch_mxfp8_dequantize(
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32 if colwise else 1)
     if colwise:
-        stride = cols if scale_layout == "compact" else _roundup(cols, 128)
-        tiles = _roundup(rows // 32, 4) // 4
+        stride = cols if scale_layout == "compact" else roundup(cols, 128)
+        tiles = roundup(rows // 32, 4) // 4
     else:
-        stride = cols // 32 if scale_layout == "compact" else _roundup(cols // 32, 4)
-        tiles = _roundup(cols // 32, 4) // 4
+        stride = cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4)
+        tiles = roundup(cols // 32, 4) // 4
     grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
     _mxfp8_dequantize_kernel[grid](
         data, scale, out, rows, cols, stride, tiles,
