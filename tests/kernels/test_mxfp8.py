@@ -61,7 +61,7 @@ def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=Tru
 
 # ----------------------------------------------------------------------------------------- quantize
 # (64, 128) fills whole tiles (unmasked path), the others leave partial tiles.
-@pytest.mark.parametrize("shape", [(64, 128), (96, 160), (32, 32)])
+@pytest.mark.parametrize("shape", [(64, 128), (96, 160), (32, 32), (192, 160)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_quantize_layouts(shape, layout):
     _quantize_both(_x(*shape, seed=1), layout=layout)
@@ -94,6 +94,22 @@ def test_quantize_special_values(fmt):
     x[5, 100] = float("inf")
     x[40, 110] = float("-inf")
     x[7, 127] = 448.0 * 2.0**-100
+    for layout in ("compact", "swizzled"):
+        _quantize_both(x, fmt=fmt, layout=layout)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_quantize_scale_rounding_boundaries(fmt):
+    """Block amaxes at and one ulp either side of max * 2^k: the E8M0 round-up must see every bit."""
+    fmt_max = 448.0 if fmt == "e4m3" else 57344.0
+    g = torch.Generator().manual_seed(19)
+    x = torch.rand(64, 128, generator=g) - 0.5
+    ulps = torch.tensor([0, 1, -1, 2, -2, 7], dtype=torch.int32)
+    for block in range(8):  # rowwise blocks (r, 32b) and columnwise blocks (32a, c) both get a boundary max
+        k = int(torch.randint(-30, 30, (1,), generator=g))
+        peak = torch.tensor(fmt_max * 2.0**k, dtype=torch.float32).view(torch.int32) + ulps[block % 6]
+        x[block, 32 * (block % 4)] = peak.view(torch.float32) * (1 if block % 2 else -1)
+        x[32 * (block % 2) + 5, 64 + block] = peak.view(torch.float32)
     for layout in ("compact", "swizzled"):
         _quantize_both(x, fmt=fmt, layout=layout)
 
@@ -174,7 +190,8 @@ def test_conformance_mxfp8_cases(golden_dirs):
 
 
 # --------------------------------------------------------------------------------------- dequantize
-@pytest.mark.parametrize("shape", [(64, 256), (96, 160)])
+# (192, 160): M/32 = 6 scale rows and K > 128, so the swizzled columnwise scales span 2 x 2 tiles
+@pytest.mark.parametrize("shape", [(64, 256), (96, 160), (192, 160)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
 def test_dequantize_matches_ref(shape, layout, dtype):
