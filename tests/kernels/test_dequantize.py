@@ -233,6 +233,10 @@ def test_custom_op_traces():
     want = ref.nvfp4.dequantize(q, torch.float32, "rowwise") + ref.nvfp4.dequantize(q, torch.float32, "columnwise")
     assert_same_bits(got, want)
 
+    # the Python entry point (checks + op) traces whole as well
+    whole = torch.compile(lambda t: dq.dequantize_nvfp4(t, torch.bfloat16, "columnwise"), fullgraph=True, backend="aot_eager")
+    assert_same_bits(whole(q), ref.nvfp4.dequantize(q, torch.bfloat16, "columnwise"))
+
 
 # ------------------------------------------------------------------------------------------- GPU tier
 @pytest.mark.gpu

@@ -310,6 +310,12 @@ def test_custom_ops_trace():
     assert_same_bits(a, ref.mxfp8.dequantize(q, torch.float32, "rowwise"))
     assert_same_bits(b, ref.mxfp8.dequantize(q, torch.float32, "columnwise"))
 
+    # the Python entry points (checks, MXFP8Tensor, ops) trace whole as well
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout="swizzled")
+    whole = torch.compile(lambda x: mk.dequantize_mxfp8(mk.quantize_mxfp8(x, cfg), torch.float32, "columnwise"),
+                          fullgraph=True, backend="aot_eager")
+    assert_same_bits(whole(x), ref.mxfp8.dequantize(ref.mxfp8.quantize(x, cfg), torch.float32, "columnwise"))
+
 
 # ------------------------------------------------------------------------------------------- GPU tier
 def _gpu_golden() -> Path:

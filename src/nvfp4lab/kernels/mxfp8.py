@@ -20,7 +20,8 @@ amax is a reduction over the last axis and the columnwise one over the first, so
 from the same registers (threads spread over the last three axes, so the columnwise reduction stays
 inside each thread). Block amaxes are integer maxima of |x|'s bit patterns (exact, NaN-propagating like
 the reference's amax). Padded and swizzled scale buffers are zero-filled before the kernel writes the
-real entries. The fp8 encoders are :mod:`._codecs`' integer ones (no float8 casts).
+real entries. The fp8 rounding is :mod:`._codecs`' integer encoders by default; :data:`FP8_CAST` = "hw"
+selects the GPU's cvt.rn.satfinite instead (GPU only).
 
 Dequantize reads [BLOCK_ROWS, BLOCK_COLS/32, 32] (rowwise) or [BLOCK_ROWS/32, 32, BLOCK_COLS]
 (columnwise) tiles; swizzled scales are read through :func:`.swizzle.swizzle_offset`.
@@ -43,9 +44,10 @@ from .swizzle import swizzle_offset
 _INT32_LIMIT = 2**31
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # How the quantize kernel rounds to fp8: "soft" = the integer encoders of ._codecs (the team rule: no
-# float8 casts in kernels, the interpreter's are not RNE); "hw" = cvt.rn.satfinite on the GPU, the
-# same bits for every input (tests/kernels/test_mxfp8.py checks it on the GPU) at a fraction of the
-# integer work. benchmarks/mxfp8.py measures both.
+# float8 casts in kernels, the interpreter's are not RNE); "hw" = cvt.rn.satfinite on the GPU: the
+# same operation (spec 2.2), so the same bits for every non-NaN input (the GPU tier of
+# tests/kernels/test_mxfp8.py checks it), with ~45 -> ~20 instructions per element for both directions
+# (sm_90 SASS), where the soft encoders may make the kernel ALU-bound. benchmarks/mxfp8.py times both.
 FP8_CAST = "soft"
 
 
