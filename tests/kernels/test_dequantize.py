@@ -52,7 +52,7 @@ def _check(t: NVFP4Tensor, dtype, which):
 # ------------------------------------------------------------------------------------------ rowwise
 # (32, 256) fills whole tiles (unmasked path); the others leave partial tiles; (144, 96) spans two
 # 128-row bands and two 4-column tiles of a swizzled scale buffer.
-@pytest.mark.parametrize("shape", [(32, 256), (48, 80), (5, 48), (144, 96)])
+@pytest.mark.parametrize("shape", [(32, 256), (48, 80), (5, 48), (144, 96), (1, 32)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
 def test_rowwise_matches_ref(shape, layout, dtype):

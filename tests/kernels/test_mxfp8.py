@@ -77,6 +77,7 @@ def test_quantize_dtypes_formats(in_dtype, fmt):
 def test_quantize_one_direction_free_dim(layout):
     # rowwise only: M need not be a multiple of 32; columnwise only: K need not be one
     _quantize_both(_x(40, 64, seed=3), layout=layout, columnwise=False)
+    _quantize_both(_x(1, 32, seed=3), layout=layout, columnwise=False)
     _quantize_both(_x(64, 40, seed=4), layout=layout, rowwise=False)
     _quantize_both(_x(64, 13, seed=5, dtype=torch.float32), layout=layout, rowwise=False)
 
