@@ -107,3 +107,28 @@ def e8m0_quant_multiplier(code):
     val = (e << 23).to(tl.float32, bitcast=True)
     val = tl.where(code == 254, tl.full(code.shape, 0x00400000, tl.int32).to(tl.float32, bitcast=True), val)
     return tl.where(code == 255, float("nan"), val)
+
+
+@triton.jit
+def e5m2_decode(code):
+    """E5M2 bits (int32, 0..255) -> fp32. The 7 magnitude bits placed at fp32 bits 27..21 read as
+    exactly value * 2^-112 (subnormals land on fp32 subnormals), so one exact multiply by 2^112
+    finishes it; exponent 31 is +-inf (mantissa 0) or NaN."""
+    sign_bit = (code & 0x80) << 24
+    val = (((code & 0x7F) << 21) | sign_bit).to(tl.float32, bitcast=True) * 5.192296858534828e33
+    inf = (sign_bit | 0x7F800000).to(tl.float32, bitcast=True)
+    val = tl.where((code & 0x7F) == 0x7C, inf, val)
+    return tl.where((code & 0x7F) > 0x7C, float("nan"), val)
+
+
+@triton.jit
+def f32_to_bf16_rne(v):
+    """fp32 -> bf16, round to nearest even, in integer ops (NaN -> 0x7FC0, as torch's CPU cast).
+
+    The interpreter's own fp32 -> bf16 cast truncates, so kernels that must run under it round here;
+    on the GPU the hardware cast (cvt.rn.bf16.f32) gives the same bits for non-NaN values.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(v != v, 0x7FC0, rounded)
+    return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)

@@ -1,0 +1,294 @@
+"""NVFP4 dequantize kernel: packed E2M1 codes + E4M3 block scales + fp32 amax -> bf16 / fp16 / fp32.
+
+Numerics (spec section 11, :func:`nvfp4lab.ref.nvfp4.dequantize_rows`), per 16-element block:
+
+    factor = fl(fl(float(s) * amax) * fl(1/(6E)))        E = the tensor's own e4m3_max (448 or 256)
+    out    = out_dtype(fl(q * factor))
+
+Input layout of the quantized matrix Q (R, C) (rowwise copy: Q = x, R = M, C = K; columnwise copy:
+Q = x^T, R = K, C = M):
+
+    data   uint8 (R, C/2), element 2j in the low nibble
+    scale  uint8 E4M3 bits, entry [r, b] scales Q[r, 16b:16b+16]:
+           compact (R, C/16); padded (roundup(R,128), roundup(C/16,4)); swizzled: the padded shape in
+           cuBLAS' 128x4 order, read through :func:`.swizzle.swizzle_offset` (no unswizzle pass)
+    amax   fp32 (1,) per tensor, or (R,) per row (per token)
+
+Output: Q itself (R, C), or with ``TRANSPOSE`` its transpose (C, R) = x's orientation for the
+columnwise copy; the transpose happens in registers before the store, so both sides stay coalesced.
+With RHT the columnwise copy is dequantized by this kernel in fp32 and the inverse RHT is then the
+reference's own ``inverse_rht`` (a torch matmul): the fp32 sum of 16 products depends on summation
+order, so reusing the reference's matmul is what keeps the result identical to it on each device.
+
+Tiling: one program per BLOCK_ROWS x BLOCK_COLS output tile (1-D grid, row-major over tiles). The
+packed data is read as int32 words, [BLOCK_ROWS, BLOCK_COLS/16, 2] (8 codes per word, 2 words per
+block), so one block factor broadcasts over 16 codes held by the same thread and the codes come out of
+each word by shifts, already in element order for 16-byte vector stores. The E2M1 and E4M3 decodes
+are bit placements plus one exact power-of-two multiply (no conversion instructions). bf16 output
+uses the hardware cast on the GPU and an integer round-to-nearest-even under the interpreter (whose own
+fp32 -> bf16 cast truncates). Constraints: C % 16 == 0 (whole blocks). Tile bases are 64-bit; offsets
+inside a tile are 32-bit unless a tile spans 2^31 elements (``LOCAL_I64``).
+
+The public launcher is the ``torch.library`` custom op ``nvfp4lab::dequantize_nvfp4`` with a fake
+implementation (torch.compile, CUDA graphs: no host sync); empty inputs return without a launch.
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _codecs
+from .swizzle import swizzle_offset
+
+_INT32_LIMIT = 2**31
+
+
+def roundup(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def rcp_f32(v: float) -> float:
+    """fl32(1/v) as a Python float that is exactly an fp32 value (no later conversion rounds it)."""
+    return struct.unpack("f", struct.pack("f", 1.0 / v))[0]
+
+
+@triton.jit
+def e2m1_decode_exact(code):
+    """E2M1 code (int32) -> fp32 from bits: the magnitude bits placed at fp32 bits 24..22 read as
+    exactly value * 2^-126 for all 8 magnitudes (0.5 lands on the fp32 subnormal 2^-127), so one exact
+    multiply by 2^126 finishes it. 4 integer ops + 1 multiply, no conversion instruction."""
+    bits = ((code & 7) << 22) | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37
+
+
+@triton.jit
+def e4m3_decode_exact(code):
+    """E4M3 bits (int32) -> fp32 the same way: bits 26..20 hold value * 2^-120 (subnormals included),
+    times 2^120 exactly; 0x7F / 0xFF are NaN. Same values as ``_codecs.e4m3_decode``, fewer ops."""
+    bits = ((code & 0x7F) << 20) | ((code & 0x80) << 24)
+    val = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), val)
+
+
+@triton.jit
+def cast_to_out(v, out_ptr, SOFT_BF16: tl.constexpr):
+    """fp32 -> the output pointer's dtype, rounding to nearest even (see :func:`soft_bf16_cast`)."""
+    if SOFT_BF16:
+        return _codecs.f32_to_bf16_rne(v)
+    else:
+        return v.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _nvfp4_dequantize_kernel(
+    words_ptr, scale_ptr, amax_ptr, out_ptr,
+    rows, cols,  # Q is (rows, cols); words_ptr is its packed data read as int32, cols // 8 per row
+    scale_stride,  # row stride of a compact or padded scale matrix
+    scale_col_tiles,  # roundup(cols // 16, 4) // 4, for the swizzled layout
+    dequant_rcp,  # fl(1/(6E))
+    SWIZZLED: tl.constexpr,
+    PER_ROW_AMAX: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    LOCAL_I64: tl.constexpr,
+    SOFT_BF16: tl.constexpr,
+    EVEN: tl.constexpr,
+):
+    BLOCKS: tl.constexpr = BLOCK_COLS // 16
+    pid = tl.program_id(0)
+    col_tiles = tl.cdiv(cols, BLOCK_COLS)
+    row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS
+    col0 = (pid % col_tiles) * BLOCK_COLS
+
+    lr = tl.arange(0, BLOCK_ROWS)
+    if LOCAL_I64:
+        lr = lr.to(tl.int64)
+    blk = col0 // 16 + tl.arange(0, BLOCKS)
+    if EVEN:  # the tile lies inside Q: all-true masks, so loads and stores stay vectorised
+        row_ok = lr < BLOCK_ROWS
+        blk_ok = blk >= 0
+    else:
+        row_ok = lr < rows - row0
+        blk_ok = blk < cols // 16
+    tile_ok = row_ok[:, None] & blk_ok[None, :]  # [R, BLOCKS]
+
+    # [R, BLOCKS, 2] int32 words, 8 codes each; code i of a word sits at bits 4i..4i+3
+    row_words = cols // 8
+    lw = tl.arange(0, 2)
+    w_off = lr[:, None, None] * row_words + (blk * 2)[None, :, None] + lw[None, None, :]
+    words = tl.load(words_ptr + row0 * row_words + w_off, mask=tile_ok[:, :, None], other=0)
+
+    if SWIZZLED:
+        # BLOCK_ROWS divides 128, so the tile sits inside one 128-row band of the swizzled buffer
+        s_ptr = scale_ptr + (row0 // 128) * scale_col_tiles * 512
+        s_off = swizzle_offset((row0 % 128).to(tl.int32) + lr[:, None], blk[None, :], scale_col_tiles)
+    else:
+        s_ptr = scale_ptr + row0 * scale_stride
+        s_off = lr[:, None] * scale_stride + blk[None, :]
+    scale_code = tl.load(s_ptr + s_off, mask=tile_ok, other=0).to(tl.int32)
+    if PER_ROW_AMAX:
+        amax = tl.load(amax_ptr + row0 + lr, mask=row_ok, other=0.0)[:, None]
+    else:
+        amax = tl.load(amax_ptr)
+    factor = (e4m3_decode_exact(scale_code) * amax) * dequant_rcp  # [R, BLOCKS]
+
+    shifts = tl.arange(0, 8) * 4
+    codes = (words[:, :, :, None] >> shifts[None, None, None, :]) & 0xF  # [R, BLOCKS, 2, 8]
+    vals = e2m1_decode_exact(codes) * factor[:, :, None, None]
+    vals = tl.reshape(cast_to_out(vals, out_ptr, SOFT_BF16), (BLOCK_ROWS, BLOCK_COLS))
+
+    lc = tl.arange(0, BLOCK_COLS)
+    if LOCAL_I64:
+        lc = lc.to(tl.int64)
+    if EVEN:
+        col_ok = lc < BLOCK_COLS
+    else:
+        col_ok = lc < cols - col0
+    if TRANSPOSE:
+        # out is (cols, rows): out[c, r] = Q[r, c]
+        out_base = out_ptr + col0.to(tl.int64) * rows + row0
+        tl.store(out_base + lc[:, None] * rows + lr[None, :], tl.trans(vals), mask=col_ok[:, None] & row_ok[None, :])
+    else:
+        out_base = out_ptr + row0 * cols + col0
+        tl.store(out_base + lr[:, None] * cols + lc[None, :], vals, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def soft_bf16_cast(out: torch.Tensor) -> bool:
+    """bf16 output under the interpreter (CPU tensors): its own fp32 -> bf16 cast truncates."""
+    return out.dtype == torch.bfloat16 and out.device.type != "cuda"
+
+
+def _tile_shape(rows: int, cols: int, transpose: bool) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps). Transposed tiles are squarer so that both the loads
+    (rows of Q) and the stores (rows of Q^T) cover >= 64 contiguous bytes."""
+    block_cols = 128 if transpose else 256
+    block_rows = 64 if transpose else 32
+    block_cols = max(16, min(block_cols, triton.next_power_of_2(cols)))
+    block_rows = max(1, min(block_rows, triton.next_power_of_2(rows)))
+    return block_rows, block_cols, 4
+
+
+def check_tile(block_rows: int, block_cols: int, *, min_cols: int, row_multiple: int = 1, max_rows: int = 128) -> None:
+    """Tile overrides (benchmark tuning) must be powers of two; rows <= 128 keep a tile inside one
+    128-row band of a swizzled scale buffer."""
+    for name, v in (("block_rows", block_rows), ("block_cols", block_cols)):
+        if v <= 0 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    if block_rows > max_rows or block_rows % row_multiple:
+        raise ValueError(f"block_rows must be a multiple of {row_multiple} and <= {max_rows}, got {block_rows}")
+    if block_cols < min_cols:
+        raise ValueError(f"block_cols must be >= {min_cols}, got {block_cols}")
+
+
+def _as_words(data: torch.Tensor) -> torch.Tensor:
+    """The packed (R, C/2) bytes as (R, C/8) int32 words (C % 16 == 0, so rows hold whole words)."""
+    data = data.contiguous()
+    if data.storage_offset() % 4 != 0:
+        data = data.clone()
+    return data.view(torch.int32)
+
+
+def launch_nvfp4_dequantize(
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    amax: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale_layout: str,
+    e4m3_max: float,
+    transpose: bool,
+    block_rows: int | None = None,
+    block_cols: int | None = None,
+    num_warps: int | None = None,
+) -> None:
+    """Dequantize Q (data (R, C/2), scale, amax) into ``out`` ((R, C), or (C, R) with ``transpose``).
+
+    Block sizes may be overridden (benchmark tuning); they must be powers of two, block_rows <= 128
+    and block_cols >= 16.
+    """
+    rows, cols = data.shape[0], data.shape[1] * 2
+    if rows * cols == 0:
+        return
+    d_rows, d_cols, d_warps = _tile_shape(rows, cols, transpose)
+    block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
+    check_tile(block_rows, block_cols, min_cols=16)
+    blocks = cols // 16
+    scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
+    local_extent = max(block_rows * cols, block_cols * rows if transpose else 0)
+    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
+    _nvfp4_dequantize_kernel[grid](
+        _as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max),
+        SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=amax.numel() != 1, TRANSPOSE=transpose,
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=local_extent >= _INT32_LIMIT,
+        SOFT_BF16=soft_bf16_cast(out), EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps,
+    )
+
+
+@torch.library.custom_op("nvfp4lab::dequantize_nvfp4", mutates_args=())
+def _dequantize_nvfp4_op(
+    data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, scale_layout: str, e4m3_max: float,
+    transpose: bool, out_dtype: torch.dtype,
+) -> torch.Tensor:
+    rows, cols = data.shape[0], data.shape[1] * 2
+    shape = (cols, rows) if transpose else (rows, cols)
+    out = torch.empty(shape, dtype=out_dtype, device=data.device)
+    launch_nvfp4_dequantize(data, scale, amax, out, scale_layout=scale_layout, e4m3_max=e4m3_max, transpose=transpose)
+    return out
+
+
+@_dequantize_nvfp4_op.register_fake
+def _(data, scale, amax, scale_layout, e4m3_max, transpose, out_dtype):
+    rows, cols = data.shape[0], data.shape[1] * 2
+    return data.new_empty((cols, rows) if transpose else (rows, cols), dtype=out_dtype)
+
+
+def _check_parts(which: str, data, scale, amax, rows: int, cols: int, layout: str, per_token: bool) -> None:
+    prefix = f"{which}_"
+    for name, t in (("data", data), ("scale", scale)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
+            raise TypeError(f"{prefix}{name} must be a uint8 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if tuple(data.shape) != (rows, cols // 2):
+        raise ValueError(f"{prefix}data must have shape {(rows, cols // 2)} (two E2M1 codes per byte), got {tuple(data.shape)}")
+    blocks = cols // 16
+    want = (rows, blocks) if layout == "compact" else (roundup(rows, 128), roundup(blocks, 4))
+    if scale.numel() != want[0] * want[1] or (layout != "swizzled" and tuple(scale.shape) != want):
+        raise ValueError(f"{prefix}scale must have shape {want} for scale_layout={layout!r}, got {tuple(scale.shape)}")
+    if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
+        raise TypeError(f"{prefix}amax must be a floating-point tensor")
+    if amax.numel() != (rows if per_token else 1):
+        raise ValueError(f"{prefix}amax must have {rows if per_token else 1} elements (per_token={per_token}), got {amax.numel()}")
+
+
+def dequantize_nvfp4(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
+    """NVFP4Tensor -> ``dtype`` tensor of the original shape; identical to ``ref.nvfp4.dequantize``.
+
+    ``which="columnwise"`` reads the columnwise copy and returns x's orientation (transposed in the
+    kernel's store; with RHT: kernel in fp32, then the reference inverse RHT, then transpose and cast).
+    """
+    if which not in ("rowwise", "columnwise"):
+        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
+    m, k = t.m, t.k
+    if which == "rowwise":
+        data, scale, amax, rows, cols = t.rowwise_data, t.rowwise_scale, t.rowwise_amax, m, k
+    else:
+        data, scale, amax, rows, cols = t.columnwise_data, t.columnwise_scale, t.columnwise_amax, k, m
+    if data is None:
+        raise ValueError(f"which={which!r}: this NVFP4Tensor has no {which} copy")
+    if cols % 16 != 0:
+        raise ValueError(f"the quantized matrix must have a multiple of 16 columns (whole NVFP4 blocks), got {cols}")
+    _check_parts(which, data, scale, amax, rows, cols, t.scale_layout, t.per_token)
+    if data.numel() == 0:
+        return torch.empty(t.shape, dtype=dtype, device=data.device)
+    amax = amax.to(torch.float32).reshape(-1)
+    data, scale = data.contiguous(), scale.contiguous()
+    if which == "columnwise" and t.config.rht:
+        from ..ref.nvfp4 import inverse_rht
+
+        q_t = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, False, torch.float32)
+        return inverse_rht(q_t, t.config.rht_sign_mask).t().to(dtype).reshape(t.shape)
+    out = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, which == "columnwise", dtype)
+    return out.reshape(t.shape)

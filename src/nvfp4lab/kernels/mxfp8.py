@@ -1,0 +1,464 @@
+"""MXFP8 quantize and dequantize kernels (E4M3 or E5M2 data, one E8M0 scale per 32 elements).
+
+Numerics (spec sections 2.3 and 13, :mod:`nvfp4lab.ref.mxfp8`), per block of 32 elements:
+
+    c    = e8m0_round_up(fl(bamax * fl(1/max)))      max = 448 (E4M3) or 57344 (E5M2)
+    mult = 2^(127 - c)                                built from bits
+    q    = fp8_satRNE(fl(x * mult))
+    dequantize: out = out_dtype(fl(float(q) * 2^(c - 127)))
+
+Layouts (:class:`nvfp4lab.tensors.MXFP8Tensor`), x is (M, K):
+
+    rowwise_data     uint8 (M, K)  blocks of 32 along K;  rowwise_scale compact (M, K/32),
+                     padded (roundup(M,128), roundup(K/32,4)), swizzled = swizzle of the compact matrix
+    columnwise_data  uint8 (M, K)  (not transposed) blocks of 32 along M;  columnwise_scale compact
+                     (M/32, K), padded (roundup(M/32,4), roundup(K,128)), swizzled = swizzle of the
+                     transposed (K, M/32) matrix, shape (roundup(K,128), roundup(M/32,4))
+
+Quantize reads each tile of x once, as [32, BLOCK_ROWS/32, BLOCK_COLS/32, 32]: the rowwise block
+amax is a reduction over the last axis and the columnwise one over the first, so both outputs come
+from the same registers (threads spread over the last three axes, so the columnwise reduction stays
+inside each thread). Block amaxes are integer maxima of |x|'s bit patterns (exact, NaN-propagating like
+the reference's amax). Padded and swizzled scale buffers are zero-filled before the kernel writes the
+real entries. The fp8 rounding is :mod:`._codecs`' integer encoders by default; :data:`FP8_CAST` = "hw"
+selects the GPU's cvt.rn.satfinite instead (GPU only).
+
+Dequantize reads [BLOCK_ROWS, BLOCK_COLS/32, 32] (rowwise) or [BLOCK_ROWS/32, 32, BLOCK_COLS]
+(columnwise) tiles; swizzled scales are read through :func:`.swizzle.swizzle_offset`.
+
+Constraints: rowwise needs K % 32 == 0, columnwise M % 32 == 0 (the other dimension is free and
+masked). Tile bases are 64-bit, in-tile offsets 32-bit unless a tile spans 2^31 elements.
+Public launchers are ``torch.library`` custom ops (``nvfp4lab::quantize_mxfp8``,
+``nvfp4lab::dequantize_mxfp8``) with fake implementations; empty inputs launch nothing.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _codecs
+from .dequantize import cast_to_out, check_tile, e4m3_decode_exact, rcp_f32, roundup, soft_bf16_cast
+from .swizzle import swizzle_offset
+
+_INT32_LIMIT = 2**31
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+# How the quantize kernel rounds to fp8: "soft" = the integer encoders of ._codecs (the team rule: no
+# float8 casts in kernels, the interpreter's are not RNE); "hw" = cvt.rn.satfinite on the GPU: the
+# same operation (spec 2.2), so the same bits for every non-NaN input (the GPU tier of
+# tests/kernels/test_mxfp8.py checks it), with ~45 -> ~20 instructions per element for both directions
+# (sm_90 SASS), where the soft encoders may make the kernel ALU-bound. benchmarks/mxfp8.py times both.
+FP8_CAST = "soft"
+
+
+@triton.jit
+def _fp8_encode(v, E5M2: tl.constexpr, HW_CAST: tl.constexpr):
+    """fp32 -> fp8 bits (satfinite RNE). HW_CAST: the GPU's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (same
+    bits, ~1 instruction per 2 values instead of ~13 integer ops per value); never under the
+    interpreter, whose float8 casts do not round to nearest even."""
+    if HW_CAST:
+        if E5M2:
+            return v.to(tl.float8e5).to(tl.uint8, bitcast=True)
+        else:
+            return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        if E5M2:
+            return _codecs.e5m2_encode(v).to(tl.uint8)
+        else:
+            return _codecs.e4m3_encode(v).to(tl.uint8)
+
+
+@triton.jit
+def _block_amax(x, axis: tl.constexpr):
+    """max |x| along ``axis`` as an integer max of the sign-cleared bits: exact, and a NaN (whose bits
+    exceed inf's) wins, as in the reference's amax."""
+    abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(abs_bits, axis=axis).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp8_quantize_kernel(
+    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    rows, cols,
+    row_scale_stride,  # compact K/32, padded roundup(K/32, 4)
+    row_scale_tiles,  # roundup(K/32, 4) // 4 (swizzled)
+    col_scale_stride,  # compact K, padded roundup(K, 128)
+    col_scale_tiles,  # roundup(M/32, 4) // 4 (swizzled, transposed matrix)
+    max_rcp,  # fl(1/max)
+    ROWWISE: tl.constexpr,
+    COLWISE: tl.constexpr,
+    E5M2: tl.constexpr,
+    SWIZZLED: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    LOCAL_I64: tl.constexpr,
+    EVEN: tl.constexpr,
+    HW_CAST: tl.constexpr,
+):
+    RB: tl.constexpr = BLOCK_ROWS // 32
+    CB: tl.constexpr = BLOCK_COLS // 32
+    pid = tl.program_id(0)
+    col_tiles = tl.cdiv(cols, BLOCK_COLS)
+    row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS
+    col0 = (pid % col_tiles) * BLOCK_COLS
+
+    i = tl.arange(0, 32)
+    rb = tl.arange(0, RB)
+    cb = tl.arange(0, CB)
+    j = tl.arange(0, 32)
+    if LOCAL_I64:
+        rb = rb.to(tl.int64)
+        i = i.to(tl.int64)
+    # The tile is [32, RB, CB, 32]: (row within its 32-block, row block, column block, column within
+    # it). Threads and warps spread over the last three axes first, so each thread holds whole
+    # columns of a 32-row block and the columnwise amax needs no cross-thread reduction.
+    r_loc = rb[None, :] * 32 + i[:, None]  # [32, RB] row within the tile
+    c_loc = cb[:, None] * 32 + j[None, :]  # [CB, 32] column within the tile
+    if EVEN:
+        r_ok = r_loc < BLOCK_ROWS
+        c_ok = c_loc < BLOCK_COLS
+    else:
+        r_ok = r_loc < rows - row0
+        c_ok = c_loc < cols - col0
+    mask = r_ok[:, :, None, None] & c_ok[None, None, :, :]
+    offs = r_loc[:, :, None, None] * cols + c_loc[None, None, :, :]
+    base = row0 * cols + col0
+    x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
+
+    if ROWWISE:
+        amax = _block_amax(x, 3)  # [32, RB, CB]
+        code = _codecs.e8m0_encode_round_up(amax * max_rcp)
+        q = _fp8_encode(x * _codecs.e8m0_quant_multiplier(code)[:, :, :, None], E5M2, HW_CAST)
+        tl.store(row_data_ptr + base + offs, q, mask=mask)
+        blk = col0 // 32 + cb  # scale column
+        if EVEN:
+            s_mask = r_ok[:, :, None] & (cb < CB)[None, None, :]
+        else:
+            s_mask = r_ok[:, :, None] & (blk < cols // 32)[None, None, :]
+        if SWIZZLED:
+            # BLOCK_ROWS divides 128: the tile's rows lie in one 128-row band
+            s_base = row_scale_ptr + (row0 // 128) * row_scale_tiles * 512
+            s_off = swizzle_offset((row0 % 128).to(tl.int32) + r_loc[:, :, None], blk[None, None, :], row_scale_tiles)
+        else:
+            s_base = row_scale_ptr + row0 * row_scale_stride
+            s_off = r_loc[:, :, None] * row_scale_stride + blk[None, None, :]
+        tl.store(s_base + s_off, code.to(tl.uint8), mask=s_mask)
+
+    if COLWISE:
+        amax = _block_amax(x, 0)  # [RB, CB, 32]
+        code = _codecs.e8m0_encode_round_up(amax * max_rcp)
+        q = _fp8_encode(x * _codecs.e8m0_quant_multiplier(code)[None, :, :, :], E5M2, HW_CAST)
+        tl.store(col_data_ptr + base + offs, q, mask=mask)
+        mblk = row0 // 32 + rb  # scale row (block of 32 rows), int64
+        if EVEN:
+            rb_ok = rb < RB
+        else:
+            rb_ok = rb * 32 < rows - row0  # M % 32 == 0 here: a block is valid when its first row is
+        s_mask = rb_ok[:, None, None] & c_ok[None, :, :]
+        if SWIZZLED:
+            # the swizzled matrix is the transpose (K, M/32): row = column of x
+            s_base = col_scale_ptr
+            s_off = swizzle_offset(col0.to(tl.int64) + c_loc[None, :, :], mblk[:, None, None], col_scale_tiles)
+        else:
+            s_base = col_scale_ptr + col0
+            s_off = mblk[:, None, None] * col_scale_stride + c_loc[None, :, :]
+        tl.store(s_base + s_off, code.to(tl.uint8), mask=s_mask)
+
+
+@triton.jit
+def _mxfp8_dequantize_kernel(
+    data_ptr, scale_ptr, out_ptr,
+    rows, cols,
+    scale_stride,  # rowwise: compact K/32, padded roundup(K/32,4); columnwise: compact K, padded roundup(K,128)
+    scale_tiles,  # swizzled: roundup(K/32,4)//4 rowwise, roundup(M/32,4)//4 columnwise
+    COLWISE: tl.constexpr,
+    E5M2: tl.constexpr,
+    SWIZZLED: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    LOCAL_I64: tl.constexpr,
+    SOFT_BF16: tl.constexpr,
+    EVEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    col_tiles = tl.cdiv(cols, BLOCK_COLS)
+    row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS
+    col0 = (pid % col_tiles) * BLOCK_COLS
+    base = row0 * cols + col0
+
+    if COLWISE:
+        RB: tl.constexpr = BLOCK_ROWS // 32
+        rb = tl.arange(0, RB)
+        i = tl.arange(0, 32)
+        c = tl.arange(0, BLOCK_COLS)
+        if LOCAL_I64:
+            rb = rb.to(tl.int64)
+            i = i.to(tl.int64)
+        r_loc = rb[:, None] * 32 + i[None, :]  # [RB, 32]
+        if EVEN:
+            r_ok = r_loc < BLOCK_ROWS
+            c_ok = c < BLOCK_COLS
+        else:
+            r_ok = r_loc < rows - row0
+            c_ok = c < cols - col0
+        mask = r_ok[:, :, None] & c_ok[None, None, :]
+        offs = r_loc[:, :, None] * cols + c[None, None, :]  # [RB, 32, C]
+        mblk = row0 // 32 + rb
+        if EVEN:
+            rb_ok = rb < RB
+        else:
+            rb_ok = rb * 32 < rows - row0
+        s_mask = rb_ok[:, None] & c_ok[None, :]  # [RB, C]
+        if SWIZZLED:
+            # the swizzled matrix is the transpose (K, M/32): row = column of x
+            s_base = scale_ptr
+            s_off = swizzle_offset(col0.to(tl.int64) + c[None, :], mblk[:, None], scale_tiles)
+        else:
+            s_base = scale_ptr + col0
+            s_off = mblk[:, None] * scale_stride + c[None, :]
+        factor = _codecs.e8m0_decode(tl.load(s_base + s_off, mask=s_mask, other=0).to(tl.int32))[:, None, :]
+    else:
+        CB: tl.constexpr = BLOCK_COLS // 32
+        r = tl.arange(0, BLOCK_ROWS)
+        cb = tl.arange(0, CB)
+        j = tl.arange(0, 32)
+        if LOCAL_I64:
+            r = r.to(tl.int64)
+        c_loc = cb[:, None] * 32 + j[None, :]  # [CB, 32]
+        if EVEN:
+            r_ok = r < BLOCK_ROWS
+            c_ok = c_loc < BLOCK_COLS
+        else:
+            r_ok = r < rows - row0
+            c_ok = c_loc < cols - col0
+        mask = r_ok[:, None, None] & c_ok[None, :, :]
+        offs = r[:, None, None] * cols + c_loc[None, :, :]  # [R, CB, 32]
+        blk = col0 // 32 + cb
+        if EVEN:
+            s_mask = r_ok[:, None] & (cb < CB)[None, :]  # [R, CB]
+        else:
+            s_mask = r_ok[:, None] & (blk < cols // 32)[None, :]
+        if SWIZZLED:
+            s_base = scale_ptr + (row0 // 128) * scale_tiles * 512
+            s_off = swizzle_offset((row0 % 128).to(tl.int32) + r[:, None], blk[None, :], scale_tiles)
+        else:
+            s_base = scale_ptr + row0 * scale_stride
+            s_off = r[:, None] * scale_stride + blk[None, :]
+        factor = _codecs.e8m0_decode(tl.load(s_base + s_off, mask=s_mask, other=0).to(tl.int32))[:, :, None]
+
+    code = tl.load(data_ptr + base + offs, mask=mask, other=0).to(tl.int32)
+    if E5M2:
+        val = _codecs.e5m2_decode(code)
+    else:
+        val = e4m3_decode_exact(code)
+    tl.store(out_ptr + base + offs, cast_to_out(val * factor, out_ptr, SOFT_BF16), mask=mask)
+
+
+# ------------------------------------------------------------------------------------- launchers
+def _quantize_tile(rows: int, cols: int) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps): 64 x 128 tiles (64 elements per thread: no spills with
+    16-byte vector accesses); 32 x 64 when K % 16 != 0 (scalar accesses need more registers).
+    BLOCK_ROWS divides 128, so a tile's swizzled rowwise scales stay in one 128-row band."""
+    if cols % 16 != 0:
+        return 32, 64, 4
+    block_rows = 64 if rows > 32 else 32
+    block_cols = 128 if cols > 64 else (64 if cols > 32 else 32)
+    return block_rows, block_cols, 4
+
+
+def scale_shapes(rows: int, cols: int, layout: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rowwise, columnwise) scale shapes of an (M, K) = (rows, cols) MXFP8 tensor in ``layout``."""
+    if layout == "compact":
+        return (rows, cols // 32), (rows // 32, cols)
+    if layout == "padded":
+        return (roundup(rows, 128), roundup(cols // 32, 4)), (roundup(rows // 32, 4), roundup(cols, 128))
+    return (roundup(rows, 128), roundup(cols // 32, 4)), (roundup(cols, 128), roundup(rows // 32, 4))
+
+
+def launch_mxfp8_quantize(
+    x: torch.Tensor,
+    row_data, row_scale, col_data, col_scale,
+    *,
+    fp8_format: str,
+    scale_layout: str,
+    fp8_cast: str | None = None,
+    block_rows: int | None = None,
+    block_cols: int | None = None,
+    num_warps: int | None = None,
+) -> None:
+    """Quantize x (M, K) into the given outputs (None where that direction is not wanted).
+
+    Scale buffers must already hold zeros in their padding (padded / swizzled layouts).
+    fp8_cast: "soft" (integer encoders) or "hw" (GPU only); None = :data:`FP8_CAST`.
+    """
+    rows, cols = x.shape
+    fp8_cast = fp8_cast or FP8_CAST
+    if fp8_cast not in ("soft", "hw"):
+        raise ValueError(f"fp8_cast must be 'soft' or 'hw', got {fp8_cast!r}")
+    if fp8_cast == "hw" and x.device.type != "cuda":
+        raise ValueError("fp8_cast='hw' needs a CUDA tensor: the interpreter's float8 casts are not round-to-nearest-even")
+    if rows * cols == 0:
+        return
+    d_rows, d_cols, d_warps = _quantize_tile(rows, cols)
+    block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
+    check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
+    rowwise, colwise = row_data is not None, col_data is not None
+    dummy = x  # stands in for an output pointer that a constexpr-disabled branch never touches
+    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
+    _mxfp8_quantize_kernel[grid](
+        x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
+        col_data if colwise else dummy, col_scale if colwise else dummy,
+        rows, cols,
+        cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4), roundup(cols // 32, 4) // 4,
+        cols if scale_layout == "compact" else roundup(cols, 128), roundup(rows // 32, 4) // 4,
+        rcp_f32(FP8_MAX[fp8_format]),
+        ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
+        EVEN=rows % block_rows == 0 and cols % block_cols == 0, HW_CAST=fp8_cast == "hw", num_warps=num_warps,
+    )
+
+
+def _dequantize_tile(rows: int, cols: int, colwise: bool) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps): 32 x 256 tiles (a columnwise tile is one 32-row block)."""
+    block_rows = 32 if colwise else max(1, min(32, triton.next_power_of_2(rows)))
+    block_cols = max(32, min(256, triton.next_power_of_2(cols)))
+    return block_rows, block_cols, 4
+
+
+def launch_mxfp8_dequantize(
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    fp8_format: str,
+    scale_layout: str,
+    colwise: bool,
+    block_rows: int | None = None,
+    block_cols: int | None = None,
+    num_warps: int | None = None,
+) -> None:
+    """Dequantize one MXFP8 copy (data (M, K), its scale in ``scale_layout``) into ``out`` (M, K)."""
+    rows, cols = data.shape
+    if rows * cols == 0:
+        return
+    d_rows, d_cols, d_warps = _dequantize_tile(rows, cols, colwise)
+    block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
+    check_tile(block_rows, block_cols, min_cols=32, row_multiple=32 if colwise else 1)
+    if colwise:
+        stride = cols if scale_layout == "compact" else roundup(cols, 128)
+        tiles = roundup(rows // 32, 4) // 4
+    else:
+        stride = cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4)
+        tiles = roundup(cols // 32, 4) // 4
+    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
+    _mxfp8_dequantize_kernel[grid](
+        data, scale, out, rows, cols, stride, tiles,
+        COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
+        SOFT_BF16=soft_bf16_cast(out), EVEN=rows % block_rows == 0 and cols % block_cols == 0,
+        num_warps=num_warps,
+    )
+
+
+# ------------------------------------------------------------------------------------ custom ops
+def _quantize_outputs(x: torch.Tensor, rowwise: bool, columnwise: bool, scale_layout: str, alloc):
+    rows, cols = x.shape
+    row_shape, col_shape = scale_shapes(rows, cols, scale_layout)
+    # padding of padded / swizzled scales must read 0; compact scales are fully written
+    scale_alloc = torch.empty if scale_layout == "compact" else torch.zeros
+    none = lambda: alloc((0,), torch.uint8)  # noqa: E731  (a custom op returns tensors, never None)
+    row_data = alloc((rows, cols), torch.uint8) if rowwise else none()
+    row_scale = alloc(row_shape, torch.uint8, scale_alloc) if rowwise else none()
+    col_data = alloc((rows, cols), torch.uint8) if columnwise else none()
+    col_scale = alloc(col_shape, torch.uint8, scale_alloc) if columnwise else none()
+    return row_data, row_scale, col_data, col_scale
+
+
+@torch.library.custom_op("nvfp4lab::quantize_mxfp8", mutates_args=())
+def _quantize_mxfp8_op(
+    x: torch.Tensor, rowwise: bool, columnwise: bool, fp8_format: str, scale_layout: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def alloc(shape, dtype, fn=torch.empty):
+        return fn(shape, dtype=dtype, device=x.device)
+
+    row_data, row_scale, col_data, col_scale = _quantize_outputs(x, rowwise, columnwise, scale_layout, alloc)
+    launch_mxfp8_quantize(
+        x.contiguous(), row_data if rowwise else None, row_scale, col_data if columnwise else None, col_scale,
+        fp8_format=fp8_format, scale_layout=scale_layout,
+    )
+    return row_data, row_scale, col_data, col_scale
+
+
+@_quantize_mxfp8_op.register_fake
+def _(x, rowwise, columnwise, fp8_format, scale_layout):
+    return _quantize_outputs(x, rowwise, columnwise, scale_layout, lambda shape, dtype, fn=None: x.new_empty(shape, dtype=dtype))
+
+
+@torch.library.custom_op("nvfp4lab::dequantize_mxfp8", mutates_args=())
+def _dequantize_mxfp8_op(
+    data: torch.Tensor, scale: torch.Tensor, fp8_format: str, scale_layout: str, columnwise: bool, out_dtype: torch.dtype
+) -> torch.Tensor:
+    out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
+    launch_mxfp8_dequantize(data, scale, out, fp8_format=fp8_format, scale_layout=scale_layout, colwise=columnwise)
+    return out
+
+
+@_dequantize_mxfp8_op.register_fake
+def _(data, scale, fp8_format, scale_layout, columnwise, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+# ------------------------------------------------------------------------------------ entry points
+def quantize_mxfp8(x2d: torch.Tensor, config):
+    """MXFP8-quantize a 2-D (M, K) tensor with an :class:`MXFP8QuantConfig`; identical to
+    ``ref.mxfp8.quantize``. Rowwise needs K % 32 == 0, columnwise M % 32 == 0."""
+    from ..config import MXFP8QuantConfig
+    from ..tensors import MXFP8Tensor
+
+    if not isinstance(config, MXFP8QuantConfig):
+        raise TypeError(f"config must be an MXFP8QuantConfig, got {type(config).__name__}")
+    if not isinstance(x2d, torch.Tensor) or x2d.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"x2d must be a float32, bfloat16 or float16 tensor, got {getattr(x2d, 'dtype', type(x2d).__name__)}")
+    if x2d.dim() != 2:
+        raise ValueError(f"x2d must be 2-D (M, K), got shape {tuple(x2d.shape)}")
+    rows, cols = x2d.shape
+    if config.rowwise and cols % 32 != 0:
+        raise ValueError(f"x2d.shape[1] (K) must be a multiple of 32 (MXFP8 rowwise blocks hold 32 elements along K), got {cols}")
+    if config.columnwise and rows % 32 != 0:
+        raise ValueError(f"x2d.shape[0] (M) must be a multiple of 32 (MXFP8 columnwise blocks hold 32 rows), got {rows}")
+    row_data, row_scale, col_data, col_scale = _quantize_mxfp8_op(
+        x2d, config.rowwise, config.columnwise, config.fp8_format, config.scale_layout
+    )
+    out = MXFP8Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config)
+    if config.rowwise:
+        out.rowwise_data, out.rowwise_scale = row_data, row_scale
+    if config.columnwise:
+        out.columnwise_data, out.columnwise_scale = col_data, col_scale
+    return out
+
+
+def dequantize_mxfp8(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
+    """MXFP8Tensor -> ``dtype`` (M, K) from its rowwise or columnwise copy; identical to
+    ``ref.mxfp8.dequantize``."""
+    if which not in ("rowwise", "columnwise"):
+        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
+    data = t.rowwise_data if which == "rowwise" else t.columnwise_data
+    scale = t.rowwise_scale if which == "rowwise" else t.columnwise_scale
+    if data is None:
+        raise ValueError(f"which={which!r}: this MXFP8Tensor has no {which} copy")
+    rows, cols = int(t.shape[0]), int(t.shape[1])
+    for name, part in (("data", data), ("scale", scale)):
+        if not isinstance(part, torch.Tensor) or part.dtype != torch.uint8:
+            raise TypeError(f"{which}_{name} must be a uint8 tensor, got {getattr(part, 'dtype', type(part).__name__)}")
+    if tuple(data.shape) != (rows, cols):
+        raise ValueError(f"{which}_data must have shape {(rows, cols)}, got {tuple(data.shape)}")
+    if which == "rowwise" and cols % 32 != 0:
+        raise ValueError(f"K must be a multiple of 32 for the rowwise copy, got {cols}")
+    if which == "columnwise" and rows % 32 != 0:
+        raise ValueError(f"M must be a multiple of 32 for the columnwise copy, got {rows}")
+    want = scale_shapes(rows, cols, t.scale_layout)[0 if which == "rowwise" else 1]
+    if tuple(scale.shape) != want and not (t.scale_layout == "swizzled" and scale.numel() == want[0] * want[1]):
+        raise ValueError(f"{which}_scale must have shape {want} for scale_layout={t.scale_layout!r}, got {tuple(scale.shape)}")
+    if data.numel() == 0:
+        return torch.empty(t.shape, dtype=dtype, device=data.device)
+    return _dequantize_mxfp8_op(data.contiguous(), scale.contiguous(), t.fp8_format, t.scale_layout, which == "columnwise", dtype)

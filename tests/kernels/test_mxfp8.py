@@ -1,0 +1,401 @@
+"""MXFP8 quantize / dequantize kernels vs nvfp4lab.ref.mxfp8, bit for bit (interpreter on CPU, GPU tier)."""
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import nvfp4lab
+from nvfp4lab import ref
+from nvfp4lab.config import MXFP8QuantConfig
+from nvfp4lab.conformance import default_folder, run_folder
+from nvfp4lab.kernels import mxfp8 as mk
+from nvfp4lab.tensors import MXFP8Tensor
+
+# inf-producing inputs (random bytes, inf elements) make numpy warn inside the interpreter
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
+OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+LAYOUTS = ["compact", "padded", "swizzled"]
+PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
+
+
+def _bits(t):
+    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+def assert_same_bits(got, want, nan_equal=False):
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    same = _bits(got) == _bits(want)
+    if nan_equal:
+        same |= torch.isnan(got) & torch.isnan(want)
+    if not bool(same.all()):
+        idx = tuple((~same).nonzero()[0].tolist())
+        raise AssertionError(f"{int((~same).sum())} mismatches, first at {idx}: got {got[idx].item()!r}, want {want[idx].item()!r}")
+
+
+def assert_same_quantization(got: MXFP8Tensor, want: MXFP8Tensor):
+    for part in PARTS:
+        g, w = getattr(got, part), getattr(want, part)
+        assert (g is None) == (w is None), part
+        if w is not None:
+            assert g.shape == w.shape and g.dtype == w.dtype, (part, g.shape, w.shape)
+            assert torch.equal(g, w), f"{part}: {int((g != w).sum())} bytes differ"
+
+
+def _x(m, k, seed=0, dtype=torch.bfloat16, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    # rows and columns of very different magnitudes: many distinct E8M0 scales in both directions
+    x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, 1, generator=g) * 3) * torch.exp(torch.randn(1, k, generator=g))
+    return x.to(dtype).to(device)
+
+
+def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=True):
+    cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
+    got = mk.quantize_mxfp8(x, cfg)
+    want = ref.mxfp8.quantize(x, cfg)
+    assert_same_quantization(got, want)
+    return got
+
+
+# ----------------------------------------------------------------------------------------- quantize
+# (64, 128) fills whole tiles (unmasked path), the others leave partial tiles.
+@pytest.mark.parametrize("shape", [(64, 128), (96, 160), (32, 32), (192, 160)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_quantize_layouts(shape, layout):
+    _quantize_both(_x(*shape, seed=1), layout=layout)
+
+
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_quantize_dtypes_formats(in_dtype, fmt):
+    _quantize_both(_x(64, 96, seed=2, dtype=in_dtype), fmt=fmt, layout="swizzled")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_quantize_one_direction_free_dim(layout):
+    # rowwise only: M need not be a multiple of 32; columnwise only: K need not be one
+    _quantize_both(_x(40, 64, seed=3), layout=layout, columnwise=False)
+    _quantize_both(_x(1, 32, seed=3), layout=layout, columnwise=False)
+    _quantize_both(_x(64, 40, seed=4), layout=layout, rowwise=False)
+    _quantize_both(_x(64, 13, seed=5, dtype=torch.float32), layout=layout, rowwise=False)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_quantize_special_values(fmt):
+    """Zero blocks, -0.0, fp32 denormals, huge and tiny magnitudes, +-inf (per spec: 0xFE scale,
+    saturated codes), scales at both ends of the E8M0 range."""
+    x = torch.randn(64, 128)
+    x[0:32, 0:32] = 0.0
+    x[32:64, 0:32] = -0.0
+    x[:, 32:64] *= 1e-40
+    x[0:32, 64:96] *= 3e38 / x[0:32, 64:96].abs().max()
+    x[32:64, 64:96] *= 1e-30
+    x[5, 100] = float("inf")
+    x[40, 110] = float("-inf")
+    x[7, 127] = 448.0 * 2.0**-100
+    for layout in ("compact", "swizzled"):
+        _quantize_both(x, fmt=fmt, layout=layout)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_quantize_scale_rounding_boundaries(fmt):
+    """Block amaxes at and one ulp either side of max * 2^k: the E8M0 round-up must see every bit."""
+    fmt_max = 448.0 if fmt == "e4m3" else 57344.0
+    g = torch.Generator().manual_seed(19)
+    x = torch.rand(64, 128, generator=g) - 0.5
+    ulps = torch.tensor([0, 1, -1, 2, -2, 7], dtype=torch.int32)
+    for block in range(8):  # rowwise blocks (r, 32b) and columnwise blocks (32a, c) both get a boundary max
+        k = int(torch.randint(-30, 30, (1,), generator=g))
+        peak = torch.tensor(fmt_max * 2.0**k, dtype=torch.float32).view(torch.int32) + ulps[block % 6]
+        x[block, 32 * (block % 4)] = peak.view(torch.float32) * (1 if block % 2 else -1)
+        x[32 * (block % 2) + 5, 64 + block] = peak.view(torch.float32)
+    for layout in ("compact", "swizzled"):
+        _quantize_both(x, fmt=fmt, layout=layout)
+
+
+def test_quantize_nan_blocks():
+    """A NaN makes its block's scale 0xFF and every code of the block a NaN code; other blocks are
+    exact. (The sign of a NaN code follows the platform's NaN arithmetic, so it is not compared.)"""
+    x = _x(64, 64, seed=6, dtype=torch.float32)
+    x[3, 5] = float("nan")
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True)
+    got, want = mk.quantize_mxfp8(x, cfg), ref.mxfp8.quantize(x, cfg)
+    assert torch.equal(got.rowwise_scale, want.rowwise_scale) and torch.equal(got.columnwise_scale, want.columnwise_scale)
+    assert int(got.rowwise_scale[3, 0]) == 0xFF and int(got.columnwise_scale[0, 5]) == 0xFF
+    for data, nan_block in ((got.rowwise_data, (3, slice(0, 32))), (got.columnwise_data, (slice(0, 32), 5))):
+        want_data = want.rowwise_data if data is got.rowwise_data else want.columnwise_data
+        assert bool(((data[nan_block] & 0x7F) == 0x7F).all())
+        keep = torch.ones_like(data, dtype=torch.bool)
+        keep[nan_block] = False
+        assert torch.equal(data[keep], want_data[keep])
+
+
+def test_quantize_every_byte_written():
+    """Data and compact scales: 0xFF-poisoned buffers. Padded / swizzled scales: real entries poisoned,
+    padding zero (the launcher's contract), so each real entry must be written."""
+    x = _x(64, 96, seed=7)
+    rows, cols = x.shape
+    for layout in LAYOUTS:
+        want = ref.mxfp8.quantize(x, MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout=layout))
+        row_shape, col_shape = mk.scale_shapes(rows, cols, layout)
+        poison = torch.full((rows, cols // 32), 0xFF, dtype=torch.uint8)
+        poison_t = torch.full((cols, rows // 32), 0xFF, dtype=torch.uint8)
+        if layout == "compact":
+            row_scale, col_scale = poison.clone(), poison_t.t().contiguous()
+        elif layout == "padded":
+            row_scale, col_scale = ref.swizzle.pad_scales(poison), ref.swizzle.pad_scales(poison_t).t().contiguous()
+        else:
+            row_scale, col_scale = ref.swizzle.swizzle_scales(poison), ref.swizzle.swizzle_scales(poison_t)
+        assert row_scale.shape == row_shape and col_scale.shape == col_shape
+        row_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
+        col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
+        mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format="e4m3", scale_layout=layout)
+        got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=want.config, rowwise_data=row_data,
+                          rowwise_scale=row_scale, columnwise_data=col_data, columnwise_scale=col_scale)
+        assert_same_quantization(got, want)
+
+
+def test_round_trip_is_idempotent():
+    """dequantize(quantize(x)) is a fixed point: quantizing it again gives back the same values (a block
+    whose max code rounded down to 224 may come back one scale step lower with codes doubled, which is
+    the same values), in fp32 and bf16 (both hold every MXFP8 value of normal range exactly)."""
+    x = _x(64, 128, seed=8, dtype=torch.float32)
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True)
+    q = mk.quantize_mxfp8(x, cfg)
+    for which in ("rowwise", "columnwise"):
+        for dtype in (torch.float32, torch.bfloat16):
+            deq = mk.dequantize_mxfp8(q, dtype, which)
+            again = mk.dequantize_mxfp8(mk.quantize_mxfp8(deq, cfg), dtype, which)
+            assert_same_bits(again, deq)
+            assert float((deq.float() - x).norm() / x.norm()) < 0.05
+
+
+def test_ops_dispatch_triton():
+    x = _x(64, 64, seed=9).reshape(2, 32, 64)
+    got = nvfp4lab.quantize_mxfp8(x, rowwise=True, columnwise=True, backend="triton")
+    want = nvfp4lab.quantize_mxfp8(x, rowwise=True, columnwise=True, backend="ref")
+    assert_same_quantization(got, want)
+    for which in ("rowwise", "columnwise"):
+        assert_same_bits(nvfp4lab.dequantize_mxfp8(got, which=which, backend="triton"),
+                         nvfp4lab.dequantize_mxfp8(want, which=which, backend="ref"))
+
+
+def test_conformance_mxfp8_cases(golden_dirs):
+    for folder in golden_dirs:
+        results = run_folder(folder, backend="triton", pattern="mxfp8_quantize_*")
+        assert results, f"no mxfp8_quantize case in {folder}"
+        failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+        assert not failed, failed
+
+
+# --------------------------------------------------------------------------------------- dequantize
+# (192, 160): M/32 = 6 scale rows and K > 128, so the swizzled columnwise scales span 2 x 2 tiles
+@pytest.mark.parametrize("shape", [(64, 256), (96, 160), (192, 160)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", OUT_DTYPES)
+def test_dequantize_matches_ref(shape, layout, dtype):
+    q = ref.mxfp8.quantize(_x(*shape, seed=10), MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout=layout))
+    for which in ("rowwise", "columnwise"):
+        assert_same_bits(mk.dequantize_mxfp8(q, dtype, which), ref.mxfp8.dequantize(q, dtype, which))
+
+
+def _random_mxfp8(m, k, fmt, layout, seed, device="cpu"):
+    """Arbitrary bytes: all 256 fp8 codes (inf / NaN included) and E8M0 codes 0, 1, 254, 255, ...
+    Padded buffers get random padding (it must be ignored)."""
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    row = torch.randint(0, 256, (m, k // 32), dtype=torch.uint8, generator=g)
+    col = torch.randint(0, 256, (m // 32, k), dtype=torch.uint8, generator=g)
+    row.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+    col.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+    if layout == "padded":
+        row_p = torch.randint(0, 256, mk.scale_shapes(m, k, "padded")[0], dtype=torch.uint8, generator=g)
+        col_p = torch.randint(0, 256, mk.scale_shapes(m, k, "padded")[1], dtype=torch.uint8, generator=g)
+        row_p[:m, : k // 32], col_p[: m // 32, :k] = row, col
+        row, col = row_p, col_p
+    elif layout == "swizzled":
+        row, col = ref.swizzle.swizzle_scales(row), ref.swizzle.swizzle_scales(col.t().contiguous())
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, fp8_format=fmt, scale_layout=layout)
+    return MXFP8Tensor(shape=torch.Size((m, k)), dtype=torch.bfloat16, config=cfg, rowwise_data=data.to(device),
+                       rowwise_scale=row.to(device), columnwise_data=data.to(device), columnwise_scale=col.to(device))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", OUT_DTYPES)
+def test_dequantize_random_bytes(fmt, layout, dtype):
+    t = _random_mxfp8(64, 96, fmt, layout, seed=11)
+    for which in ("rowwise", "columnwise"):
+        assert_same_bits(mk.dequantize_mxfp8(t, dtype, which), ref.mxfp8.dequantize(t, dtype, which), nan_equal=True)
+
+
+def test_dequantize_layouts_agree():
+    x = _x(64, 128, seed=12)
+    outs = []
+    for layout in LAYOUTS:
+        q = mk.quantize_mxfp8(x, MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout=layout))
+        outs.append([mk.dequantize_mxfp8(q, torch.float32, which) for which in ("rowwise", "columnwise")])
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            assert_same_bits(b, a)
+
+
+def test_dequantize_every_element_written():
+    q = ref.mxfp8.quantize(_x(96, 160, seed=13), MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout="swizzled"))
+    for which in ("rowwise", "columnwise"):
+        out = torch.full((96, 160), float("nan"), dtype=torch.bfloat16)
+        mk.launch_mxfp8_dequantize(getattr(q, f"{which}_data"), getattr(q, f"{which}_scale"), out,
+                                   fp8_format="e4m3", scale_layout="swizzled", colwise=which == "columnwise")
+        assert_same_bits(out, ref.mxfp8.dequantize(q, torch.bfloat16, which))
+
+
+# ------------------------------------------------------------------------------- edge cases, errors
+def test_empty_inputs_launch_nothing(monkeypatch):
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("kernel launched for an empty input")
+
+    monkeypatch.setattr(mk, "_mxfp8_quantize_kernel", NoLaunch())
+    monkeypatch.setattr(mk, "_mxfp8_dequantize_kernel", NoLaunch())
+    for layout in LAYOUTS:
+        cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout=layout)
+        for shape in ((0, 64), (32, 0)):
+            x = torch.empty(shape, dtype=torch.bfloat16)
+            got, want = mk.quantize_mxfp8(x, cfg), ref.mxfp8.quantize(x, cfg)
+            assert_same_quantization(got, want)
+            for which in ("rowwise", "columnwise"):
+                assert mk.dequantize_mxfp8(got, torch.float32, which).shape == shape
+
+
+def test_bad_inputs():
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True)
+    with pytest.raises(ValueError, match=r"K\) must be a multiple of 32"):
+        mk.quantize_mxfp8(torch.zeros(32, 48), cfg)
+    with pytest.raises(ValueError, match=r"M\) must be a multiple of 32"):
+        mk.quantize_mxfp8(torch.zeros(48, 32), cfg)
+    with pytest.raises(TypeError, match="x2d must be a float32, bfloat16 or float16"):
+        mk.quantize_mxfp8(torch.zeros(32, 32, dtype=torch.int32), cfg)
+    with pytest.raises(TypeError, match="config must be an MXFP8QuantConfig"):
+        mk.quantize_mxfp8(torch.zeros(32, 32), "e4m3")
+    with pytest.raises(ValueError, match="x2d must be 2-D"):
+        mk.quantize_mxfp8(torch.zeros(32), cfg)
+    q = mk.quantize_mxfp8(torch.randn(32, 64), MXFP8QuantConfig())
+    with pytest.raises(ValueError, match="no columnwise copy"):
+        mk.dequantize_mxfp8(q, torch.float32, "columnwise")
+    with pytest.raises(ValueError, match="rowwise_scale must have shape"):
+        mk.dequantize_mxfp8(dataclasses.replace(q, rowwise_scale=q.rowwise_scale[:, :1]), torch.float32, "rowwise")
+    with pytest.raises(TypeError, match="rowwise_data must be a uint8"):
+        mk.dequantize_mxfp8(dataclasses.replace(q, rowwise_data=q.rowwise_data.float()), torch.float32, "rowwise")
+    with pytest.raises(ValueError, match="fp8_cast='hw' needs a CUDA tensor"):
+        mk.launch_mxfp8_quantize(torch.randn(32, 32), torch.empty(32, 32, dtype=torch.uint8), torch.empty(32, 1, dtype=torch.uint8),
+                                 None, None, fp8_format="e4m3", scale_layout="compact", fp8_cast="hw")
+
+
+def test_custom_ops_trace():
+    x = _x(64, 64, seed=14)
+    torch.library.opcheck(torch.ops.nvfp4lab.quantize_mxfp8.default, (x, True, True, "e5m2", "swizzled"))
+    q = ref.mxfp8.quantize(x, MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout="padded"))
+    torch.library.opcheck(torch.ops.nvfp4lab.dequantize_mxfp8.default,
+                          (q.columnwise_data, q.columnwise_scale, "e4m3", "padded", True, torch.bfloat16))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def round_trip(x):
+        rd, rs, cd, cs = torch.ops.nvfp4lab.quantize_mxfp8(x, True, True, "e4m3", "padded")
+        a = torch.ops.nvfp4lab.dequantize_mxfp8(rd, rs, "e4m3", "padded", False, torch.float32)
+        b = torch.ops.nvfp4lab.dequantize_mxfp8(cd, cs, "e4m3", "padded", True, torch.float32)
+        return a, b
+
+    a, b = round_trip(x)
+    assert_same_bits(a, ref.mxfp8.dequantize(q, torch.float32, "rowwise"))
+    assert_same_bits(b, ref.mxfp8.dequantize(q, torch.float32, "columnwise"))
+
+    # the Python entry points (checks, MXFP8Tensor, ops) trace whole as well
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout="swizzled")
+    whole = torch.compile(lambda x: mk.dequantize_mxfp8(mk.quantize_mxfp8(x, cfg), torch.float32, "columnwise"),
+                          fullgraph=True, backend="aot_eager")
+    assert_same_bits(whole(x), ref.mxfp8.dequantize(ref.mxfp8.quantize(x, cfg), torch.float32, "columnwise"))
+
+
+# ------------------------------------------------------------------------------------------- GPU tier
+def _gpu_golden() -> Path:
+    return Path(os.environ.get("NVFP4LAB_GOLDEN", Path(__file__).resolve().parents[2] / ".gpu" / "golden"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_cast", ["soft", "hw"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32])
+def test_gpu_quantize_large(fp8_cast, fmt, layout, in_dtype, monkeypatch):
+    monkeypatch.setattr(mk, "FP8_CAST", fp8_cast)
+    x = _x(4096, 3072, seed=15, dtype=in_dtype, device="cuda")
+    x[:32, :32] = 0.0
+    x[100, 200] = float("inf")
+    x[200, 100] = float("-inf")
+    x[64:96, 64:128] *= 1e-38
+    _quantize_both(x, fmt=fmt, layout=layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_cast", ["soft", "hw"])
+@pytest.mark.parametrize("shape", [(1000, 4096), (4096, 1000), (8192, 8192)])
+def test_gpu_quantize_odd_shapes(fp8_cast, shape, monkeypatch):
+    monkeypatch.setattr(mk, "FP8_CAST", fp8_cast)
+    m, k = shape
+    x = _x(m, k, seed=16, device="cuda")
+    _quantize_both(x, layout="swizzled", rowwise=k % 32 == 0, columnwise=m % 32 == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", OUT_DTYPES)
+def test_gpu_dequantize_random_bytes(fmt, layout, dtype):
+    t = _random_mxfp8(4096, 2048, fmt, layout, seed=17, device="cuda")
+    for which in ("rowwise", "columnwise"):
+        assert_same_bits(mk.dequantize_mxfp8(t, dtype, which), ref.mxfp8.dequantize(t, dtype, which), nan_equal=True)
+
+
+@pytest.mark.gpu
+def test_gpu_64bit_offsets():
+    """2^31 + 2^26 elements: the tail rows (beyond int32 offsets) against the reference."""
+    m, k = 34816, 65536
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True)
+    q = mk.quantize_mxfp8(x, cfg)
+    tail = ref.mxfp8.quantize(x[-64:], cfg)
+    assert torch.equal(q.rowwise_data[-64:], tail.rowwise_data) and torch.equal(q.rowwise_scale[-64:], tail.rowwise_scale)
+    assert torch.equal(q.columnwise_data[-64:], tail.columnwise_data) and torch.equal(q.columnwise_scale[-2:], tail.columnwise_scale)
+    out = mk.dequantize_mxfp8(q, torch.bfloat16, "columnwise")
+    assert_same_bits(out[-64:], ref.mxfp8.dequantize(tail, torch.bfloat16, "columnwise"))
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    x = _x(512, 1024, seed=18, device="cuda")
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout="swizzled")
+    mk.quantize_mxfp8(x, cfg)  # compile outside the capture
+    mk.dequantize_mxfp8(mk.quantize_mxfp8(x, cfg), torch.bfloat16, "columnwise")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q = mk.quantize_mxfp8(x, cfg)
+        out = mk.dequantize_mxfp8(q, torch.bfloat16, "columnwise")
+    q.rowwise_data.zero_()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    want = ref.mxfp8.quantize(x, cfg)
+    assert_same_quantization(q, want)
+    assert_same_bits(out, ref.mxfp8.dequantize(want, torch.bfloat16, "columnwise"))
+
+
+@pytest.mark.gpu
+def test_gpu_conformance_mxfp8_cases():
+    folders = [default_folder()] + ([_gpu_golden()] if _gpu_golden().is_dir() else [])
+    for folder in folders:
+        results = run_folder(folder, backend="triton", device="cuda", pattern="mxfp8_quantize_*")
+        assert results
+        failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+        assert not failed, failed
