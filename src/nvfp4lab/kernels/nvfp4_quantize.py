@@ -445,13 +445,20 @@ def _tile(m: int, k: int, *, rht: bool, four_over_six: bool) -> tuple[int, int, 
     return bm, bk, warps
 
 
+# Tests set this so that every byte the kernel should write but does not shows up as 0xFF.
+POISON_OUTPUTS = False
+
+
+def _uninitialized(shape, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=torch.uint8, device=device)
+    return out.fill_(0xFF) if POISON_OUTPUTS else out
+
+
 def _scale_buffer(rows: int, cols: int, layout: str, device) -> torch.Tensor:
     """Scale output for an (rows, cols) compact matrix; zero-filled only where padding exists."""
-    if layout == "compact":
-        return torch.empty(rows, cols, dtype=torch.uint8, device=device)
-    shape = (roundup(rows, 128), roundup(cols, 4))
+    shape = _scale_shape(rows, cols, layout)
     if shape == (rows, cols):
-        return torch.empty(shape, dtype=torch.uint8, device=device)
+        return _uninitialized(shape, device)
     return torch.zeros(shape, dtype=torch.uint8, device=device)
 
 
@@ -529,10 +536,11 @@ def nvfp4_quantize_cast(
     """
     m, k = x.shape
     dev = x.device
-    row_data = torch.empty(m, k // 2, dtype=torch.uint8, device=dev) if rowwise else torch.empty(0, dtype=torch.uint8, device=dev)
-    row_scale = _scale_buffer(m, k // 16, scale_layout, dev) if rowwise else torch.empty(0, dtype=torch.uint8, device=dev)
-    col_data = torch.empty(k, m // 2, dtype=torch.uint8, device=dev) if columnwise else torch.empty(0, dtype=torch.uint8, device=dev)
-    col_scale = _scale_buffer(k, m // 16, scale_layout, dev) if columnwise else torch.empty(0, dtype=torch.uint8, device=dev)
+    absent = torch.empty(0, dtype=torch.uint8, device=dev)
+    row_data = _uninitialized((m, k // 2), dev) if rowwise else absent
+    row_scale = _scale_buffer(m, k // 16, scale_layout, dev) if rowwise else absent.clone()
+    col_data = _uninitialized((k, m // 2), dev) if columnwise else absent.clone()
+    col_scale = _scale_buffer(k, m // 16, scale_layout, dev) if columnwise else absent.clone()
     if x.numel() == 0:
         return row_data, row_scale, col_data, col_scale
     rht = rht_sign_mask >= 0
