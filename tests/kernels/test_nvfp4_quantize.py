@@ -19,7 +19,8 @@ from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels.nvfp4_quantize import _seq_sum16, _tree_sum16
+from nvfp4lab.kernels._codecs import e2m1_decode
+from nvfp4lab.kernels.nvfp4_quantize import _dequant_4over6_fast, _seq_sum16, _tree_sum16
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -383,6 +384,57 @@ def test_error_sum_orders():
     assert torch.equal(seq.view(torch.int32), want_seq.view(torch.int32))
     assert torch.equal(tree.view(torch.int32), want_tree.view(torch.int32))
     assert not torch.equal(want_seq, want_tree), "inputs do not separate the two orders"
+
+
+@triton.jit
+def _dequant_probe_kernel(scale_ptr, amax_ptr, fast_ptr, exact_ptr, A: tl.constexpr, B: tl.constexpr, E6: tl.constexpr):
+    a = tl.arange(0, A)[:, None]
+    b = tl.arange(0, B)[None, :]
+    scale_f = tl.load(scale_ptr + a + b * 0)  # [A, B]: one E4M3 scale per row
+    outer = tl.load(amax_ptr + b + a * 0)  # [A, B]: one outer amax per column
+    codes = tl.zeros([A, B, 16], tl.int32) + tl.arange(0, 16)[None, None, :]
+    off = (a[:, :, None] * B + b[:, :, None]) * 16 + tl.arange(0, 16)[None, None, :]
+    tl.store(fast_ptr + off, _dequant_4over6_fast(codes, scale_f, outer, E6))
+    exact = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros([A, B, 16], tl.float32) + E6)
+    tl.store(exact_ptr + off, exact)
+
+
+@pytest.mark.parametrize("e4m3_max", [448.0, 256.0])
+def test_4over6_fast_dequant_is_exact_in_range(e4m3_max):
+    # every E4M3 scale (0..448) x every code x amaxes log-uniform over [2^-100, 2^100], the bounds and 0
+    scales = codecs.e4m3_decode(torch.arange(0, 128, dtype=torch.uint8))
+    scales = torch.cat([scales[:127], torch.zeros(1)])  # 0x7F is NaN: only from NaN inputs
+    g = torch.Generator().manual_seed(60)
+    amax = torch.exp2(torch.rand(60, generator=g) * 200 - 100) * (1 + torch.rand(60, generator=g))
+    amax = torch.cat([amax.clamp(2.0**-100, 2.0**100), torch.tensor([2.0**-100, 2.0**100, 0.0, 1.0])])
+    fast = torch.empty(128, 64, 16, device=DEV)
+    exact = torch.empty(128, 64, 16, device=DEV)
+    _dequant_probe_kernel[(1,)](scales.to(DEV), amax.to(DEV), fast, exact, 128, 64, 6.0 * e4m3_max, enable_fp_fusion=False)
+    assert torch.equal(fast.view(torch.int32), exact.view(torch.int32))
+
+
+@pytest.mark.parametrize("magnitude", [2.0**-120, 2.0**-97, 2.0**96, 2.0**110, 1e37])
+@pytest.mark.parametrize("kwargs", [
+    dict(four_over_six="mae", e4m3_max=256, rowwise=True, columnwise=True),
+    dict(block="16x16", four_over_six="mse", e4m3_max=448, rowwise=True, columnwise=True),
+])
+def test_4over6_extreme_magnitudes(magnitude, kwargs):
+    # amax outside [2^-100, 2^100] takes the per-element division; just inside it the fast path
+    x = normal_input((32, 64), torch.float32, seed=61)
+    x = x / x.abs().max() * magnitude
+    config = NVFP4QuantConfig(**kwargs)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{magnitude:g} {kwargs}")
+
+
+def test_4over6_per_token_mixed_rows():
+    # rows spanning 1e-38 .. 1e36 and zero rows: tiles mix fast and exact paths per token
+    x = normal_input((64, 64), torch.float32, seed=62)
+    row_scale = torch.logspace(-38, 36, 64, device=DEV).view(-1, 1)
+    x = x / x.abs().amax(dim=1, keepdim=True) * row_scale
+    x[5] = 0.0
+    for mode in ("mae", "mse"):
+        config = NVFP4QuantConfig(per_token=True, four_over_six=mode, rowwise=True, columnwise=True)
+        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), mode)
 
 
 # ----------------------------------------------------------------------------- conformance, compile

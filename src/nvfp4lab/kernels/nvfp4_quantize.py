@@ -188,7 +188,8 @@ def _sr_e2m1(y, rbytes):
     a = tl.abs(y)
     t = a + (rbytes.to(tl.float32) * 0.00390625) * _sr_step(a)  # u * step is exact
     st = _sr_step(t)
-    q = tl.floor(t * (1.0 / st)) * st  # st is a power of two: the product is the exact quotient
+    inv_st = tl.where(t < 2.0, 2.0, tl.where(t < 4.0, 1.0, 0.5))  # 1/st exactly, without a division
+    q = tl.floor(t * inv_st) * st
     q = tl.where(q > 6.0, 6.0, q)
     q = tl.where(y != y, 6.0, tl.where(y < 0.0, -q, q))
     return e2m1_encode(q)
@@ -202,9 +203,34 @@ def _pack_codes(codes):
 
 
 @triton.jit
-def _candidate_4over6(y3, base, s_dec, outer3, EXPAND: tl.constexpr, E6: tl.constexpr, MSE: tl.constexpr,
-                      A: tl.constexpr, B: tl.constexpr):
-    """One 4over6 candidate: codes [A, B, 16], scale bits [A, B], per-block-row error [A, B]."""
+def _dequant_4over6_fast(codes, scale_f, outer, E6: tl.constexpr):
+    """fl(fl(fl(q * s) * amax) / 6E) for every code, with three divisions per block instead of one per
+    element (the division dominates the 4over6 cost).
+
+    q = +-2^e * m with m in {1, 1.5} and e in {-1, 0, 1, 2}; q * s and m * s are exact (at most 5
+    significant bits), and scaling by 2^e commutes with fp32 rounding while every intermediate is a
+    normal number, so the value is +-2^e * fl(fl(fl(m * s) * amax) / 6E). The caller guarantees that
+    range (outer amax 0 or in [2^-100, 2^100]); zero codes take fl(fl(0 * s) * amax) / 6E.
+    """
+    e6 = tl.zeros_like(scale_f) + E6
+    v_one = tl.math.div_rn(scale_f * outer, e6)
+    v_three_halves = tl.math.div_rn((scale_f * 1.5) * outer, e6)
+    v_zero = tl.math.div_rn((scale_f * 0.0) * outer, e6)
+    idx = codes & 7  # magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
+    pow2 = ((((idx - 2) >> 1) + 127) << 23).to(tl.float32, bitcast=True)  # 2^e for idx 1..7
+    three_halves = ((idx & 1) == 1) & (idx >= 3)
+    mag = tl.where(three_halves, v_three_halves[:, :, None], v_one[:, :, None]) * pow2
+    mag = tl.where(idx == 0, v_zero[:, :, None], mag)
+    return tl.where((codes & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.constexpr, MSE: tl.constexpr,
+                      FAST: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """One 4over6 candidate: codes [A, B, 16], scale bits [A, B], per-block-row error [A, B].
+
+    outer: the outer amax, broadcastable to [A, B]. FAST: dequantize through _dequant_4over6_fast.
+    """
     if EXPAND:
         cand = base * 1.5
     else:
@@ -213,13 +239,25 @@ def _candidate_4over6(y3, base, s_dec, outer3, EXPAND: tl.constexpr, E6: tl.cons
     scale_f = e4m3_decode(scale)
     enc = _encode_factor(scale_f, s_dec)
     codes = e2m1_encode(y3 * enc[:, :, None])
-    val = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer3, tl.zeros_like(y3) + E6)
+    if FAST:
+        val = _dequant_4over6_fast(codes, scale_f, outer, E6)
+    else:
+        val = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros_like(y3) + E6)
     d = val - y3
     if MSE:
         term = d * d
     else:
         term = tl.abs(d)
     return codes, scale, _seq_sum16(term, A, B)
+
+
+@triton.jit
+def _fast_4over6_ok(outer):
+    """Scalar: every outer amax of the tile is 0 or in [2^-100, 2^100] (not NaN), the range in which
+    _dequant_4over6_fast is exact. Tiles outside it (denormal-scale or near-overflow data) take the
+    per-element division."""
+    in_range = (outer == 0.0) | ((outer >= 7.888609052210118e-31) & (outer <= 1.2676506002282294e30))
+    return tl.min(in_range.to(tl.int32)) == 1
 
 
 @triton.jit
@@ -265,7 +303,7 @@ def _rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.con
 @triton.jit
 def _amax_kernel(
     x_ptr, row_amax_ptr, col_amax_ptr, M, K,
-    ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, RHT_MASK: tl.constexpr,
+    ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr,
 ):
     """Folds max |x| of one tile into the int32 views of the amax buffers (zeroed by the caller)."""
@@ -281,7 +319,7 @@ def _amax_kernel(
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
     xf = x.to(tl.float32)
     abs_bits = _abs_bits(xf)
-    if (ROW_MODE == 1) or (COL_MODE == 1):
+    if TENSOR_AMAX:  # ROW_MODE == 1 or COL_MODE == 1
         t = tl.max(tl.max(abs_bits, axis=1), axis=0)
         t = tl.where(t > 0x7F800000, 0x7FC00000, t)
         if ROW_MODE == 1:
@@ -362,9 +400,12 @@ def _quantize_kernel(
                 codes = e2m1_encode(scaled)
         else:
             base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
-            outer3 = outer[:, :, None]
-            codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer3, False, E6, FOUR_OVER_SIX == 2, BLOCK_M, KB)
-            codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer3, True, E6, FOUR_OVER_SIX == 2, BLOCK_M, KB)
+            if _fast_4over6_ok(outer):
+                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
+                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
+            else:
+                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
+                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
             if BLOCK_2D:
                 # the 16 row errors of a 16x16 block, [G, 16, KB] -> tree over the 16 rows
                 e6 = _tree_sum16(tl.permute(tl.reshape(err6, [G, 16, KB]), (0, 2, 1)), G, KB)
@@ -406,9 +447,12 @@ def _quantize_kernel(
                 codes = e2m1_encode(scaled)
         else:
             base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
-            outer3 = outer[:, :, None]
-            codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer3, False, E6, FOUR_OVER_SIX == 2, G, BLOCK_K)
-            codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer3, True, E6, FOUR_OVER_SIX == 2, G, BLOCK_K)
+            if _fast_4over6_ok(outer):
+                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
+                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
+            else:
+                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
+                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
             if BLOCK_2D:
                 # the 16 column errors of a 16x16 block, [G, KB, 16] -> tree over the 16 columns
                 e6 = _tree_sum16(tl.reshape(err6, [G, KB, 16]), G, KB)
@@ -486,7 +530,7 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
     col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
     _amax_kernel[grid](
         x, row_view, col_view, m, k,
-        ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask,
+        ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode), RHT_MASK=rht_sign_mask,
         BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(),
         num_warps=warps, enable_fp_fusion=False,
     )
