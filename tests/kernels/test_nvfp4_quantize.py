@@ -19,7 +19,7 @@ from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels._codecs import e2m1_decode
+from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast
 from nvfp4lab.kernels.nvfp4_quantize import _dequant_4over6_fast, _seq_sum16, _tree_sum16
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
@@ -350,6 +350,37 @@ def test_sr_rowwise_and_columnwise_streams_differ():
     t = kq.quantize(x, NVFP4QuantConfig(**SR_CONFIGS["1x16"]), seed=3)
     assert torch.equal(t.rowwise_scale, t.columnwise_scale)
     assert not torch.equal(t.rowwise_data, t.columnwise_data)
+
+
+# ------------------------------------------------------------------------------- E2M1 encoder
+@triton.jit
+def _e2m1_probe_kernel(v_ptr, fast_ptr, slow_ptr, N: tl.constexpr):
+    off = tl.program_id(0) * N + tl.arange(0, N)
+    v = tl.load(v_ptr + off)
+    tl.store(fast_ptr + off, e2m1_encode_fast(v))
+    tl.store(slow_ptr + off, e2m1_encode(v))
+
+
+def test_e2m1_encode_fast_matches_reference():
+    # every bf16 pattern, +-1000 fp32 ulps around every rounding edge and region boundary (both
+    # signs), specials, and random fp32 bit patterns; checked against ref.codecs and _codecs.e2m1_encode
+    # (an offline run also compared all 2^32 fp32 patterns with _codecs.e2m1_encode)
+    parts = [torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.int16).to(torch.int32) << 16]
+    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 1e-38, 3.4e38]).view(torch.int32)
+    near = (edges.view(-1, 1) + torch.arange(-1000, 1000, dtype=torch.int32).view(1, -1)).flatten()
+    parts += [near, near | torch.tensor(-(2**31), dtype=torch.int32)]
+    parts.append(torch.tensor([0, -(2**31), 0x7F800000, -8388608, 0x7FC00000, -1, 1, 0x7F7FFFFF], dtype=torch.int32))
+    parts.append(torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=torch.Generator().manual_seed(70), dtype=torch.int32))
+    bits = torch.cat(parts)
+    n = 4096
+    bits = torch.cat([bits, torch.zeros((-bits.numel()) % n, dtype=torch.int32)])
+    v = bits.view(torch.float32).to(DEV)
+    fast = torch.empty(v.numel(), dtype=torch.int32, device=DEV)
+    slow = torch.empty_like(fast)
+    _e2m1_probe_kernel[(v.numel() // n,)](v, fast, slow, n)
+    want = codecs.e2m1_encode(v.cpu()).to(torch.int32)
+    assert torch.equal(slow.cpu(), want)
+    assert torch.equal(fast.cpu(), want)
 
 
 # ------------------------------------------------------------------------- summation-order helpers

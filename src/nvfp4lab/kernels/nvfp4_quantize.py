@@ -12,14 +12,19 @@ Two passes over x (M, K), both tiled [BLOCK_M, BLOCK_K]:
    [BLOCK_M/16, 16, BLOCK_K]) for columnwise blocks, so one block = the last axis in both directions.
 
 Layout (see :mod:`nvfp4lab.tensors`): rowwise data (M, K/2) and columnwise data (K, M/2) are written
-as int64 words, one per 16-element block (code i in bits 4i..4i+3 = element 2j in the low nibble of
-byte j on a little-endian device). Scales are written as E4M3 bytes in the compact (R, C/16), padded
+as two int32 words per 16-element block (code i in bits 4(i%8).. of word i//8 = element 2j in the low
+nibble of byte j on a little-endian device). Scales are written as E4M3 bytes in the compact (R, C/16), padded
 (roundup(R,128), roundup(C/16,4)) or swizzled 128x4 layout (``ref.swizzle``); padded buffers are
 zero-filled beforehand only when padding exists.
 
 Numerics are those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32: divisions use ``div_rn`` (Triton's
 ``/`` is not IEEE on every version), launches pass ``enable_fp_fusion=False`` (an FMA would merge the
-4over6 ``err + d*d``), block amax is an integer max of |x| bits, and E2M1/E4M3 come from ``_codecs``.
+4over6 ``err + d*d``), block amax is an integer max of |x| bits, and E2M1/E4M3 come from ``_codecs``
+(``e2m1_encode_fast``: the same codes as ``e2m1_encode`` for all 2^32 inputs, half the instructions;
+Hopper has no E2M1 convert, so the encoder bounds the kernel's instruction count). No per-element
+division remains: 4over6 dequantizes each candidate with three divisions per block
+(``_dequant_4over6_fast``, exact while the outer amax is 0 or in [2^-100, 2^100]; other tiles take
+the per-element division).
 The RHT is a ``tl.dot`` of a block-diagonal [BLOCK_M, BLOCK_M] matrix (16x16 blocks T^T, entries
 +-0.25) with the tile rounded to bf16, fp32 accumulation, result rounded to bf16 by integer RNE (the
 interpreter truncates on casts to bf16, and its bf16 ``tl.dot`` is wrong, so it uses an fp32 dot of the
@@ -46,7 +51,7 @@ import triton.language as tl
 from ..config import NVFP4QuantConfig
 from ..ref.swizzle import roundup
 from ..tensors import NVFP4Tensor
-from ._codecs import e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode
+from ._codecs import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH = tl.constexpr(float(np.float32(1.0 / 6.0)))  # fl(1/6), folded into S_enc first (spec 3.1)
@@ -192,14 +197,14 @@ def _sr_e2m1(y, rbytes):
     q = tl.floor(t * inv_st) * st
     q = tl.where(q > 6.0, 6.0, q)
     q = tl.where(y != y, 6.0, tl.where(y < 0.0, -q, q))
-    return e2m1_encode(q)
+    return e2m1_encode_fast(q)
 
 
 @triton.jit
-def _pack_codes(codes):
-    """[A, B, 16] E2M1 codes -> [A, B] int64, code i in bits 4i..4i+3."""
-    shift = (tl.arange(0, 16) * 4).to(tl.int64)[None, None, :]
-    return tl.sum(codes.to(tl.int64) << shift, axis=2)
+def _pack_codes(codes, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 16] E2M1 codes -> [A, B, 2] int32 words, code i in bits 4(i%8).. of word i//8."""
+    shift = ((tl.arange(0, 16) % 8) * 4)[None, None, :]
+    return tl.sum(tl.reshape(codes << shift, [A, B, 2, 8]), axis=3)
 
 
 @triton.jit
@@ -238,7 +243,7 @@ def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.const
     scale = e4m3_encode(tl.where(cand > E4M3_MAX, E4M3_MAX, cand))
     scale_f = e4m3_decode(scale)
     enc = _encode_factor(scale_f, s_dec)
-    codes = e2m1_encode(y3 * enc[:, :, None])
+    codes = e2m1_encode_fast(y3 * enc[:, :, None])
     if FAST:
         val = _dequant_4over6_fast(codes, scale_f, outer, E6)
     else:
@@ -397,7 +402,7 @@ def _quantize_kernel(
                 rbytes = _random_bytes(seed, rows[:, None] * k_blocks + blks[None, :], 0)
                 codes = _sr_e2m1(scaled, rbytes)
             else:
-                codes = e2m1_encode(scaled)
+                codes = e2m1_encode_fast(scaled)
         else:
             base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
             if _fast_4over6_ok(outer):
@@ -416,7 +421,9 @@ def _quantize_kernel(
             scale = tl.where(pick4, scale4, scale6)
             codes = tl.where(pick4[:, :, None], codes4, codes6)
         ok = row_ok[:, None] & blk_ok[None, :]
-        tl.store(row_data_ptr + rows[:, None] * k_blocks + blks[None, :], _pack_codes(codes), mask=ok)
+        half = tl.arange(0, 2)[None, None, :]
+        word = (rows[:, None] * k_blocks + blks[None, :]) * 2
+        tl.store(row_data_ptr + word[:, :, None] + half, _pack_codes(codes, BLOCK_M, KB), mask=ok[:, :, None])
         soff = _scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT)
         tl.store(row_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
 
@@ -444,7 +451,7 @@ def _quantize_kernel(
                 rbytes = _random_bytes(seed, cols[None, :] * m_blocks + groups[:, None], 1)
                 codes = _sr_e2m1(scaled, rbytes)
             else:
-                codes = e2m1_encode(scaled)
+                codes = e2m1_encode_fast(scaled)
         else:
             base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
             if _fast_4over6_ok(outer):
@@ -463,7 +470,9 @@ def _quantize_kernel(
             scale = tl.where(pick4, scale4, scale6)
             codes = tl.where(pick4[:, :, None], codes4, codes6)
         ok = group_ok[:, None] & col_ok[None, :]
-        tl.store(col_data_ptr + cols[None, :] * m_blocks + groups[:, None], _pack_codes(codes), mask=ok)
+        half = tl.arange(0, 2)[None, None, :]
+        word = (cols[None, :] * m_blocks + groups[:, None]) * 2
+        tl.store(col_data_ptr + word[:, :, None] + half, _pack_codes(codes, G, BLOCK_K), mask=ok[:, :, None])
         soff = _scale_offsets(cols[None, :], groups[:, None], m_blocks, LAYOUT)
         tl.store(col_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
 
@@ -593,9 +602,9 @@ def nvfp4_quantize_cast(
     any_f32 = row_amax if row_amax is not None else col_amax
     _quantize_kernel[grid](
         x,
-        row_data.view(torch.int64) if rowwise else col_data.view(torch.int64),
+        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
         row_scale if rowwise else col_scale,
-        col_data.view(torch.int64) if columnwise else row_data.view(torch.int64),
+        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
         col_scale if columnwise else row_scale,
         row_amax if row_amax is not None else any_f32,
         col_amax if col_amax is not None else any_f32,
