@@ -132,3 +132,22 @@ def f32_to_bf16_rne(v):
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     rounded = tl.where(v != v, 0x7FC0, rounded)
     return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e2m1_encode_fast(v):
+    """Same codes as :func:`e2m1_encode` for every fp32 input, in about half the instructions.
+
+    |v| is scaled onto an integer grid per binade range (x2 below 2, x1 below 4, x0.5 above; exact
+    powers of two), rounded to an integer with ties to even by adding 1.5 * 2^23, and offset to the
+    E2M1 index (the grid's even codes are its even integers, so RNE ties match); then saturated at 7.
+    """
+    a = tl.abs(v)
+    below2 = a < 2.0
+    below4 = a < 4.0
+    t = a * tl.where(below2, 2.0, tl.where(below4, 1.0, 0.5))
+    # bits(1.5 * 2^23 + n) = 0x4B400000 + n; the region offsets 0, 2, 4 are folded into the base
+    base = tl.where(below2, 0x4B400000, tl.where(below4, 0x4B400000 - 2, 0x4B400000 - 4))
+    idx = tl.minimum((t + 12582912.0).to(tl.int32, bitcast=True) - base, 7)
+    code = tl.where(v < 0, idx | 8, idx)
+    return tl.where(v != v, 0, code)

@@ -1,0 +1,207 @@
+"""Benchmark of the Triton NVFP4 quantize (kernels/nvfp4_quantize.py) on CUDA.
+
+For each recipe and shape (bf16 x of M x K) it reports, all medians of ``triton.testing.do_bench``
+(L2 flushed between runs):
+
+* full_us    quantize() with the amax pass, replayed from a CUDA graph (pure GPU time)
+* eager_us   the same quantize() call launched eagerly (adds Python/dispatch overhead)
+* amax_us    the amax pass alone (graph);  cast_us  the cast kernel alone with amax given (graph)
+* GB/s       minimum bytes / full time: read x once, write data + compact scales of each output
+* %copy      time of a device-to-device copy moving the same bytes / our time (full, and cast only)
+* ref_*      torch.compile(ref.nvfp4.quantize) eager and CUDA-graph replay, and our speed-up over each
+
+Usage (from the repo root):  PYTHONPATH=src python benchmarks/quantize.py [--quick] [--out FILE]
+``--quick`` runs 8192x8192 only; ``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` overrides the
+kernel tile (same as env NVFP4LAB_QUANT_TILE); ``--no-baseline`` skips the torch.compile reference.
+The table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+
+import torch
+import torch._dynamo
+import triton
+import triton.testing
+
+from nvfp4lab import NVFP4QuantConfig
+from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
+
+RECIPES = {
+    "tensor-1x16-row": dict(rowwise=True),
+    "tensor-1x16-rowcol": dict(rowwise=True, columnwise=True),
+    "tensor-16x16-rowcol": dict(block="16x16", rowwise=True, columnwise=True),
+    "rht(col)+row": dict(rowwise=True, columnwise=True, rht=True),
+    "rht+sr": dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True),
+    "pertoken-rowcol": dict(per_token=True, rowwise=True, columnwise=True),
+    "4over6-mae256-rowcol": dict(four_over_six="mae", e4m3_max=256, rowwise=True, columnwise=True),
+}
+MS = (1024, 4096, 8192, 16384, 32768)
+DEVICE = "cuda"
+KS = (2048, 4096, 8192)
+
+
+def bench(fn) -> float:
+    """Median milliseconds."""
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def graphed(fn):
+    """Capture fn() in a CUDA graph (after warm-up on a side stream); returns replay()."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def min_bytes(m: int, k: int, config: NVFP4QuantConfig, x_bytes: int) -> int:
+    per_side = m * k // 2 + m * k // 16  # packed E2M1 + compact E4M3 scales
+    return m * k * x_bytes + per_side * (int(config.rowwise) + int(config.columnwise))
+
+
+def cast_only_fn(x, config):
+    """The cast kernel with precomputed amaxes (what quantize() launches after the amax pass)."""
+    t = kq.quantize(x, config)
+    row_amax, col_amax = t.rowwise_amax, t.columnwise_amax
+    seed_tensor = kq.draw_seed(x.device) if config.stochastic_rounding else None
+    args = (
+        x, row_amax, col_amax, seed_tensor, 0, config.rowwise, config.columnwise, config.block == "16x16",
+        config.per_token, config.rht_sign_mask if config.rht else -1, kq._FOUR_OVER_SIX_CODES[config.four_over_six],
+        config.e4m3_max, config.stochastic_rounding, config.scale_layout,
+    )
+    return lambda: kq.nvfp4_quantize_cast(*args)
+
+
+def amax_only_fn(x, config):
+    row_mode, col_mode = kq._amax_modes(config, None, None)
+    mask = config.rht_sign_mask if config.rht else 0
+    return lambda: kq.nvfp4_amax(x, row_mode, col_mode, mask)
+
+
+def run_one(name, m, k, copy_cache, baseline, compiled_refs):
+    config = NVFP4QuantConfig(**RECIPES[name])
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    nbytes = min_bytes(m, k, config, x.element_size())
+    if nbytes not in copy_cache:
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEVICE)
+        dst = torch.empty_like(src)
+        copy_cache[nbytes] = bench(lambda: dst.copy_(src))  # reads + writes nbytes in all
+        del src, dst
+    copy_ms = copy_cache[nbytes]
+
+    full = lambda: kq.quantize(x, config)  # noqa: E731
+    eager_ms = bench(full)
+    full_ms = bench(graphed(full))
+    amax_ms = bench(graphed(amax_only_fn(x, config)))
+    cast_ms = bench(graphed(cast_only_fn(x, config)))
+    row = dict(
+        recipe=name, M=m, K=k, full_us=full_ms * 1e3, eager_us=eager_ms * 1e3, amax_us=amax_ms * 1e3,
+        cast_us=cast_ms * 1e3, GBps=nbytes / full_ms / 1e6, copy_us=copy_ms * 1e3,
+        pct_copy_full=100 * copy_ms / full_ms, pct_copy_cast=100 * copy_ms / cast_ms,
+    )
+    if baseline:
+        if name not in compiled_refs:
+            # dynamic shapes: one compile per recipe; not with SR (torch.randint with a generator
+            # argument cannot take symbolic sizes), which recompiles per shape
+            dynamic = not config.stochastic_rounding
+            compiled_refs[name] = torch.compile(lambda inp, cfg=config: ref_nvfp4.quantize(inp, cfg), dynamic=dynamic)
+        ref_fn = compiled_refs[name]
+        row["ref_eager_us"] = row["ref_graph_us"] = math.nan
+        try:
+            ref_fn(x)
+            row["ref_eager_us"] = bench(lambda: ref_fn(x)) * 1e3
+            row["ref_graph_us"] = bench(graphed(lambda: ref_fn(x))) * 1e3
+        except Exception as exc:  # noqa: BLE001 - a failing baseline is reported, the sweep goes on
+            print(f"  [{name} {m}x{k}] compiled reference failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        row["speedup_eager"] = row["ref_eager_us"] / row["eager_us"]
+        row["speedup_graph"] = row["ref_graph_us"] / row["full_us"]
+    del x
+    torch.cuda.empty_cache()
+    return row
+
+
+COLUMNS = [
+    ("recipe", "{:<21}"), ("M", "{:>6}"), ("K", "{:>5}"), ("full_us", "{:>8.1f}"), ("eager_us", "{:>8.1f}"),
+    ("amax_us", "{:>7.1f}"), ("cast_us", "{:>7.1f}"), ("GBps", "{:>6.0f}"), ("pct_copy_full", "{:>6.1f}"),
+    ("pct_copy_cast", "{:>6.1f}"), ("ref_eager_us", "{:>9.1f}"), ("ref_graph_us", "{:>9.1f}"),
+    ("speedup_eager", "{:>6.1f}"), ("speedup_graph", "{:>6.1f}"),
+]
+HEADERS = {"pct_copy_full": "%cpyF", "pct_copy_cast": "%cpyC", "speedup_eager": "xEagr", "speedup_graph": "xGrph"}
+
+
+def format_table(rows) -> str:
+    cols = [(c, f, int(re.search(r"\d+", f).group())) for c, f in COLUMNS if any(c in r for r in rows)]
+    lines = [" ".join(HEADERS.get(c, c).ljust(w) if c == "recipe" else HEADERS.get(c, c).rjust(w) for c, _, w in cols)]
+    for r in rows:
+        lines.append(" ".join(f.format(r[c]) if c in r else " " * w for c, f, w in cols))
+    return "\n".join(lines)
+
+
+def markdown_table(rows) -> str:
+    cols = [c for c, _ in COLUMNS if any(c in r for r in rows)]
+    out = ["| " + " | ".join(HEADERS.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="8192x8192 only")
+    parser.add_argument("--out", help="write results to this .json or .md file")
+    parser.add_argument("--tile", help="BMxBKxWARPS tile override for every kernel (NVFP4LAB_QUANT_TILE)")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated subset of: " + ", ".join(RECIPES))
+    parser.add_argument("--no-baseline", action="store_true", help="skip the torch.compile reference")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/quantize.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    if args.tile:
+        os.environ["NVFP4LAB_QUANT_TILE"] = args.tile
+    shapes = [(8192, 8192)] if args.quick else [(m, k) for m in MS for k in KS]
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        parser.error(f"unknown recipes {unknown}; choose from {list(RECIPES)}")
+    for limit in ("recompile_limit", "cache_size_limit"):  # the static-shape SR baseline recompiles per shape
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+    rows, copy_cache, compiled_refs = [], {}, {}
+    t0 = time.time()
+    for name in recipes:
+        for m, k in shapes:
+            row = run_one(name, m, k, copy_cache, not args.no_baseline, compiled_refs)
+            rows.append(row)
+            print(f"  {name} {m}x{k}: full {row['full_us']:.1f} us ({row['pct_copy_full']:.0f}% of copy), "
+                  f"cast {row['cast_us']:.1f} us, amax {row['amax_us']:.1f} us", file=sys.stderr, flush=True)
+    device = torch.cuda.get_device_name()
+    meta = dict(device=device, torch=torch.__version__, triton=triton.__version__, tile=args.tile or "default",
+                seconds=round(time.time() - t0, 1))
+    if args.out:
+        if args.out.endswith(".json"):
+            with open(args.out, "w") as f:
+                json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        else:
+            with open(args.out, "w") as f:
+                f.write(f"# NVFP4 quantize benchmark\n\n{json.dumps(meta)}\n\n{markdown_table(rows)}\n")
+    print(f"\nNVFP4 quantize, bf16 input, {device}, torch {torch.__version__}, triton {triton.__version__}, tile {meta['tile']}")
+    print("full = amax pass + cast (CUDA graph); %cpyF/%cpyC = copy time of the same bytes / full or cast-only time")
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

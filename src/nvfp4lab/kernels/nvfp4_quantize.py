@@ -1,0 +1,700 @@
+"""NVFP4 quantize kernels: rowwise and columnwise outputs of every recipe from one read of x.
+
+Two passes over x (M, K), both tiled [BLOCK_M, BLOCK_K]:
+
+1. ``_amax_kernel`` (only when an outer amax is not supplied): per-tensor amax, per-row amax (M,),
+   per-column amax (K,), or the per-tensor amax of the bf16 RHT output, each folded into an fp32
+   buffer with ``atomic_max`` on its int32 view (|x| >= 0, so int order is float order; NaN bits are
+   above inf and win, as torch.amax propagates NaN).
+2. ``_quantize_kernel``: loads one tile, quantizes its rows (1x16 blocks along K) and its columns
+   (1x16 blocks along M, i.e. rows of x^T) from registers, and writes both outputs. The tile is viewed
+   as [BLOCK_M, BLOCK_K/16, 16] for rowwise blocks and as [BLOCK_M/16, BLOCK_K, 16] (a permuted view of
+   [BLOCK_M/16, 16, BLOCK_K]) for columnwise blocks, so one block = the last axis in both directions.
+
+Layout (see :mod:`nvfp4lab.tensors`): rowwise data (M, K/2) and columnwise data (K, M/2) are written
+as two int32 words per 16-element block (code i in bits 4(i%8).. of word i//8 = element 2j in the low
+nibble of byte j on a little-endian device). Scales are written as E4M3 bytes in the compact (R, C/16), padded
+(roundup(R,128), roundup(C/16,4)) or swizzled 128x4 layout (``ref.swizzle``); padded buffers are
+zero-filled beforehand only when padding exists.
+
+Numerics are those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32: divisions use ``div_rn`` (Triton's
+``/`` is not IEEE on every version), launches pass ``enable_fp_fusion=False`` (an FMA would merge the
+4over6 ``err + d*d``), block amax is an integer max of |x| bits, and E2M1/E4M3 come from ``_codecs``
+(``e2m1_encode_fast``: the same codes as ``e2m1_encode`` for all 2^32 inputs, half the instructions;
+Hopper has no E2M1 convert, so the encoder bounds the kernel's instruction count). No per-element
+division remains: 4over6 dequantizes each candidate with three divisions per block
+(``_dequant_4over6_fast``, exact while the outer amax is 0 or in [2^-100, 2^100]; other tiles take
+the per-element division).
+The RHT is a ``tl.dot`` of a block-diagonal [BLOCK_M, BLOCK_M] matrix (16x16 blocks T^T, entries
++-0.25) with the tile rounded to bf16, fp32 accumulation, result rounded to bf16 by integer RNE (the
+interpreter truncates on casts to bf16, and its bf16 ``tl.dot`` is wrong, so it uses an fp32 dot of the
+same exact values). Stochastic rounding draws Philox4x32-10 (``tl.philox``): key = seed, counter =
+(block index lo, block index hi, stream, 0) with stream 0 for rowwise and 1 for columnwise blocks;
+word w of a block gives elements 4w..4w+3, byte b to element 4w+b (TE's mapping).
+
+Constraints: x contiguous (M, K) bf16/fp16/fp32; K % 16 == 0; M % 16 == 0 when a columnwise or 16x16
+output is asked (rowwise 1x16 takes any M). Offsets are 64-bit. Empty inputs launch nothing.
+Public launchers are ``torch.library`` custom ops (``nvfp4lab::nvfp4_amax``,
+``nvfp4lab::nvfp4_quantize_cast``) with fake implementations, so ``torch.compile(fullgraph=True)`` and
+CUDA graphs work: no host sync, seeds for stochastic rounding can live on the device.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..config import NVFP4QuantConfig
+from ..ref.swizzle import roundup
+from ..tensors import NVFP4Tensor
+from ._codecs import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
+
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+ONE_SIXTH = tl.constexpr(float(np.float32(1.0 / 6.0)))  # fl(1/6), folded into S_enc first (spec 3.1)
+E4M3_MAX = tl.constexpr(448.0)
+
+_LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
+_FOUR_OVER_SIX_CODES = {None: 0, "mae": 1, "mse": 2}
+# amax modes of the two outputs (see nvfp4_amax)
+AMAX_NONE, AMAX_TENSOR, AMAX_PER_TOKEN, AMAX_TENSOR_RHT = 0, 1, 2, 3
+
+
+# ------------------------------------------------------------------------------ device helpers
+@triton.jit
+def _abs_bits(v):
+    return v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _clamp_flt_max(v):
+    # not tl.minimum: on the GPU it returns the non-NaN operand, torch.clamp keeps the NaN
+    return tl.where(v > FLT_MAX, FLT_MAX, v)
+
+
+@triton.jit
+def _bf16_rne(v):
+    """fp32 -> the fp32 value of its round-to-nearest-even bf16 (bit arithmetic, same on every backend)."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    rounded = tl.where(v != v, 0x7FC00000, rounded)
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _global_scales(amax, E6: tl.constexpr):
+    """S_enc = clamp(6E / amax) (1 for amax 0 or inf), S_dec = 1 / S_enc."""
+    s_enc = _clamp_flt_max(tl.math.div_rn(tl.zeros_like(amax) + E6, amax))
+    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    s_dec = tl.math.div_rn(tl.zeros_like(s_enc) + 1.0, s_enc)
+    return s_enc, s_dec
+
+
+@triton.jit
+def _encode_factor(scale_f, s_dec):
+    """min(1 / (s * S_dec), FLT_MAX); a zero scale gives FLT_MAX."""
+    return _clamp_flt_max(tl.math.div_rn(tl.zeros_like(scale_f) + 1.0, scale_f * s_dec))
+
+
+@triton.jit
+def _block_amax(v3):
+    """[A, B, 16] -> [A, B]: max |v| by integer max of the magnitude bits (NaN propagates)."""
+    return tl.max(_abs_bits(v3), axis=2).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_last(t, A: tl.constexpr, B: tl.constexpr, L: tl.constexpr):
+    """[A, B, L] -> (even, odd) elements of the last axis, each [A, B, L/2] ([A, B] when L == 2)."""
+    if L == 2:
+        pair = t
+    else:
+        pair = tl.reshape(t, [A, B, L // 2, 2])
+    return tl.split(pair)
+
+
+@triton.jit
+def _halves_last(t, A: tl.constexpr, B: tl.constexpr, L: tl.constexpr):
+    """[A, B, L] -> (first half, second half) of the last axis, each [A, B, L/2]."""
+    return tl.split(tl.permute(tl.reshape(t, [A, B, 2, L // 2]), (0, 1, 3, 2)))
+
+
+@triton.jit
+def _seq_sum16(t, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 16] -> [A, B]: fp32 sum of the last axis in index order, (((t0 + t1) + t2) + ...)."""
+    ev, od = _split_last(t, A, B, 16)  # 0,2,..,14 | 1,3,..,15
+    e0, e2 = _split_last(ev, A, B, 8)  # 0,4,8,12 | 2,6,10,14
+    o1, o3 = _split_last(od, A, B, 8)  # 1,5,9,13 | 3,7,11,15
+    a0, a4 = _split_last(e0, A, B, 4)  # 0,8 | 4,12
+    a2, a6 = _split_last(e2, A, B, 4)  # 2,10 | 6,14
+    a1, a5 = _split_last(o1, A, B, 4)  # 1,9 | 5,13
+    a3, a7 = _split_last(o3, A, B, 4)  # 3,11 | 7,15
+    t0, t8 = _split_last(a0, A, B, 2)
+    t4, t12 = _split_last(a4, A, B, 2)
+    t2, t10 = _split_last(a2, A, B, 2)
+    t6, t14 = _split_last(a6, A, B, 2)
+    t1, t9 = _split_last(a1, A, B, 2)
+    t5, t13 = _split_last(a5, A, B, 2)
+    t3, t11 = _split_last(a3, A, B, 2)
+    t7, t15 = _split_last(a7, A, B, 2)
+    s = t0 + t1
+    s = s + t2
+    s = s + t3
+    s = s + t4
+    s = s + t5
+    s = s + t6
+    s = s + t7
+    s = s + t8
+    s = s + t9
+    s = s + t10
+    s = s + t11
+    s = s + t12
+    s = s + t13
+    s = s + t14
+    s = s + t15
+    return s
+
+
+@triton.jit
+def _tree_sum16(t, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 16] -> [A, B]: shuffle-down tree (offsets 8, 4, 2, 1) as TE reduces 2D 4over6 errors."""
+    lo, hi = _halves_last(t, A, B, 16)
+    t8 = lo + hi
+    lo, hi = _halves_last(t8, A, B, 8)
+    t4 = lo + hi
+    lo, hi = _halves_last(t4, A, B, 4)
+    t2 = lo + hi
+    lo, hi = _split_last(t2, A, B, 2)
+    return lo + hi
+
+
+@triton.jit
+def _random_bytes(seed, counter, STREAM: tl.constexpr):
+    """[A, B] int64 block counters -> [A, B, 16] int32 random bytes from one Philox block per block."""
+    lo = (counter & 0xFFFFFFFF).to(tl.uint32)
+    hi = (counter >> 32).to(tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, lo, hi, tl.zeros_like(lo) + STREAM, tl.zeros_like(lo))
+    jj = tl.arange(0, 16)[None, None, :]
+    w = tl.where(jj < 4, w0[:, :, None], tl.where(jj < 8, w1[:, :, None], tl.where(jj < 12, w2[:, :, None], w3[:, :, None])))
+    w = w.to(tl.int32, bitcast=True)
+    return (w >> ((jj % 4) * 8)) & 0xFF
+
+
+@triton.jit
+def _sr_step(a):
+    return tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+
+
+@triton.jit
+def _sr_e2m1(y, rbytes):
+    """Stochastic rounding onto the E2M1 grid (ref.nvfp4.stochastic_round_e2m1); NaN -> +6."""
+    a = tl.abs(y)
+    t = a + (rbytes.to(tl.float32) * 0.00390625) * _sr_step(a)  # u * step is exact
+    st = _sr_step(t)
+    inv_st = tl.where(t < 2.0, 2.0, tl.where(t < 4.0, 1.0, 0.5))  # 1/st exactly, without a division
+    q = tl.floor(t * inv_st) * st
+    q = tl.where(q > 6.0, 6.0, q)
+    q = tl.where(y != y, 6.0, tl.where(y < 0.0, -q, q))
+    return e2m1_encode_fast(q)
+
+
+@triton.jit
+def _pack_codes(codes, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 16] E2M1 codes -> [A, B, 2] int32 words, code i in bits 4(i%8).. of word i//8."""
+    shift = ((tl.arange(0, 16) % 8) * 4)[None, None, :]
+    return tl.sum(tl.reshape(codes << shift, [A, B, 2, 8]), axis=3)
+
+
+@triton.jit
+def _dequant_4over6_fast(codes, scale_f, outer, E6: tl.constexpr):
+    """fl(fl(fl(q * s) * amax) / 6E) for every code, with three divisions per block instead of one per
+    element (the division dominates the 4over6 cost).
+
+    q = +-2^e * m with m in {1, 1.5} and e in {-1, 0, 1, 2}; q * s and m * s are exact (at most 5
+    significant bits), and scaling by 2^e commutes with fp32 rounding while every intermediate is a
+    normal number, so the value is +-2^e * fl(fl(fl(m * s) * amax) / 6E). The caller guarantees that
+    range (outer amax 0 or in [2^-100, 2^100]); zero codes take fl(fl(0 * s) * amax) / 6E.
+    """
+    e6 = tl.zeros_like(scale_f) + E6
+    v_one = tl.math.div_rn(scale_f * outer, e6)
+    v_three_halves = tl.math.div_rn((scale_f * 1.5) * outer, e6)
+    v_zero = tl.math.div_rn((scale_f * 0.0) * outer, e6)
+    idx = codes & 7  # magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
+    pow2 = ((((idx - 2) >> 1) + 127) << 23).to(tl.float32, bitcast=True)  # 2^e for idx 1..7
+    three_halves = ((idx & 1) == 1) & (idx >= 3)
+    mag = tl.where(three_halves, v_three_halves[:, :, None], v_one[:, :, None]) * pow2
+    mag = tl.where(idx == 0, v_zero[:, :, None], mag)
+    return tl.where((codes & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.constexpr, MSE: tl.constexpr,
+                      FAST: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """One 4over6 candidate: codes [A, B, 16], scale bits [A, B], per-block-row error [A, B].
+
+    outer: the outer amax, broadcastable to [A, B]. FAST: dequantize through _dequant_4over6_fast.
+    """
+    if EXPAND:
+        cand = base * 1.5
+    else:
+        cand = base
+    scale = e4m3_encode(tl.where(cand > E4M3_MAX, E4M3_MAX, cand))
+    scale_f = e4m3_decode(scale)
+    enc = _encode_factor(scale_f, s_dec)
+    codes = e2m1_encode_fast(y3 * enc[:, :, None])
+    if FAST:
+        val = _dequant_4over6_fast(codes, scale_f, outer, E6)
+    else:
+        val = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros_like(y3) + E6)
+    d = val - y3
+    if MSE:
+        term = d * d
+    else:
+        term = tl.abs(d)
+    return codes, scale, _seq_sum16(term, A, B)
+
+
+@triton.jit
+def _fast_4over6_ok(outer):
+    """Scalar: every outer amax of the tile is 0 or in [2^-100, 2^100] (not NaN), the range in which
+    _dequant_4over6_fast is exact. Tiles outside it (denormal-scale or near-overflow data) take the
+    per-element division."""
+    in_range = (outer == 0.0) | ((outer >= 7.888609052210118e-31) & (outer <= 1.2676506002282294e30))
+    return tl.min(in_range.to(tl.int32)) == 1
+
+
+@triton.jit
+def _scale_offsets(i, j, ncols, LAYOUT: tl.constexpr):
+    """Offset of scale (i, j) of an (R, ncols) matrix in the compact / padded / swizzled buffer."""
+    if LAYOUT == 0:
+        off = i * ncols + j
+    else:
+        cols_p = (ncols + 3) // 4 * 4
+        if LAYOUT == 1:
+            off = i * cols_p + j
+        else:
+            off = ((i // 128) * (cols_p // 4) + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+    return off
+
+
+@triton.jit
+def _rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.constexpr, DOT_BF16: tl.constexpr):
+    """bf16(v @ T) for every 16-row group v of each column of the tile (the RHT of x^T's rows), fp32 out.
+
+    Done as D @ X with D = blockdiag(T^T): D[16g+j, 16g+i] = T[i, j] = s_i * H[i, j] / 4.
+    """
+    r = tl.arange(0, BLOCK_M)[:, None]
+    c = tl.arange(0, BLOCK_M)[None, :]
+    i = c % 16
+    p = i & (r % 16)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    negative = ((p ^ (RHT_MASK >> i)) & 1) != 0
+    d = tl.where((r // 16) == (c // 16), tl.where(negative, -0.25, 0.25), 0.0)
+    if IS_BF16:
+        xb = xf
+    else:
+        xb = _bf16_rne(xf)
+    if DOT_BF16:
+        y = tl.dot(d.to(tl.bfloat16), xb.to(tl.bfloat16), out_dtype=tl.float32)
+    else:
+        y = tl.dot(d, xb, out_dtype=tl.float32)
+    return _bf16_rne(y)
+
+
+# ------------------------------------------------------------------------------------ kernels
+@triton.jit
+def _amax_kernel(
+    x_ptr, row_amax_ptr, col_amax_ptr, M, K,
+    ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr,
+):
+    """Folds max |x| of one tile into the int32 views of the amax buffers (zeroed by the caller)."""
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    pid_m = pid // n_k
+    pid_k = pid % n_k
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    row_ok = rows < M
+    col_ok = cols < K
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+    xf = x.to(tl.float32)
+    abs_bits = _abs_bits(xf)
+    if TENSOR_AMAX:  # ROW_MODE == 1 or COL_MODE == 1
+        t = tl.max(tl.max(abs_bits, axis=1), axis=0)
+        t = tl.where(t > 0x7F800000, 0x7FC00000, t)
+        if ROW_MODE == 1:
+            tl.atomic_max(row_amax_ptr, t)
+        if COL_MODE == 1:
+            tl.atomic_max(col_amax_ptr, t)
+    if ROW_MODE == 2:
+        r = tl.max(abs_bits, axis=1)
+        r = tl.where(r > 0x7F800000, 0x7FC00000, r)
+        tl.atomic_max(row_amax_ptr + rows, r, mask=row_ok)
+    if COL_MODE == 2:
+        c = tl.max(abs_bits, axis=0)
+        c = tl.where(c > 0x7F800000, 0x7FC00000, c)
+        tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok)
+    if COL_MODE == 3:
+        y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+        t = tl.max(tl.max(_abs_bits(y), axis=1), axis=0)
+        t = tl.where(t > 0x7F800000, 0x7FC00000, t)
+        tl.atomic_max(col_amax_ptr, t)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K,
+    ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
+    RHT: tl.constexpr, RHT_MASK: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
+    SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr,
+):
+    G: tl.constexpr = BLOCK_M // 16  # 16-row groups (columnwise blocks) per tile
+    KB: tl.constexpr = BLOCK_K // 16  # 16-column groups (rowwise blocks) per tile
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    pid_m = pid // n_k
+    pid_k = pid % n_k
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    row_ok = rows < M
+    col_ok = cols < K
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    xf = x.to(tl.float32)
+    k_blocks = K // 16
+    blks = pid_k * KB + tl.arange(0, KB).to(tl.int64)  # rowwise block index along K
+    blk_ok = blks < k_blocks
+    groups = pid_m * G + tl.arange(0, G).to(tl.int64)  # columnwise block index along M
+    m_blocks = M // 16
+    group_ok = groups < m_blocks
+    if SR:
+        if SEED_FROM_PTR:
+            seed = tl.load(seed_ptr)
+        else:
+            seed = seed_value
+    if BLOCK_2D:
+        x4 = tl.reshape(xf, [G, 16, KB, 16])
+        bamax_2d = tl.max(tl.max(_abs_bits(x4), axis=3), axis=1).to(tl.float32, bitcast=True)  # [G, KB]
+
+    # ---------------------------------------------------------------- rowwise: blocks along K
+    if ROWWISE:
+        x3 = tl.reshape(xf, [BLOCK_M, KB, 16])
+        if BLOCK_2D:
+            bamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None, :], [G, 16, KB]), [BLOCK_M, KB])
+        else:
+            bamax = _block_amax(x3)
+        if PER_TOKEN:
+            outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
+        else:
+            outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
+        s_enc, s_dec = _global_scales(outer, E6)
+        if FOUR_OVER_SIX == 0:
+            scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
+            enc = _encode_factor(e4m3_decode(scale), s_dec)
+            scaled = x3 * enc[:, :, None]
+            if SR:
+                rbytes = _random_bytes(seed, rows[:, None] * k_blocks + blks[None, :], 0)
+                codes = _sr_e2m1(scaled, rbytes)
+            else:
+                codes = e2m1_encode_fast(scaled)
+        else:
+            base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
+            if _fast_4over6_ok(outer):
+                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
+                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
+            else:
+                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
+                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
+            if BLOCK_2D:
+                # the 16 row errors of a 16x16 block, [G, 16, KB] -> tree over the 16 rows
+                e6 = _tree_sum16(tl.permute(tl.reshape(err6, [G, 16, KB]), (0, 2, 1)), G, KB)
+                e4 = _tree_sum16(tl.permute(tl.reshape(err4, [G, 16, KB]), (0, 2, 1)), G, KB)
+                pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, None, :], [G, 16, KB]), [BLOCK_M, KB])
+            else:
+                pick4 = err4 < err6
+            scale = tl.where(pick4, scale4, scale6)
+            codes = tl.where(pick4[:, :, None], codes4, codes6)
+        ok = row_ok[:, None] & blk_ok[None, :]
+        half = tl.arange(0, 2)[None, None, :]
+        word = (rows[:, None] * k_blocks + blks[None, :]) * 2
+        tl.store(row_data_ptr + word[:, :, None] + half, _pack_codes(codes, BLOCK_M, KB), mask=ok[:, :, None])
+        soff = _scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT)
+        tl.store(row_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
+
+    # ---------------------------------------------------------- columnwise: blocks along M (x^T rows)
+    if COLWISE:
+        if RHT:
+            yf = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+        else:
+            yf = xf
+        y3 = tl.permute(tl.reshape(yf, [G, 16, BLOCK_K]), (0, 2, 1))  # [G, BLOCK_K, 16]
+        if BLOCK_2D:
+            bamax = tl.reshape(tl.broadcast_to(bamax_2d[:, :, None], [G, KB, 16]), [G, BLOCK_K])
+        else:
+            bamax = _block_amax(y3)
+        if PER_TOKEN:
+            outer = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_K]
+        else:
+            outer = tl.zeros([1, 1], tl.float32) + tl.load(col_amax_ptr)
+        s_enc, s_dec = _global_scales(outer, E6)
+        if FOUR_OVER_SIX == 0:
+            scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
+            enc = _encode_factor(e4m3_decode(scale), s_dec)
+            scaled = y3 * enc[:, :, None]
+            if SR:
+                rbytes = _random_bytes(seed, cols[None, :] * m_blocks + groups[:, None], 1)
+                codes = _sr_e2m1(scaled, rbytes)
+            else:
+                codes = e2m1_encode_fast(scaled)
+        else:
+            base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
+            if _fast_4over6_ok(outer):
+                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
+                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
+            else:
+                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
+                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
+            if BLOCK_2D:
+                # the 16 column errors of a 16x16 block, [G, KB, 16] -> tree over the 16 columns
+                e6 = _tree_sum16(tl.reshape(err6, [G, KB, 16]), G, KB)
+                e4 = _tree_sum16(tl.reshape(err4, [G, KB, 16]), G, KB)
+                pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, :, None], [G, KB, 16]), [G, BLOCK_K])
+            else:
+                pick4 = err4 < err6
+            scale = tl.where(pick4, scale4, scale6)
+            codes = tl.where(pick4[:, :, None], codes4, codes6)
+        ok = group_ok[:, None] & col_ok[None, :]
+        half = tl.arange(0, 2)[None, None, :]
+        word = (cols[None, :] * m_blocks + groups[:, None]) * 2
+        tl.store(col_data_ptr + word[:, :, None] + half, _pack_codes(codes, G, BLOCK_K), mask=ok[:, :, None])
+        soff = _scale_offsets(cols[None, :], groups[:, None], m_blocks, LAYOUT)
+        tl.store(col_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
+
+
+# --------------------------------------------------------------------------------- host side
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _tile(m: int, k: int, *, rht: bool, four_over_six: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_K, num_warps). NVFP4LAB_QUANT_TILE="BMxBKxWARPS" overrides (tuning)."""
+    env = os.environ.get("NVFP4LAB_QUANT_TILE")
+    if env:
+        bm, bk, warps = (int(v) for v in env.lower().split("x"))
+    elif four_over_six:
+        bm, bk, warps = 32, 64, 4  # two candidates and their errors live in registers at once
+    else:
+        bm, bk, warps = 64, 128, 8
+    if rht:
+        bm = min(bm, 64)  # the block-diagonal RHT dot costs BLOCK_M MACs per element
+    bm = max(16, min(bm, triton.next_power_of_2(max(m, 1))))
+    bk = max(16, min(bk, triton.next_power_of_2(max(k, 1))))
+    return bm, bk, warps
+
+
+# Tests set this so that every byte the kernel should write but does not shows up as 0xFF.
+POISON_OUTPUTS = False
+
+
+def _uninitialized(shape, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=torch.uint8, device=device)
+    return out.fill_(0xFF) if POISON_OUTPUTS else out
+
+
+def _scale_buffer(rows: int, cols: int, layout: str, device) -> torch.Tensor:
+    """Scale output for an (rows, cols) compact matrix; zero-filled only where padding exists."""
+    shape = _scale_shape(rows, cols, layout)
+    if shape == (rows, cols):
+        return _uninitialized(shape, device)
+    return torch.zeros(shape, dtype=torch.uint8, device=device)
+
+
+def _scale_shape(rows: int, cols: int, layout: str) -> tuple[int, int]:
+    return (rows, cols) if layout == "compact" else (roundup(rows, 128), roundup(cols, 4))
+
+
+@torch.library.custom_op("nvfp4lab::nvfp4_amax", mutates_args=())
+def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outer amax of x (M, K) for the two outputs, as fp32 device tensors (no host sync).
+
+    row_mode: 0 none (returns a (0,) tensor), 1 per tensor (1,), 2 per row (M,).
+    col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,).
+    """
+    m, k = x.shape
+    sizes = {AMAX_NONE: 0, AMAX_TENSOR: 1, AMAX_TENSOR_RHT: 1}
+    row_amax = torch.zeros(m if row_mode == AMAX_PER_TOKEN else sizes[row_mode], dtype=torch.float32, device=x.device)
+    col_amax = torch.zeros(k if col_mode == AMAX_PER_TOKEN else sizes[col_mode], dtype=torch.float32, device=x.device)
+    if x.numel() == 0 or (row_mode == AMAX_NONE and col_mode == AMAX_NONE):
+        return row_amax, col_amax
+    bm, bk, warps = _tile(m, k, rht=col_mode == AMAX_TENSOR_RHT, four_over_six=False)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+    # absent buffers get a valid int32 pointer that is never touched
+    row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
+    col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
+    _amax_kernel[grid](
+        x, row_view, col_view, m, k,
+        ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode), RHT_MASK=rht_sign_mask,
+        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(),
+        num_warps=warps, enable_fp_fusion=False,
+    )
+    return row_amax, col_amax
+
+
+@nvfp4_amax.register_fake
+def _nvfp4_amax_fake(x, row_mode, col_mode, rht_sign_mask):
+    m, k = x.shape
+    sizes = {AMAX_NONE: 0, AMAX_TENSOR: 1, AMAX_TENSOR_RHT: 1}
+    row = x.new_empty(m if row_mode == AMAX_PER_TOKEN else sizes[row_mode], dtype=torch.float32)
+    col = x.new_empty(k if col_mode == AMAX_PER_TOKEN else sizes[col_mode], dtype=torch.float32)
+    return row, col
+
+
+def _cast_shapes(m, k, rowwise, columnwise, layout):
+    shapes = []
+    shapes.append((m, k // 2) if rowwise else (0,))
+    shapes.append(_scale_shape(m, k // 16, layout) if rowwise else (0,))
+    shapes.append((k, m // 2) if columnwise else (0,))
+    shapes.append(_scale_shape(k, m // 16, layout) if columnwise else (0,))
+    return shapes
+
+
+@torch.library.custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
+def nvfp4_quantize_cast(
+    x: torch.Tensor,
+    row_amax: Optional[torch.Tensor],
+    col_amax: Optional[torch.Tensor],
+    seed_tensor: Optional[torch.Tensor],
+    seed: int,
+    rowwise: bool,
+    columnwise: bool,
+    block_2d: bool,
+    per_token: bool,
+    rht_sign_mask: int,
+    four_over_six: int,
+    e4m3_max: float,
+    stochastic_rounding: bool,
+    scale_layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize x (M, K) with the given outer amaxes; returns (row_data, row_scale, col_data, col_scale).
+
+    Absent outputs are (0,) uint8 tensors. rht_sign_mask < 0 means no RHT. four_over_six: 0 off,
+    1 MAE, 2 MSE. stochastic_rounding takes ``seed_tensor`` (int64 (1,) on x.device, read inside the
+    kernel) when given, else the int ``seed``.
+    """
+    m, k = x.shape
+    dev = x.device
+    absent = torch.empty(0, dtype=torch.uint8, device=dev)
+    row_data = _uninitialized((m, k // 2), dev) if rowwise else absent
+    row_scale = _scale_buffer(m, k // 16, scale_layout, dev) if rowwise else absent.clone()
+    col_data = _uninitialized((k, m // 2), dev) if columnwise else absent.clone()
+    col_scale = _scale_buffer(k, m // 16, scale_layout, dev) if columnwise else absent.clone()
+    if x.numel() == 0:
+        return row_data, row_scale, col_data, col_scale
+    rht = rht_sign_mask >= 0
+    bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+    any_f32 = row_amax if row_amax is not None else col_amax
+    _quantize_kernel[grid](
+        x,
+        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
+        row_scale if rowwise else col_scale,
+        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
+        col_scale if columnwise else row_scale,
+        row_amax if row_amax is not None else any_f32,
+        col_amax if col_amax is not None else any_f32,
+        seed_tensor if seed_tensor is not None else x,
+        seed,
+        m, k,
+        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token,
+        RHT=rht, RHT_MASK=max(rht_sign_mask, 0), FOUR_OVER_SIX=four_over_six, E6=6.0 * e4m3_max,
+        SR=stochastic_rounding, SEED_FROM_PTR=seed_tensor is not None, LAYOUT=_LAYOUT_CODES[scale_layout],
+        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(),
+        num_warps=warps, enable_fp_fusion=False,
+    )
+    return row_data, row_scale, col_data, col_scale
+
+
+@nvfp4_quantize_cast.register_fake
+def _nvfp4_quantize_cast_fake(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
+                              rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout):
+    m, k = x.shape
+    return tuple(x.new_empty(shape, dtype=torch.uint8) for shape in _cast_shapes(m, k, rowwise, columnwise, scale_layout))
+
+
+# ------------------------------------------------------------------------------- entry point
+def _amax_modes(config: NVFP4QuantConfig, amax, columnwise_amax) -> tuple[int, int]:
+    """Which outer amaxes the amax pass must compute (the reference's rules in ref.nvfp4.quantize)."""
+    row_mode = col_mode = AMAX_NONE
+    if config.rowwise and amax is None:
+        row_mode = AMAX_PER_TOKEN if config.per_token else AMAX_TENSOR
+    if config.columnwise and columnwise_amax is None:
+        if amax is not None and not config.rht and not config.per_token:
+            col_mode = AMAX_NONE  # the supplied per-tensor amax serves both outputs
+        elif config.rht:
+            col_mode = AMAX_TENSOR_RHT
+        else:
+            col_mode = AMAX_PER_TOKEN if config.per_token else AMAX_TENSOR
+    return row_mode, col_mode
+
+
+def draw_seed(device, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """An int64 (1,) seed on ``device`` from torch's RNG (graph-safe: drawn by a kernel, never read on the host)."""
+    if generator is None:
+        return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
+
+
+def quantize(
+    x2d: torch.Tensor,
+    config: NVFP4QuantConfig,
+    *,
+    amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> NVFP4Tensor:
+    """Triton NVFP4 quantization of a contiguous (M, K) tensor; the same fields as ``ref.nvfp4.quantize``.
+
+    Stochastic rounding uses ``seed`` (an int) when given, else an int64 seed drawn on x.device from
+    ``generator`` (torch's default generator when None), which the kernel reads from device memory.
+    """
+    m, k = x2d.shape
+    row_mode, col_mode = _amax_modes(config, amax, columnwise_amax)
+    row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, config.rht_sign_mask if config.rht else 0)
+
+    row_amax = None
+    if config.rowwise:
+        row_amax = amax.clone() if amax is not None else row_computed
+    col_amax = None
+    if config.columnwise:
+        if columnwise_amax is not None:
+            col_amax = columnwise_amax.clone()
+        elif col_mode == AMAX_NONE:
+            col_amax = amax.clone()
+        else:
+            col_amax = col_computed
+
+    seed_tensor, seed_int = None, 0
+    if config.stochastic_rounding:
+        if seed is not None:
+            seed_int = int(seed) % (1 << 63)
+        else:
+            seed_tensor = draw_seed(x2d.device, generator)
+    row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(
+        x2d, row_amax, col_amax, seed_tensor, seed_int,
+        config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
+        config.rht_sign_mask if config.rht else -1, _FOUR_OVER_SIX_CODES[config.four_over_six],
+        config.e4m3_max, config.stochastic_rounding, config.scale_layout,
+    )
+    out = NVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config)
+    if config.rowwise:
+        out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale, row_amax
+    if config.columnwise:
+        out.columnwise_data, out.columnwise_scale, out.columnwise_amax = col_data, col_scale, col_amax
+    return out

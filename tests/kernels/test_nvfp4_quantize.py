@@ -1,0 +1,640 @@
+"""Triton NVFP4 quantize (kernels/nvfp4_quantize.py) against the reference, bit for bit.
+
+On CPU the kernels run under the Triton interpreter with small shapes; the ``gpu`` tests repeat the
+comparisons on large shapes, check CUDA-graph capture/replay and torch.compile, and run the golden
+conformance folder. Every uninitialized output byte is poisoned with 0xFF before the kernel runs.
+"""
+import os
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import nvfp4lab
+from nvfp4lab import NVFP4QuantConfig
+from nvfp4lab.conformance import default_folder, run_folder
+from nvfp4lab.ref import codecs
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
+from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast
+from nvfp4lab.kernels.nvfp4_quantize import _dequant_4over6_fast, _seq_sum16, _tree_sum16
+
+# the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# the small-shape tier runs natively when a GPU is present, under the interpreter otherwise
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(kq, "POISON_OUTPUTS", True)
+
+
+def assert_same(got, want, context=""):
+    for field in FIELDS:
+        a, b = getattr(got, field), getattr(want, field)
+        if b is None:
+            assert a is None, f"{context} {field}: expected no output"
+            continue
+        assert a is not None, f"{context} {field}: missing"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{context} {field}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+        if a.dtype == torch.float32:
+            a, b = a.view(torch.int32), b.view(torch.int32)
+        a, b = a.cpu(), b.cpu()
+        if not torch.equal(a, b):
+            bad = (a != b).nonzero()
+            raise AssertionError(f"{context} {field}: {bad.shape[0]} of {a.numel()} bytes differ, first at {tuple(bad[0].tolist())}")
+
+
+def normal_input(shape, dtype, seed, device=DEV):
+    """Normal values whose rows and columns are scaled by 10**U(-1, 1) (so per-token amax matters)."""
+    g = torch.Generator().manual_seed(seed)
+    m, k = shape
+    x = torch.randn(m, k, generator=g)
+    x = x * 10.0 ** (torch.rand(m, 1, generator=g) * 2 - 1) * 10.0 ** (torch.rand(1, k, generator=g) * 2 - 1)
+    return x.to(dtype).to(device)
+
+
+def rht_safe_input(shape, dtype, seed, device=DEV):
+    """Magnitudes in [2^-3, 2^3]: every 16-term RHT sum is exact in fp32, so any summation order (CPU
+    matmul, interpreter, tensor cores) gives the reference's bits (golden RHT cases are chosen the same way)."""
+    g = torch.Generator().manual_seed(seed)
+    mag = torch.exp2(torch.rand(shape, generator=g) * 6 - 3)
+    sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+    return (sign * mag).to(dtype).to(device)
+
+
+def make_input(config_kwargs, shape, dtype, seed, device=DEV):
+    maker = rht_safe_input if config_kwargs.get("rht") else normal_input
+    return maker(shape, dtype, seed, device)
+
+
+CONFIGS = {
+    "1x16-row": dict(rowwise=True),
+    "1x16-col": dict(rowwise=False, columnwise=True),
+    "1x16-rowcol": dict(rowwise=True, columnwise=True),
+    "16x16-rowcol": dict(block="16x16", rowwise=True, columnwise=True),
+    "16x16-col": dict(block="16x16", rowwise=False, columnwise=True),
+    "pertoken-rowcol": dict(per_token=True, rowwise=True, columnwise=True),
+    "pertoken-col": dict(per_token=True, rowwise=False, columnwise=True),
+    "rht-d7e8-rowcol": dict(rht=True, rht_sign_mask=0xD7E8, rowwise=True, columnwise=True),
+    "rht-0000-rowcol": dict(rht=True, rht_sign_mask=0, rowwise=True, columnwise=True),
+    "rht-d7e8-col": dict(rht=True, rowwise=False, columnwise=True),
+    "4o6-pertoken-mae-256-rowcol": dict(per_token=True, four_over_six="mae", e4m3_max=256, rowwise=True, columnwise=True),
+    "4o6-pertoken-mse-448-row": dict(per_token=True, four_over_six="mse", e4m3_max=448, rowwise=True),
+}
+for _block in ("1x16", "16x16"):
+    for _mode in ("mae", "mse"):
+        for _e in (448, 256):
+            CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True, columnwise=True)
+
+# (shape, dtype, tile override): 16x16 and 48x80 are smaller than / not multiples of the default
+# tiles; the 16x32 tile override makes 48x80 span 3x3 programs with a partial last K tile.
+CASES = {
+    "16x16-bf16": ((16, 16), torch.bfloat16, None),
+    "48x80-bf16": ((48, 80), torch.bfloat16, None),
+    "32x64-fp16": ((32, 64), torch.float16, None),
+    "48x80-fp32": ((48, 80), torch.float32, None),
+    "48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, "16x32x4"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_matches_reference(name, case, monkeypatch):
+    shape, dtype, tile = CASES[case]
+    if tile:
+        monkeypatch.setenv("NVFP4LAB_QUANT_TILE", tile)
+    kwargs = CONFIGS[name]
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, shape, dtype, seed=zlib.crc32(f"{name}/{case}".encode()) % 1000)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {case}")
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(rowwise=True),
+    dict(rowwise=True, per_token=True),
+    dict(rowwise=True, four_over_six="mae"),
+    dict(rowwise=True, per_token=True, four_over_six="mse", e4m3_max=448),
+    dict(rowwise=True, scale_layout="swizzled"),
+])
+def test_rowwise_takes_any_m(kwargs, monkeypatch):
+    monkeypatch.setenv("NVFP4LAB_QUANT_TILE", "16x32x4")  # 37 rows: three tiles, the last one 5 rows
+    config = NVFP4QuantConfig(**kwargs)
+    x = normal_input((37, 48), torch.bfloat16, seed=3)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), str(kwargs))
+
+
+def _special_inputs():
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))
+    x[3] = 0.0  # zero row
+    x[:, 5] = 0.0  # zero column
+    x[16:32, 16:32] = 0.0  # zero 16x16 tile
+    x[9, :16] = 1e-30  # block far below the tensor amax (scale underflow)
+    x[7, 40] = 1e-40  # fp32 denormal
+    x[20, 50] = -0.0
+    big = torch.randn(32, 64, generator=torch.Generator().manual_seed(8))
+    big = big / big.abs().max() * 3.3895e38  # amax at bf16 max
+    with_inf = torch.randn(32, 64, generator=torch.Generator().manual_seed(9))
+    with_inf[2, 3] = float("inf")
+    return {
+        "zeros-tensor": torch.zeros(32, 64, device=DEV),
+        "zero-rows-cols-tiles-tiny": x.to(DEV),
+        "bf16-max": big.bfloat16().to(DEV),
+        "inf": with_inf.to(DEV),
+    }
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(rowwise=True, columnwise=True),
+    dict(rowwise=True, columnwise=True, per_token=True),
+    dict(block="16x16", rowwise=True, columnwise=True, four_over_six="mse"),
+    dict(rowwise=True, columnwise=True, four_over_six="mae", e4m3_max=448),
+])
+@pytest.mark.parametrize("which", list(_special_inputs()))
+def test_special_values(kwargs, which):
+    x = _special_inputs()[which]
+    config = NVFP4QuantConfig(**kwargs)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{which} {kwargs}")
+
+
+def test_special_values_rht():
+    for x in (torch.zeros(32, 32, device=DEV), _special_inputs()["zero-rows-cols-tiles-tiny"][:, :32].bfloat16()):
+        config = NVFP4QuantConfig(rht=True, rowwise=True, columnwise=True)
+        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), "rht special")
+
+
+@pytest.mark.parametrize("kwargs,amax_kind", [
+    (dict(rowwise=True, columnwise=True), "tensor"),  # one amax serves both outputs
+    (dict(rowwise=True, columnwise=True, per_token=True), "per_token"),  # rows given, columns computed
+    (dict(rowwise=True, columnwise=True, per_token=True), "per_token+col"),
+    (dict(rowwise=True, columnwise=True, rht=True), "tensor"),  # columnwise amax is computed post-RHT
+    (dict(rowwise=True, columnwise=True, rht=True), "tensor+col"),
+    (dict(rowwise=False, columnwise=True, block="16x16", four_over_six="mae"), "col"),
+])
+def test_provided_amax(kwargs, amax_kind):
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, (32, 64), torch.bfloat16, seed=11)
+    xf = x.float()
+    per_token = kwargs.get("per_token", False)
+    amax = columnwise_amax = None
+    # amaxes larger than the data's, so that using them (or not) changes the scales
+    if amax_kind.startswith("tensor"):
+        amax = xf.abs().amax().reshape(1) * 3
+    if amax_kind.startswith("per_token"):
+        amax = xf.abs().amax(dim=1) * 3
+    if amax_kind.endswith("col"):
+        columnwise_amax = (xf.abs().amax(dim=0) if per_token else xf.abs().amax().reshape(1)) * 5
+    got = kq.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
+    want = ref_nvfp4.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
+    assert_same(got, want, f"{kwargs} {amax_kind}")
+    for given in (amax, columnwise_amax):
+        for field in ("rowwise_amax", "columnwise_amax"):
+            out = getattr(got, field)
+            if given is not None and out is not None:
+                assert out.data_ptr() != given.data_ptr(), f"{field} aliases the caller's amax"
+
+
+@pytest.mark.parametrize("layout", ["compact", "padded", "swizzled"])
+@pytest.mark.parametrize("block", ["1x16", "16x16"])
+@pytest.mark.parametrize("shape", [(48, 80), (128, 128)])  # padding on both sides / no padding
+def test_scale_layouts(layout, block, shape):
+    config = NVFP4QuantConfig(block=block, rowwise=True, columnwise=True, scale_layout=layout)
+    x = normal_input(shape, torch.bfloat16, seed=5)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{layout} {block} {shape}")
+
+
+def test_scale_layouts_4over6_swizzled():
+    config = NVFP4QuantConfig(block="16x16", rowwise=True, columnwise=True, four_over_six="mse", scale_layout="swizzled")
+    x = normal_input((48, 80), torch.bfloat16, seed=6)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config))
+
+
+def test_3d_input_through_ops():
+    x = normal_input((48, 64), torch.bfloat16, seed=12).reshape(2, 24, 64)
+    kwargs = dict(rowwise=True, columnwise=True, per_token=True, scale_layout="padded")
+    got = nvfp4lab.quantize_nvfp4(x, backend="triton", **kwargs)
+    want = nvfp4lab.quantize_nvfp4(x, backend="ref", **kwargs)
+    assert got.shape == x.shape
+    assert_same(got, want)
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("an empty input launched a kernel")
+
+
+@pytest.mark.parametrize("shape", [(0, 32), (32, 0), (0, 0)])
+@pytest.mark.parametrize("kwargs", [
+    dict(rowwise=True, columnwise=True),
+    dict(rowwise=True, columnwise=True, per_token=True),
+    dict(rowwise=True, columnwise=True, rht=True, scale_layout="swizzled"),
+    dict(block="16x16", rowwise=True, columnwise=True, scale_layout="padded", four_over_six="mae"),
+    dict(rowwise=True, columnwise=True, stochastic_rounding=True),
+])
+def test_empty_input(shape, kwargs, monkeypatch):
+    monkeypatch.setattr(kq, "_quantize_kernel", _NoLaunch())
+    monkeypatch.setattr(kq, "_amax_kernel", _NoLaunch())
+    config = NVFP4QuantConfig(**kwargs)
+    x = torch.empty(shape, dtype=torch.bfloat16, device=DEV)
+    assert_same(kq.quantize(x, config, seed=1), ref_nvfp4.quantize(x, config), f"{shape} {kwargs}")
+
+
+def test_empty_3d_through_ops():
+    x = torch.empty(2, 0, 32, dtype=torch.float16, device=DEV)
+    got = nvfp4lab.quantize_nvfp4(x, rowwise=True, columnwise=True, backend="triton")
+    want = nvfp4lab.quantize_nvfp4(x, rowwise=True, columnwise=True, backend="ref")
+    assert got.shape == x.shape
+    assert_same(got, want)
+
+
+# ----------------------------------------------------------------------------- stochastic rounding
+E2M1_GRID = torch.tensor(codecs.E2M1_GRID)
+
+SR_CONFIGS = {
+    "1x16": dict(rowwise=True, columnwise=True, stochastic_rounding=True),
+    "rht": dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True),
+    "16x16": dict(block="16x16", rowwise=True, columnwise=True, stochastic_rounding=True),
+}
+
+
+def _rn_config(kwargs):
+    return NVFP4QuantConfig(**{k: v for k, v in kwargs.items() if k != "stochastic_rounding"})
+
+
+def _scaled_values(mat, scale, amax, e4m3_max):
+    """x * enc of each element, from the reference's own scale formulas and the (RN) scales."""
+    s_enc = ref_nvfp4.global_encode_scale(amax.reshape(-1, 1), e4m3_max)
+    enc = torch.clamp(1.0 / (codecs.e4m3_decode(scale) * (1.0 / s_enc)), max=codecs.FLT_MAX)
+    return mat * enc.repeat_interleave(16, dim=1)
+
+
+def _assert_neighbours(codes_packed, scaled, context):
+    """Every SR value is one of the two E2M1 grid values around |x*enc| (6 above 6), with x's sign."""
+    q = codecs.e2m1_decode(codecs.unpack_fp4(codes_packed.cpu()))
+    scaled = scaled.cpu()
+    a = scaled.abs().clamp(max=6.0)
+    idx_hi = torch.searchsorted(E2M1_GRID, a.contiguous(), right=False).clamp(max=7)
+    hi = E2M1_GRID[idx_hi]
+    lo = E2M1_GRID[(idx_hi - (hi > a).long()).clamp(min=0)]
+    mag = q.abs()
+    ok = (mag == lo) | (mag == hi)
+    ok &= (q == 0) | (torch.sign(q) == torch.sign(scaled))
+    assert bool(ok.all()), f"{context}: {(~ok).sum().item()} SR values are not a neighbouring grid value"
+
+
+@pytest.mark.parametrize("name", list(SR_CONFIGS))
+def test_sr_rounds_to_a_neighbour_and_keeps_scales(name):
+    kwargs = SR_CONFIGS[name]
+    x = make_input(kwargs, (32, 64), torch.bfloat16, seed=21)
+    got = kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=1234)
+    rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
+    for field in ("rowwise_scale", "rowwise_amax", "columnwise_scale", "columnwise_amax"):
+        a, b = getattr(got, field), getattr(rn, field)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{name} {field} differs from round-to-nearest"
+    xf = x.float()
+    col_mat = ref_nvfp4.apply_rht(x.t(), kwargs.get("rht_sign_mask", 0xD7E8)).float() if kwargs.get("rht") else xf.t()
+    _assert_neighbours(got.rowwise_data, _scaled_values(xf, rn.rowwise_scale, rn.rowwise_amax, 448.0), f"{name} rowwise")
+    _assert_neighbours(got.columnwise_data, _scaled_values(col_mat, rn.columnwise_scale, rn.columnwise_amax, 448.0), f"{name} columnwise")
+    assert not torch.equal(got.rowwise_data, rn.rowwise_data), "SR gave exactly the RN codes"
+
+
+@pytest.mark.parametrize("name", list(SR_CONFIGS))
+def test_sr_mean_has_lower_error_than_rn(name):
+    kwargs = SR_CONFIGS[name]
+    x = make_input(kwargs, (32, 64), torch.bfloat16, seed=22)
+    xf = x.float()
+    rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
+    draws = [kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=s) for s in range(50)]
+    for which in ("rowwise", "columnwise"):
+        rn_err = (ref_nvfp4.dequantize(rn, torch.float32, which) - xf).pow(2).mean().sqrt()
+        mean = torch.stack([ref_nvfp4.dequantize(d, torch.float32, which) for d in draws]).mean(0)
+        sr_err = (mean - xf).pow(2).mean().sqrt()
+        assert sr_err < rn_err, f"{name} {which}: mean of 50 SR draws RMSE {sr_err:.4g} >= RN {rn_err:.4g}"
+
+
+def test_sr_seeds():
+    config = NVFP4QuantConfig(**SR_CONFIGS["1x16"])
+    x = normal_input((32, 64), torch.bfloat16, seed=23)
+    a = kq.quantize(x, config, seed=7)
+    assert_same(kq.quantize(x, config, seed=7), a, "same seed")
+    b = kq.quantize(x, config, seed=8)
+    assert not torch.equal(a.rowwise_data, b.rowwise_data)
+    assert not torch.equal(a.columnwise_data, b.columnwise_data)
+    # the seed drawn from a generator (on x.device, read by the kernel from device memory)
+    g1 = kq.quantize(x, config, generator=torch.Generator(DEV).manual_seed(5))
+    assert_same(kq.quantize(x, config, generator=torch.Generator(DEV).manual_seed(5)), g1, "same generator seed")
+    g2 = kq.quantize(x, config, generator=torch.Generator(DEV).manual_seed(6))
+    assert not torch.equal(g1.rowwise_data, g2.rowwise_data)
+    torch.manual_seed(0)
+    d1 = kq.quantize(x, config)  # torch's default generator
+    d2 = kq.quantize(x, config)
+    assert not torch.equal(d1.rowwise_data, d2.rowwise_data)
+    # seeds through the public op
+    p1 = nvfp4lab.quantize_nvfp4(x, backend="triton", seed=7, **SR_CONFIGS["1x16"])
+    assert_same(p1, a, "ops seed")
+
+
+def test_sr_rowwise_and_columnwise_streams_differ():
+    # a symmetric input (x == x^T): with one shared stream, rowwise block (r, b) and columnwise block
+    # (c, g) with the same index would get the same bits and the two outputs would be equal bytes.
+    # Every 1x16 block holds one 1.0 (its amax, -> 6) and fifteen 0.3 (-> 1.8, between 1.5 and 2).
+    idx = torch.arange(64)
+    x = torch.where((idx.view(-1, 1) % 16) == (idx.view(1, -1) % 16), 1.0, 0.3).to(torch.bfloat16).to(DEV)
+    t = kq.quantize(x, NVFP4QuantConfig(**SR_CONFIGS["1x16"]), seed=3)
+    assert torch.equal(t.rowwise_scale, t.columnwise_scale)
+    assert not torch.equal(t.rowwise_data, t.columnwise_data)
+
+
+# ------------------------------------------------------------------------------- E2M1 encoder
+@triton.jit
+def _e2m1_probe_kernel(v_ptr, fast_ptr, slow_ptr, N: tl.constexpr):
+    off = tl.program_id(0) * N + tl.arange(0, N)
+    v = tl.load(v_ptr + off)
+    tl.store(fast_ptr + off, e2m1_encode_fast(v))
+    tl.store(slow_ptr + off, e2m1_encode(v))
+
+
+def test_e2m1_encode_fast_matches_reference():
+    # every bf16 pattern, +-1000 fp32 ulps around every rounding edge and region boundary (both
+    # signs), specials, and random fp32 bit patterns; checked against ref.codecs and _codecs.e2m1_encode
+    # (an offline run also compared all 2^32 fp32 patterns with _codecs.e2m1_encode)
+    parts = [torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.int16).to(torch.int32) << 16]
+    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 1e-38, 3.4e38]).view(torch.int32)
+    near = (edges.view(-1, 1) + torch.arange(-1000, 1000, dtype=torch.int32).view(1, -1)).flatten()
+    parts += [near, near | torch.tensor(-(2**31), dtype=torch.int32)]
+    parts.append(torch.tensor([0, -(2**31), 0x7F800000, -8388608, 0x7FC00000, -1, 1, 0x7F7FFFFF], dtype=torch.int32))
+    parts.append(torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=torch.Generator().manual_seed(70), dtype=torch.int32))
+    bits = torch.cat(parts)
+    n = 4096
+    bits = torch.cat([bits, torch.zeros((-bits.numel()) % n, dtype=torch.int32)])
+    v = bits.view(torch.float32).to(DEV)
+    fast = torch.empty(v.numel(), dtype=torch.int32, device=DEV)
+    slow = torch.empty_like(fast)
+    _e2m1_probe_kernel[(v.numel() // n,)](v, fast, slow, n)
+    want = codecs.e2m1_encode(v.cpu()).to(torch.int32)
+    assert torch.equal(slow.cpu(), want)
+    assert torch.equal(fast.cpu(), want)
+
+
+# ------------------------------------------------------------------------- summation-order helpers
+@triton.jit
+def _sum_probe_kernel(t_ptr, seq_ptr, tree_ptr, A: tl.constexpr, B: tl.constexpr):
+    a = tl.arange(0, A)[:, None, None]
+    b = tl.arange(0, B)[None, :, None]
+    e = tl.arange(0, 16)[None, None, :]
+    t = tl.load(t_ptr + (a * B + b) * 16 + e)
+    out = tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :]
+    tl.store(seq_ptr + out, _seq_sum16(t, A, B))
+    tl.store(tree_ptr + out, _tree_sum16(t, A, B))
+
+
+def test_error_sum_orders():
+    # 4over6 picks by comparing fp32 error sums; only the exact order reproduces TE's picks when two
+    # candidates are within an ulp, which random end-to-end inputs almost never hit. Terms spanning
+    # 2^-30..1 make every order round differently, so this test tells the orders apart.
+    g = torch.Generator().manual_seed(50)
+    terms = torch.exp2(-30 * torch.rand(4, 8, 16, generator=g)).to(DEV)
+    seq = torch.empty(4, 8, device=DEV)
+    tree = torch.empty(4, 8, device=DEV)
+    _sum_probe_kernel[(1,)](terms, seq, tree, 4, 8, enable_fp_fusion=False)
+    want_seq = torch.zeros(4, 8, device=DEV)
+    for i in range(16):
+        want_seq = want_seq + terms[:, :, i]
+    parts, width = terms, 16
+    while width > 1:
+        width //= 2
+        parts = parts[:, :, :width] + parts[:, :, width : 2 * width]
+    want_tree = parts[:, :, 0]
+    assert torch.equal(seq.view(torch.int32), want_seq.view(torch.int32))
+    assert torch.equal(tree.view(torch.int32), want_tree.view(torch.int32))
+    assert not torch.equal(want_seq, want_tree), "inputs do not separate the two orders"
+
+
+@triton.jit
+def _dequant_probe_kernel(scale_ptr, amax_ptr, fast_ptr, exact_ptr, A: tl.constexpr, B: tl.constexpr, E6: tl.constexpr):
+    a = tl.arange(0, A)[:, None]
+    b = tl.arange(0, B)[None, :]
+    scale_f = tl.load(scale_ptr + a + b * 0)  # [A, B]: one E4M3 scale per row
+    outer = tl.load(amax_ptr + b + a * 0)  # [A, B]: one outer amax per column
+    codes = tl.zeros([A, B, 16], tl.int32) + tl.arange(0, 16)[None, None, :]
+    off = (a[:, :, None] * B + b[:, :, None]) * 16 + tl.arange(0, 16)[None, None, :]
+    tl.store(fast_ptr + off, _dequant_4over6_fast(codes, scale_f, outer, E6))
+    exact = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros([A, B, 16], tl.float32) + E6)
+    tl.store(exact_ptr + off, exact)
+
+
+@pytest.mark.parametrize("e4m3_max", [448.0, 256.0])
+def test_4over6_fast_dequant_is_exact_in_range(e4m3_max):
+    # every E4M3 scale (0..448) x every code x amaxes log-uniform over [2^-100, 2^100], the bounds and 0
+    scales = codecs.e4m3_decode(torch.arange(0, 128, dtype=torch.uint8))
+    scales = torch.cat([scales[:127], torch.zeros(1)])  # 0x7F is NaN: only from NaN inputs
+    g = torch.Generator().manual_seed(60)
+    amax = torch.exp2(torch.rand(60, generator=g) * 200 - 100) * (1 + torch.rand(60, generator=g))
+    amax = torch.cat([amax.clamp(2.0**-100, 2.0**100), torch.tensor([2.0**-100, 2.0**100, 0.0, 1.0])])
+    fast = torch.empty(128, 64, 16, device=DEV)
+    exact = torch.empty(128, 64, 16, device=DEV)
+    _dequant_probe_kernel[(1,)](scales.to(DEV), amax.to(DEV), fast, exact, 128, 64, 6.0 * e4m3_max, enable_fp_fusion=False)
+    assert torch.equal(fast.view(torch.int32), exact.view(torch.int32))
+
+
+@pytest.mark.parametrize("magnitude", [2.0**-120, 2.0**-97, 2.0**96, 2.0**110, 1e37])
+@pytest.mark.parametrize("kwargs", [
+    dict(four_over_six="mae", e4m3_max=256, rowwise=True, columnwise=True),
+    dict(block="16x16", four_over_six="mse", e4m3_max=448, rowwise=True, columnwise=True),
+])
+def test_4over6_extreme_magnitudes(magnitude, kwargs):
+    # amax outside [2^-100, 2^100] takes the per-element division; just inside it the fast path
+    x = normal_input((32, 64), torch.float32, seed=61)
+    x = x / x.abs().max() * magnitude
+    config = NVFP4QuantConfig(**kwargs)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{magnitude:g} {kwargs}")
+
+
+def test_4over6_per_token_mixed_rows():
+    # rows spanning 1e-38 .. 1e36 and zero rows: tiles mix fast and exact paths per token
+    x = normal_input((64, 64), torch.float32, seed=62)
+    row_scale = torch.logspace(-38, 36, 64, device=DEV).view(-1, 1)
+    x = x / x.abs().amax(dim=1, keepdim=True) * row_scale
+    x[5] = 0.0
+    for mode in ("mae", "mse"):
+        config = NVFP4QuantConfig(per_token=True, four_over_six=mode, rowwise=True, columnwise=True)
+        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), mode)
+
+
+# ----------------------------------------------------------------------------- conformance, compile
+def test_conformance_shipped_subset():
+    results = run_folder(default_folder(), backend="triton", pattern="nvfp4_quantize_*")
+    assert results, "no nvfp4_quantize case in the shipped subset"
+    failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+    assert not failed, "\n".join(failed)
+
+
+def test_custom_ops_opcheck():
+    x = normal_input((32, 64), torch.bfloat16, seed=30)
+    torch.library.opcheck(kq.nvfp4_amax, (x, 1, 3, 0xD7E8), test_utils=("test_schema", "test_faketensor"))
+    amax = x.float().abs().amax().reshape(1)
+    args = (x, amax, amax, None, 5, True, True, False, False, 0xD7E8, 0, 448.0, True, "swizzled")
+    torch.library.opcheck(kq.nvfp4_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compile_fullgraph_cpu():
+    x = normal_input((32, 64), torch.bfloat16, seed=31)
+
+    def fn(inp):
+        return nvfp4lab.quantize_nvfp4(inp, rowwise=True, columnwise=True, per_token=True, backend="triton")
+
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(x)
+    assert isinstance(got, nvfp4lab.NVFP4Tensor)
+    assert_same(got, fn(x))
+
+
+# ----------------------------------------------------------------------------------------- GPU
+gpu = pytest.mark.gpu
+
+
+@gpu
+def test_gpu_16384_per_tensor_rowcol():
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True)
+    x = normal_input((16384, 16384), torch.bfloat16, seed=40, device="cuda")
+    got = kq.quantize(x, config)
+    want = ref_nvfp4.quantize(x, config)
+    assert_same(got, want, "16384^2")
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(4096, 4096), (2064, 3088)])  # the second is no multiple of any tile
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gpu_matches_reference(name, shape):
+    kwargs = CONFIGS[name]
+    config = NVFP4QuantConfig(**kwargs)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = make_input(kwargs, shape, dtype, seed=41, device="cuda")
+        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape} {dtype}")
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["padded", "swizzled"])
+def test_gpu_scale_layouts(layout):
+    for block in ("1x16", "16x16"):
+        config = NVFP4QuantConfig(block=block, rowwise=True, columnwise=True, scale_layout=layout)
+        x = normal_input((4000, 2064), torch.bfloat16, seed=42, device="cuda")
+        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{layout} {block}")
+
+
+@gpu
+def test_gpu_offsets_beyond_2_31():
+    # 65536 x 32768 = 2^31 elements: slices of the outputs against the reference on the same slices
+    m, k = 65536, 32768
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    amax = x.abs().amax().float().reshape(1)
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True)
+    got = kq.quantize(x, config, amax=amax)
+    for rows in (slice(0, 256), slice(m - 256, m)):
+        want = ref_nvfp4.quantize(x[rows].contiguous(), NVFP4QuantConfig(rowwise=True), amax=amax)
+        assert torch.equal(got.rowwise_data[rows], want.rowwise_data)
+        assert torch.equal(got.rowwise_scale[rows], want.rowwise_scale)
+    for cols in (slice(0, 256), slice(k - 256, k)):
+        want = ref_nvfp4.quantize(x[:, cols].contiguous(), NVFP4QuantConfig(rowwise=False, columnwise=True), amax=amax)
+        assert torch.equal(got.columnwise_data[cols], want.columnwise_data)
+        assert torch.equal(got.columnwise_scale[cols], want.columnwise_scale)
+
+
+@gpu
+@pytest.mark.parametrize("name", list(SR_CONFIGS))
+def test_gpu_sr(name):
+    kwargs = SR_CONFIGS[name]
+    x = make_input(kwargs, (1024, 2048), torch.bfloat16, seed=43, device="cuda")
+    xf = x.float()
+    rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
+    got = kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=99)
+    assert torch.equal(got.rowwise_scale, rn.rowwise_scale) and torch.equal(got.columnwise_scale, rn.columnwise_scale)
+    col_mat = ref_nvfp4.apply_rht(x.t(), 0xD7E8).float() if kwargs.get("rht") else xf.t()
+    _assert_neighbours(got.rowwise_data, _scaled_values(xf, rn.rowwise_scale, rn.rowwise_amax, 448.0).cpu(), "rowwise")
+    _assert_neighbours(got.columnwise_data, _scaled_values(col_mat, rn.columnwise_scale, rn.columnwise_amax, 448.0).cpu(), "columnwise")
+    draws = [kq.quantize(x, NVFP4QuantConfig(**kwargs)) for _ in range(50)]  # seeds from torch's CUDA generator
+    for which in ("rowwise", "columnwise"):
+        rn_err = (ref_nvfp4.dequantize(rn, torch.float32, which) - xf).pow(2).mean().sqrt()
+        mean = torch.stack([ref_nvfp4.dequantize(d, torch.float32, which) for d in draws]).mean(0)
+        assert (mean - xf).pow(2).mean().sqrt() < rn_err
+
+
+def _golden_folder():
+    folder = os.environ.get("NVFP4LAB_GOLDEN")
+    return Path(folder) if folder else REPO_ROOT / ".gpu" / "golden"
+
+
+@gpu
+def test_gpu_conformance():
+    folder = _golden_folder()
+    if not folder.is_dir():
+        pytest.skip(f"golden folder {folder} not found (set NVFP4LAB_GOLDEN)")
+    results = run_folder(folder, backend="triton", device="cuda", pattern="nvfp4_quantize_*")
+    assert results
+    failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+    assert not failed, f"{len(failed)} of {len(results)} failed:\n" + "\n".join(failed)
+
+
+def _capture(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compile and warm up outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@gpu
+@pytest.mark.parametrize("name", ["1x16-rowcol", "pertoken-rowcol", "rht-d7e8-rowcol", "4o6-16x16-mae-256-rowcol"])
+def test_gpu_cuda_graph(name):
+    kwargs = CONFIGS[name]
+    x = make_input(kwargs, (2048, 4096), torch.bfloat16, seed=44, device="cuda")
+    config = NVFP4QuantConfig(**kwargs)
+    graph, out = _capture(lambda: kq.quantize(x, config))
+    x.copy_(make_input(kwargs, (2048, 4096), torch.bfloat16, seed=45, device="cuda"))  # new data, same buffer
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(out, ref_nvfp4.quantize(x, config), f"graph replay {name}")
+
+
+@gpu
+def test_gpu_cuda_graph_sr_draws_fresh_bits():
+    kwargs = SR_CONFIGS["rht"]
+    x = make_input(kwargs, (1024, 2048), torch.bfloat16, seed=46, device="cuda")
+    config = NVFP4QuantConfig(**kwargs)
+    graph, out = _capture(lambda: kq.quantize(x, config))  # seed drawn from torch's CUDA generator
+    graph.replay()
+    first = out.rowwise_data.clone(), out.columnwise_data.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(first[0], out.rowwise_data)
+    assert not torch.equal(first[1], out.columnwise_data)
+    rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
+    assert torch.equal(out.rowwise_scale, rn.rowwise_scale) and torch.equal(out.columnwise_amax.view(torch.int32), rn.columnwise_amax.view(torch.int32))
+
+
+@gpu
+@pytest.mark.parametrize("kwargs", [
+    dict(rowwise=True, columnwise=True),
+    dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True, seed=5),
+    dict(block="16x16", rowwise=True, columnwise=True, four_over_six="mae", scale_layout="swizzled"),
+])
+def test_gpu_compile_fullgraph(kwargs):
+    x = make_input(kwargs, (1024, 2048), torch.bfloat16, seed=47, device="cuda")
+
+    def fn(inp):
+        return nvfp4lab.quantize_nvfp4(inp, backend="triton", **kwargs)
+
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True)(x)
+    assert_same(got, fn(x))
