@@ -25,8 +25,8 @@ step() {  # step NAME TIMEOUT CMD...
 }
 
 step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
-step conf 300 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend ref --device cuda | tail -n 3; python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend triton --device cuda | tail -n 8'
-step tests 600 python3 -m pytest -q -m gpu -x -p no:cacheprovider tests
+step conf 150 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend ref --device cuda | tail -n 3; python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend triton --device cuda | tail -n 8'
+step tests 420 python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
   [ -f "$script" ] && step "$b" 600 python3 "$script" $QUICK --out "$OUT/$b.json"
