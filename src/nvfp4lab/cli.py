@@ -1,4 +1,4 @@
-"""Command line: ``nvfp4lab conformance [DIR]``, ``nvfp4lab demo`` and ``nvfp4lab lab`` (``python -m nvfp4lab``)."""
+"""Command line: ``nvfp4lab conformance [DIR]``, ``nvfp4lab demo``, ``nvfp4lab lab`` and ``nvfp4lab train`` (``python -m nvfp4lab``)."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .lab.command import add_parser as add_lab_parser
 
     add_lab_parser(sub)
+    from .lab.train import add_parser as add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 
