@@ -60,3 +60,19 @@ def test_cli_reports_a_mismatch(tmp_path):
     assert "rowwise_scale" in run.stdout and "(0, 0)" in run.stdout
     assert run.stdout.strip().splitlines()[-1] == "0 passed, 1 failed"
     assert json.loads(meta["case"])["op"] == "nvfp4_quantize"
+
+
+def _gpu_folder():
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ.get("NVFP4LAB_GOLDEN", Path(__file__).resolve().parents[1] / ".gpu" / "golden"))
+    return folder if folder.is_dir() else default_folder()
+
+
+@pytest.mark.gpu
+def test_reference_on_cuda_matches_golden():
+    """The reference must give the same bits on a GPU (torch CUDA arithmetic, e.g. no reciprocal shortcuts)."""
+    results = run_folder(_gpu_folder(), backend="ref", device="cuda")
+    failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+    assert results and not failed, "\n".join(failed[:10])

@@ -165,7 +165,9 @@ def quantize_rows(
             return stochastic_round_e2m1(scaled, rand_bytes), scale
         return codecs.e2m1_encode(scaled), scale
 
-    base = (bamax / 6.0) * s_enc
+    # fl(bamax / 6): a true division. A Python-float divisor would let CUDA torch multiply by fl(1/6)
+    # instead (its CPU-scalar shortcut), which rounds differently.
+    base = torch.div(bamax, torch.full_like(bamax, 6.0)) * s_enc
     candidates = []
     for expansion in (1.0, 1.5):  # map-to-6 first: it wins ties
         cand = base if expansion == 1.0 else base * 1.5
