@@ -11,6 +11,7 @@ OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NVFP4LAB_GOLDEN=${NVFP4LAB_GOLDEN:-$PWD/.gpu/golden}
 QUICK=$([ "$MODE" = quick ] && echo --quick || echo "")
+BENCH_LIMIT=${BENCH_LIMIT:-$([ "$MODE" = quick ] && echo 150 || echo 540)}
 SUMMARY=()
 
 step() {  # step NAME TIMEOUT CMD...
@@ -29,7 +30,7 @@ step conf 150 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --back
 step tests 420 python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
-  [ -f "$script" ] && step "$b" 600 python3 "$script" $QUICK --out "$OUT/$b.json"
+  [ -f "$script" ] && step "$b" "$BENCH_LIMIT" python3 "$script" $QUICK --out "$OUT/$b.json"
 done
 
 echo
