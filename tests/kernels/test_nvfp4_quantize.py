@@ -143,7 +143,11 @@ def _special_inputs():
     big = big / big.abs().max() * 3.3895e38  # amax at bf16 max
     with_inf = torch.randn(32, 64, generator=torch.Generator().manual_seed(9))
     with_inf[2, 3] = float("inf")
+    tiny = torch.randn(32, 64, generator=torch.Generator().manual_seed(10))
     return {
+        # outer amax below 2^-100: the kernel's fp64-division tiles
+        "tiny-1e-36": (tiny / tiny.abs().max() * 1e-36).to(DEV),
+        "denormal-tensor": (tiny / tiny.abs().max() * 1e-39).to(DEV),
         "zeros-tensor": torch.zeros(32, 64, device=DEV),
         "zero-rows-cols-tiles-tiny": x.to(DEV),
         "bf16-max": big.bfloat16().to(DEV),

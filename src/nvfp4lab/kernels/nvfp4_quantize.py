@@ -24,7 +24,8 @@ Numerics are those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32: divisions us
 Hopper has no E2M1 convert, so the encoder bounds the kernel's instruction count). No per-element
 division remains: 4over6 dequantizes each candidate with three divisions per block
 (``_dequant_4over6_fast``, exact while the outer amax is 0 or in [2^-100, 2^100]; other tiles take
-the per-element division).
+the per-element division). Tiles with an outer amax in (0, 2^-100) divide in fp64 (``_div``), immune to
+the subnormal flushing of ``div.rn.ftz.f32``; all other tiles only meet normal operands and quotients.
 The RHT is a ``tl.dot`` of a block-diagonal [BLOCK_M, BLOCK_M] matrix (16x16 blocks T^T, entries
 +-0.25) with the tile rounded to bf16, fp32 accumulation, result rounded to bf16 by integer RNE (the
 interpreter truncates on casts to bf16, and its bf16 ``tl.dot`` is wrong, so it uses an fp32 dot of the
@@ -85,18 +86,34 @@ def _bf16_rne(v):
 
 
 @triton.jit
-def _global_scales(amax, E6: tl.constexpr):
+def _div(a, b, F64: tl.constexpr):
+    """Correctly rounded fp32 a / b (a, b fp32 tensors of one shape).
+
+    F64: divide in fp64 and round once to fp32 (exact: 53 >= 2*24 + 2 bits), for tiles where an
+    operand or the quotient can be subnormal; ``div_rn`` flushes those on some Triton versions
+    (div.rn.ftz.f32). Elsewhere every operand and quotient is normal and ``div_rn`` is exact.
+    """
+    if F64:
+        q = (a.to(tl.float64) / b.to(tl.float64)).to(tl.float32)
+    else:
+        q = tl.math.div_rn(a, b)
+    return q
+
+
+@triton.jit
+def _global_scales(amax, E6: tl.constexpr, F64: tl.constexpr):
     """S_enc = clamp(6E / amax) (1 for amax 0 or inf), S_dec = 1 / S_enc."""
-    s_enc = _clamp_flt_max(tl.math.div_rn(tl.zeros_like(amax) + E6, amax))
+    s_enc = _clamp_flt_max(_div(tl.zeros_like(amax) + E6, amax, F64))
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-    s_dec = tl.math.div_rn(tl.zeros_like(s_enc) + 1.0, s_enc)
+    s_dec = _div(tl.zeros_like(s_enc) + 1.0, s_enc, F64)
     return s_enc, s_dec
 
 
 @triton.jit
-def _encode_factor(scale_f, s_dec):
+def _encode_factor(scale_f, s_dec, F64: tl.constexpr):
     """min(1 / (s * S_dec), FLT_MAX); a zero scale gives FLT_MAX."""
-    return _clamp_flt_max(tl.math.div_rn(tl.zeros_like(scale_f) + 1.0, scale_f * s_dec))
+    prod = scale_f * s_dec
+    return _clamp_flt_max(_div(tl.zeros_like(prod) + 1.0, prod, F64))
 
 
 @triton.jit
@@ -218,7 +235,7 @@ def _dequant_4over6_fast(codes, scale_f, outer, E6: tl.constexpr):
     range (outer amax 0 or in [2^-100, 2^100]); zero codes take fl(fl(0 * s) * amax) / 6E.
     """
     e6 = tl.zeros_like(scale_f) + E6
-    v_one = tl.math.div_rn(scale_f * outer, e6)
+    v_one = tl.math.div_rn(scale_f * outer, e6)  # all normal in the caller's range: no FTZ exposure
     v_three_halves = tl.math.div_rn((scale_f * 1.5) * outer, e6)
     v_zero = tl.math.div_rn((scale_f * 0.0) * outer, e6)
     idx = codes & 7  # magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
@@ -231,7 +248,7 @@ def _dequant_4over6_fast(codes, scale_f, outer, E6: tl.constexpr):
 
 @triton.jit
 def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.constexpr, MSE: tl.constexpr,
-                      FAST: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+                      FAST: tl.constexpr, F64: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
     """One 4over6 candidate: codes [A, B, 16], scale bits [A, B], per-block-row error [A, B].
 
     outer: the outer amax, broadcastable to [A, B]. FAST: dequantize through _dequant_4over6_fast.
@@ -242,12 +259,12 @@ def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.const
         cand = base
     scale = e4m3_encode(tl.where(cand > E4M3_MAX, E4M3_MAX, cand))
     scale_f = e4m3_decode(scale)
-    enc = _encode_factor(scale_f, s_dec)
+    enc = _encode_factor(scale_f, s_dec, F64)
     codes = e2m1_encode_fast(y3 * enc[:, :, None])
     if FAST:
         val = _dequant_4over6_fast(codes, scale_f, outer, E6)
     else:
-        val = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros_like(y3) + E6)
+        val = _div((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros_like(y3) + E6, F64)
     d = val - y3
     if MSE:
         term = d * d
@@ -347,6 +364,60 @@ def _amax_kernel(
 
 
 @triton.jit
+def _tiny_outer_amax(outer):
+    """Scalar: some outer amax of the tile is in (0, 2^-100): divisions may meet subnormals."""
+    tiny = (outer > 0.0) & (outer < 7.888609052210118e-31)
+    return tl.max(tiny.to(tl.int32)) == 1
+
+
+@triton.jit
+def _quantize_blocks(
+    v3, bamax, outer, seed, counter,
+    STREAM: tl.constexpr, SR: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, F64: tl.constexpr,
+    TREE_2D: tl.constexpr, A: tl.constexpr, B: tl.constexpr, G: tl.constexpr, KB: tl.constexpr,
+):
+    """Quantize [A, B] blocks of 16 (v3: [A, B, 16] fp32, block amax [A, B], outer amax broadcastable
+    to [A, B]); returns (codes [A, B, 16], scale bits [A, B]).
+
+    TREE_2D: 0 for 1x16 blocks; 1 when the [A, B] = [BLOCK_M, BLOCK_K/16] rows of 16x16 blocks are
+    rowwise (error rows [G, 16, KB]); 2 when [A, B] = [BLOCK_M/16, BLOCK_K] are columnwise ([G, KB, 16]).
+    """
+    s_enc, s_dec = _global_scales(outer, E6, F64)
+    if FOUR_OVER_SIX == 0:
+        scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
+        enc = _encode_factor(e4m3_decode(scale), s_dec, F64)
+        scaled = v3 * enc[:, :, None]
+        if SR:
+            codes = _sr_e2m1(scaled, _random_bytes(seed, counter, STREAM))
+        else:
+            codes = e2m1_encode_fast(scaled)
+    else:
+        base = _div(bamax, tl.zeros_like(bamax) + 6.0, F64) * s_enc
+        MSE: tl.constexpr = FOUR_OVER_SIX == 2
+        if _fast_4over6_ok(outer):
+            codes6, scale6, err6 = _candidate_4over6(v3, base, s_dec, outer, False, E6, MSE, True, F64, A, B)
+            codes4, scale4, err4 = _candidate_4over6(v3, base, s_dec, outer, True, E6, MSE, True, F64, A, B)
+        else:
+            codes6, scale6, err6 = _candidate_4over6(v3, base, s_dec, outer, False, E6, MSE, False, F64, A, B)
+            codes4, scale4, err4 = _candidate_4over6(v3, base, s_dec, outer, True, E6, MSE, False, F64, A, B)
+        if TREE_2D == 1:
+            # the 16 row errors of a 16x16 block, [G, 16, KB] -> tree over the 16 rows
+            e6 = _tree_sum16(tl.permute(tl.reshape(err6, [G, 16, KB]), (0, 2, 1)), G, KB)
+            e4 = _tree_sum16(tl.permute(tl.reshape(err4, [G, 16, KB]), (0, 2, 1)), G, KB)
+            pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, None, :], [G, 16, KB]), [A, B])
+        elif TREE_2D == 2:
+            # the 16 column errors of a 16x16 block, [G, KB, 16] -> tree over the 16 columns
+            e6 = _tree_sum16(tl.reshape(err6, [G, KB, 16]), G, KB)
+            e4 = _tree_sum16(tl.reshape(err4, [G, KB, 16]), G, KB)
+            pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, :, None], [G, KB, 16]), [A, B])
+        else:
+            pick4 = err4 < err6
+        scale = tl.where(pick4, scale4, scale6)
+        codes = tl.where(pick4[:, :, None], codes4, codes6)
+    return codes, scale
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K,
@@ -373,6 +444,7 @@ def _quantize_kernel(
     groups = pid_m * G + tl.arange(0, G).to(tl.int64)  # columnwise block index along M
     m_blocks = M // 16
     group_ok = groups < m_blocks
+    seed = 0
     if SR:
         if SEED_FROM_PTR:
             seed = tl.load(seed_ptr)
@@ -393,33 +465,12 @@ def _quantize_kernel(
             outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
         else:
             outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
-        s_enc, s_dec = _global_scales(outer, E6)
-        if FOUR_OVER_SIX == 0:
-            scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
-            enc = _encode_factor(e4m3_decode(scale), s_dec)
-            scaled = x3 * enc[:, :, None]
-            if SR:
-                rbytes = _random_bytes(seed, rows[:, None] * k_blocks + blks[None, :], 0)
-                codes = _sr_e2m1(scaled, rbytes)
-            else:
-                codes = e2m1_encode_fast(scaled)
+        counter = rows[:, None] * k_blocks + blks[None, :]
+        TREE_R: tl.constexpr = BLOCK_2D * 1  # 1: 16x16 row errors are tree-summed
+        if _tiny_outer_amax(outer):
+            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, True, TREE_R, BLOCK_M, KB, G, KB)
         else:
-            base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
-            if _fast_4over6_ok(outer):
-                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
-                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
-            else:
-                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
-                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
-            if BLOCK_2D:
-                # the 16 row errors of a 16x16 block, [G, 16, KB] -> tree over the 16 rows
-                e6 = _tree_sum16(tl.permute(tl.reshape(err6, [G, 16, KB]), (0, 2, 1)), G, KB)
-                e4 = _tree_sum16(tl.permute(tl.reshape(err4, [G, 16, KB]), (0, 2, 1)), G, KB)
-                pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, None, :], [G, 16, KB]), [BLOCK_M, KB])
-            else:
-                pick4 = err4 < err6
-            scale = tl.where(pick4, scale4, scale6)
-            codes = tl.where(pick4[:, :, None], codes4, codes6)
+            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, False, TREE_R, BLOCK_M, KB, G, KB)
         ok = row_ok[:, None] & blk_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
         word = (rows[:, None] * k_blocks + blks[None, :]) * 2
@@ -442,33 +493,12 @@ def _quantize_kernel(
             outer = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_K]
         else:
             outer = tl.zeros([1, 1], tl.float32) + tl.load(col_amax_ptr)
-        s_enc, s_dec = _global_scales(outer, E6)
-        if FOUR_OVER_SIX == 0:
-            scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
-            enc = _encode_factor(e4m3_decode(scale), s_dec)
-            scaled = y3 * enc[:, :, None]
-            if SR:
-                rbytes = _random_bytes(seed, cols[None, :] * m_blocks + groups[:, None], 1)
-                codes = _sr_e2m1(scaled, rbytes)
-            else:
-                codes = e2m1_encode_fast(scaled)
+        counter = cols[None, :] * m_blocks + groups[:, None]
+        TREE_C: tl.constexpr = BLOCK_2D * 2
+        if _tiny_outer_amax(outer):
+            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
         else:
-            base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
-            if _fast_4over6_ok(outer):
-                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
-                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
-            else:
-                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
-                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
-            if BLOCK_2D:
-                # the 16 column errors of a 16x16 block, [G, KB, 16] -> tree over the 16 columns
-                e6 = _tree_sum16(tl.reshape(err6, [G, KB, 16]), G, KB)
-                e4 = _tree_sum16(tl.reshape(err4, [G, KB, 16]), G, KB)
-                pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, :, None], [G, KB, 16]), [G, BLOCK_K])
-            else:
-                pick4 = err4 < err6
-            scale = tl.where(pick4, scale4, scale6)
-            codes = tl.where(pick4[:, :, None], codes4, codes6)
+            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, False, TREE_C, G, BLOCK_K, G, KB)
         ok = group_ok[:, None] & col_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
         word = (cols[None, :] * m_blocks + groups[:, None]) * 2
