@@ -131,8 +131,6 @@ def run_one(name, m, k, copy_cache, baseline, compiled_refs):
             print(f"  [{name} {m}x{k}] compiled reference failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
         row["speedup_eager"] = row["ref_eager_us"] / row["eager_us"]
         row["speedup_graph"] = row["ref_graph_us"] / row["full_us"]
-    del x
-    torch.cuda.empty_cache()
     return row
 
 
@@ -196,6 +194,7 @@ def main(argv=None) -> int:
         for name in recipes:
             for m, k in shapes:
                 row = run_one(name, m, k, copy_cache, not (args.no_baseline or args.tile_sweep), compiled_refs)
+                torch.cuda.empty_cache()  # release this shape's input and graph pools before the next
                 if tile:
                     row["tile"] = tile
                 rows.append(row)
