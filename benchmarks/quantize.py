@@ -12,8 +12,9 @@ For each recipe and shape (bf16 x of M x K) it reports, all medians of ``triton.
 
 Usage (from the repo root):  PYTHONPATH=src python benchmarks/quantize.py [--quick] [--out FILE]
 ``--quick`` runs 8192x8192 only; ``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` overrides the
-kernel tile (same as env NVFP4LAB_QUANT_TILE); ``--no-baseline`` skips the torch.compile reference.
-The table is printed last.
+kernel tile (same as env NVFP4LAB_QUANT_TILE); ``--no-baseline`` skips the torch.compile reference;
+``--tile-sweep [LIST]`` times every recipe at 8192x8192 for each tile of LIST (default: a grid of
+common tiles) instead of the sweep, to pick the kernels' defaults. The table is printed last.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
+SWEEP_TILES = ("32x64x4", "32x128x4", "64x64x4", "64x128x4", "64x128x8", "128x64x8", "128x128x8", "64x256x8")
 RECIPES = {
     "tensor-1x16-row": dict(rowwise=True),
     "tensor-1x16-rowcol": dict(rowwise=True, columnwise=True),
@@ -45,6 +47,7 @@ RECIPES = {
 }
 MS = (1024, 4096, 8192, 16384, 32768)
 DEVICE = "cuda"
+QUICK_SHAPE = (8192, 8192)
 KS = (2048, 4096, 8192)
 
 
@@ -128,13 +131,11 @@ def run_one(name, m, k, copy_cache, baseline, compiled_refs):
             print(f"  [{name} {m}x{k}] compiled reference failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
         row["speedup_eager"] = row["ref_eager_us"] / row["eager_us"]
         row["speedup_graph"] = row["ref_graph_us"] / row["full_us"]
-    del x
-    torch.cuda.empty_cache()
     return row
 
 
 COLUMNS = [
-    ("recipe", "{:<21}"), ("M", "{:>6}"), ("K", "{:>5}"), ("full_us", "{:>8.1f}"), ("eager_us", "{:>8.1f}"),
+    ("recipe", "{:<21}"), ("tile", "{:>9}"), ("M", "{:>6}"), ("K", "{:>5}"), ("full_us", "{:>8.1f}"), ("eager_us", "{:>8.1f}"),
     ("amax_us", "{:>7.1f}"), ("cast_us", "{:>7.1f}"), ("GBps", "{:>6.0f}"), ("pct_copy_full", "{:>6.1f}"),
     ("pct_copy_cast", "{:>6.1f}"), ("ref_eager_us", "{:>9.1f}"), ("ref_graph_us", "{:>9.1f}"),
     ("speedup_eager", "{:>6.1f}"), ("speedup_graph", "{:>6.1f}"),
@@ -165,13 +166,15 @@ def main(argv=None) -> int:
     parser.add_argument("--tile", help="BMxBKxWARPS tile override for every kernel (NVFP4LAB_QUANT_TILE)")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated subset of: " + ", ".join(RECIPES))
     parser.add_argument("--no-baseline", action="store_true", help="skip the torch.compile reference")
+    parser.add_argument("--tile-sweep", nargs="?", const=",".join(SWEEP_TILES), default=None,
+                        help="comma-separated BMxBKxWARPS tiles to time at 8192x8192 (no baseline)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/quantize.py needs a CUDA GPU", file=sys.stderr)
         return 1
     if args.tile:
         os.environ["NVFP4LAB_QUANT_TILE"] = args.tile
-    shapes = [(8192, 8192)] if args.quick else [(m, k) for m in MS for k in KS]
+    shapes = [QUICK_SHAPE] if args.quick else [(m, k) for m in MS for k in KS]
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
@@ -181,12 +184,23 @@ def main(argv=None) -> int:
             setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
     rows, copy_cache, compiled_refs = [], {}, {}
     t0 = time.time()
-    for name in recipes:
-        for m, k in shapes:
-            row = run_one(name, m, k, copy_cache, not args.no_baseline, compiled_refs)
-            rows.append(row)
-            print(f"  {name} {m}x{k}: full {row['full_us']:.1f} us ({row['pct_copy_full']:.0f}% of copy), "
-                  f"cast {row['cast_us']:.1f} us, amax {row['amax_us']:.1f} us", file=sys.stderr, flush=True)
+    tiles = [None]
+    if args.tile_sweep:
+        tiles = [t.strip() for t in args.tile_sweep.split(",") if t.strip()]
+        shapes = [QUICK_SHAPE]
+    for tile in tiles:
+        if tile:
+            os.environ["NVFP4LAB_QUANT_TILE"] = tile
+        for name in recipes:
+            for m, k in shapes:
+                row = run_one(name, m, k, copy_cache, not (args.no_baseline or args.tile_sweep), compiled_refs)
+                torch.cuda.empty_cache()  # release this shape's input and graph pools before the next
+                if tile:
+                    row["tile"] = tile
+                rows.append(row)
+                print(f"  {name} {m}x{k} tile {tile or args.tile or 'default'}: full {row['full_us']:.1f} us "
+                      f"({row['pct_copy_full']:.0f}% of copy), cast {row['cast_us']:.1f} us, amax {row['amax_us']:.1f} us",
+                      file=sys.stderr, flush=True)
     device = torch.cuda.get_device_name()
     meta = dict(device=device, torch=torch.__version__, triton=triton.__version__, tile=args.tile or "default",
                 seconds=round(time.time() - t0, 1))

@@ -143,7 +143,11 @@ def _special_inputs():
     big = big / big.abs().max() * 3.3895e38  # amax at bf16 max
     with_inf = torch.randn(32, 64, generator=torch.Generator().manual_seed(9))
     with_inf[2, 3] = float("inf")
+    tiny = torch.randn(32, 64, generator=torch.Generator().manual_seed(10))
     return {
+        # outer amax below 2^-100: the kernel's fp64-division tiles
+        "tiny-1e-36": (tiny / tiny.abs().max() * 1e-36).to(DEV),
+        "denormal-tensor": (tiny / tiny.abs().max() * 1e-39).to(DEV),
         "zeros-tensor": torch.zeros(32, 64, device=DEV),
         "zero-rows-cols-tiles-tiny": x.to(DEV),
         "bf16-max": big.bfloat16().to(DEV),
@@ -419,7 +423,7 @@ def test_error_sum_orders():
 
 @triton.jit
 def _dequant_probe_kernel(scale_ptr, amax_ptr, fast_ptr, exact_ptr, A: tl.constexpr, B: tl.constexpr, E6: tl.constexpr):
-    a = tl.arange(0, A)[:, None]
+    a = tl.program_id(0) * A + tl.arange(0, A)[:, None]  # A scales per program
     b = tl.arange(0, B)[None, :]
     scale_f = tl.load(scale_ptr + a + b * 0)  # [A, B]: one E4M3 scale per row
     outer = tl.load(amax_ptr + b + a * 0)  # [A, B]: one outer amax per column
@@ -440,7 +444,7 @@ def test_4over6_fast_dequant_is_exact_in_range(e4m3_max):
     amax = torch.cat([amax.clamp(2.0**-100, 2.0**100), torch.tensor([2.0**-100, 2.0**100, 0.0, 1.0])])
     fast = torch.empty(128, 64, 16, device=DEV)
     exact = torch.empty(128, 64, 16, device=DEV)
-    _dequant_probe_kernel[(1,)](scales.to(DEV), amax.to(DEV), fast, exact, 128, 64, 6.0 * e4m3_max, enable_fp_fusion=False)
+    _dequant_probe_kernel[(16,)](scales.to(DEV), amax.to(DEV), fast, exact, 8, 64, 6.0 * e4m3_max, enable_fp_fusion=False)
     assert torch.equal(fast.view(torch.int32), exact.view(torch.int32))
 
 

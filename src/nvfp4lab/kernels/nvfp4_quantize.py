@@ -1,42 +1,42 @@
 """NVFP4 quantize kernels: rowwise and columnwise outputs of every recipe from one read of x.
 
-Two passes over x (M, K), both tiled [BLOCK_M, BLOCK_K]:
+Passes over x (M, K), both tiled [BLOCK_M, BLOCK_K] (``_tile``; env NVFP4LAB_QUANT_TILE="BMxBKxWARPS"):
 
-1. ``_amax_kernel`` (only when an outer amax is not supplied): per-tensor amax, per-row amax (M,),
-   per-column amax (K,), or the per-tensor amax of the bf16 RHT output, each folded into an fp32
-   buffer with ``atomic_max`` on its int32 view (|x| >= 0, so int order is float order; NaN bits are
-   above inf and win, as torch.amax propagates NaN).
-2. ``_quantize_kernel``: loads one tile, quantizes its rows (1x16 blocks along K) and its columns
-   (1x16 blocks along M, i.e. rows of x^T) from registers, and writes both outputs. The tile is viewed
-   as [BLOCK_M, BLOCK_K/16, 16] for rowwise blocks and as [BLOCK_M/16, BLOCK_K, 16] (a permuted view of
-   [BLOCK_M/16, 16, BLOCK_K]) for columnwise blocks, so one block = the last axis in both directions.
+1. ``_amax_kernel``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
+   column (K,), or per tensor of the bf16 RHT output; folded into zeroed fp32 buffers by ``atomic_max``
+   on their int32 view (|x| >= 0, so int order is float order; NaN bits beat inf as torch.amax's NaN).
+2. ``_quantize_kernel``: loads one tile and quantizes, from registers, its rows (1x16 blocks along K,
+   view [BLOCK_M, BLOCK_K/16, 16]) and its columns (1x16 blocks along M = rows of x^T, view
+   [BLOCK_M/16, BLOCK_K, 16] permuted from [BLOCK_M/16, 16, BLOCK_K]); writes both outputs.
 
-Layout (see :mod:`nvfp4lab.tensors`): rowwise data (M, K/2) and columnwise data (K, M/2) are written
-as two int32 words per 16-element block (code i in bits 4(i%8).. of word i//8 = element 2j in the low
-nibble of byte j on a little-endian device). Scales are written as E4M3 bytes in the compact (R, C/16), padded
-(roundup(R,128), roundup(C/16,4)) or swizzled 128x4 layout (``ref.swizzle``); padded buffers are
-zero-filled beforehand only when padding exists.
+Layout (:mod:`nvfp4lab.tensors`): data (M, K/2) and (K, M/2) is stored as two int32 words per 16-element
+block (code i in bits 4(i%8).. of word i//8 = element 2j in the low nibble of byte j, little-endian).
+Scales are E4M3 bytes, compact (R, C/16), padded (roundup(R,128), roundup(C/16,4)) or swizzled 128x4
+(``ref.swizzle``); padded buffers are zero-filled first only when padding exists.
 
-Numerics are those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32: divisions use ``div_rn`` (Triton's
-``/`` is not IEEE on every version), launches pass ``enable_fp_fusion=False`` (an FMA would merge the
-4over6 ``err + d*d``), block amax is an integer max of |x| bits, and E2M1/E4M3 come from ``_codecs``
-(``e2m1_encode_fast``: the same codes as ``e2m1_encode`` for all 2^32 inputs, half the instructions;
-Hopper has no E2M1 convert, so the encoder bounds the kernel's instruction count). No per-element
-division remains: 4over6 dequantizes each candidate with three divisions per block
-(``_dequant_4over6_fast``, exact while the outer amax is 0 or in [2^-100, 2^100]; other tiles take
-the per-element division).
-The RHT is a ``tl.dot`` of a block-diagonal [BLOCK_M, BLOCK_M] matrix (16x16 blocks T^T, entries
-+-0.25) with the tile rounded to bf16, fp32 accumulation, result rounded to bf16 by integer RNE (the
-interpreter truncates on casts to bf16, and its bf16 ``tl.dot`` is wrong, so it uses an fp32 dot of the
-same exact values). Stochastic rounding draws Philox4x32-10 (``tl.philox``): key = seed, counter =
-(block index lo, block index hi, stream, 0) with stream 0 for rowwise and 1 for columnwise blocks;
-word w of a block gives elements 4w..4w+3, byte b to element 4w+b (TE's mapping).
+Numerics: those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32.
+* Launches pass ``enable_fp_fusion=False`` (an FMA would merge the 4over6 ``err + d*d``).
+* Divisions are correctly rounded (``_div``). Tiles whose outer amaxes are all 0 or in
+  [2^-100, 2^100] (``_normal_range``) use ``div_rn`` (Triton's ``/`` is approximate): there no
+  operand or quotient that matters is subnormal, so it is exact even where Triton lowers it to the
+  flushing ``div.rn.ftz.f32``. Other tiles take the EXACT path: fp64 divisions rounded once.
+* No per-element division in normal-range tiles: 4over6 dequantizes a candidate with three divisions
+  per block (``_dequant_4over6_fast``); EXACT tiles divide per element. Error sums run in index order
+  (``_seq_sum16``), 2D errors as TE's shuffle tree (``_tree_sum16``).
+* Block amax is an integer max of |x| bits; E2M1/E4M3 come from ``_codecs`` (``e2m1_encode_fast``: the
+  codes of ``e2m1_encode`` for all 2^32 inputs in half the instructions; Hopper has no E2M1 convert,
+  so the encoder bounds the kernel's instruction count).
+* RHT: ``tl.dot`` of blockdiag(T^T) [BLOCK_M, BLOCK_M] (entries +-0.25) with the tile rounded to bf16,
+  fp32 accumulation, result rounded to bf16 by integer RNE. (The interpreter truncates casts to bf16
+  and its bf16 ``tl.dot`` is wrong, so there the same exact values go through an fp32 dot.)
+* Stochastic rounding: Philox4x32-10 (``tl.philox``), key = seed, counter = (block index lo, hi,
+  stream, 0), stream 0 rowwise / 1 columnwise; word w of a block feeds elements 4w..4w+3, byte b to
+  element 4w+b (TE's mapping). The seed is an int, or an int64 device tensor read by the kernel.
 
 Constraints: x contiguous (M, K) bf16/fp16/fp32; K % 16 == 0; M % 16 == 0 when a columnwise or 16x16
-output is asked (rowwise 1x16 takes any M). Offsets are 64-bit. Empty inputs launch nothing.
-Public launchers are ``torch.library`` custom ops (``nvfp4lab::nvfp4_amax``,
-``nvfp4lab::nvfp4_quantize_cast``) with fake implementations, so ``torch.compile(fullgraph=True)`` and
-CUDA graphs work: no host sync, seeds for stochastic rounding can live on the device.
+output is asked (rowwise 1x16 takes any M). 64-bit offsets. Empty inputs launch nothing.
+Launchers are ``torch.library`` custom ops (``nvfp4lab::nvfp4_amax``, ``nvfp4lab::nvfp4_quantize_cast``)
+with fake implementations: ``torch.compile(fullgraph=True)`` and CUDA-graph capture work (no host sync).
 """
 from __future__ import annotations
 
@@ -85,18 +85,34 @@ def _bf16_rne(v):
 
 
 @triton.jit
-def _global_scales(amax, E6: tl.constexpr):
+def _div(a, b, F64: tl.constexpr):
+    """Correctly rounded fp32 a / b (a, b fp32 tensors of one shape).
+
+    F64: divide in fp64 and round once to fp32 (exact: 53 >= 2*24 + 2 bits), for tiles where an
+    operand or the quotient can be subnormal; ``div_rn`` flushes those on some Triton versions
+    (div.rn.ftz.f32). In normal-range tiles (``_normal_range``) ``div_rn`` is exact.
+    """
+    if F64:
+        q = (a.to(tl.float64) / b.to(tl.float64)).to(tl.float32)
+    else:
+        q = tl.math.div_rn(a, b)
+    return q
+
+
+@triton.jit
+def _global_scales(amax, E6: tl.constexpr, F64: tl.constexpr):
     """S_enc = clamp(6E / amax) (1 for amax 0 or inf), S_dec = 1 / S_enc."""
-    s_enc = _clamp_flt_max(tl.math.div_rn(tl.zeros_like(amax) + E6, amax))
+    s_enc = _clamp_flt_max(_div(tl.zeros_like(amax) + E6, amax, F64))
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-    s_dec = tl.math.div_rn(tl.zeros_like(s_enc) + 1.0, s_enc)
+    s_dec = _div(tl.zeros_like(s_enc) + 1.0, s_enc, F64)
     return s_enc, s_dec
 
 
 @triton.jit
-def _encode_factor(scale_f, s_dec):
+def _encode_factor(scale_f, s_dec, F64: tl.constexpr):
     """min(1 / (s * S_dec), FLT_MAX); a zero scale gives FLT_MAX."""
-    return _clamp_flt_max(tl.math.div_rn(tl.zeros_like(scale_f) + 1.0, scale_f * s_dec))
+    prod = scale_f * s_dec
+    return _clamp_flt_max(_div(tl.zeros_like(prod) + 1.0, prod, F64))
 
 
 @triton.jit
@@ -218,7 +234,7 @@ def _dequant_4over6_fast(codes, scale_f, outer, E6: tl.constexpr):
     range (outer amax 0 or in [2^-100, 2^100]); zero codes take fl(fl(0 * s) * amax) / 6E.
     """
     e6 = tl.zeros_like(scale_f) + E6
-    v_one = tl.math.div_rn(scale_f * outer, e6)
+    v_one = tl.math.div_rn(scale_f * outer, e6)  # all normal in the caller's range: no FTZ exposure
     v_three_halves = tl.math.div_rn((scale_f * 1.5) * outer, e6)
     v_zero = tl.math.div_rn((scale_f * 0.0) * outer, e6)
     idx = codes & 7  # magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
@@ -231,10 +247,11 @@ def _dequant_4over6_fast(codes, scale_f, outer, E6: tl.constexpr):
 
 @triton.jit
 def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.constexpr, MSE: tl.constexpr,
-                      FAST: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+                      EXACT: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
     """One 4over6 candidate: codes [A, B, 16], scale bits [A, B], per-block-row error [A, B].
 
-    outer: the outer amax, broadcastable to [A, B]. FAST: dequantize through _dequant_4over6_fast.
+    outer: the outer amax, broadcastable to [A, B]. EXACT: per-element fp64 division (any range);
+    otherwise _dequant_4over6_fast (normal-range tiles).
     """
     if EXPAND:
         cand = base * 1.5
@@ -242,12 +259,12 @@ def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.const
         cand = base
     scale = e4m3_encode(tl.where(cand > E4M3_MAX, E4M3_MAX, cand))
     scale_f = e4m3_decode(scale)
-    enc = _encode_factor(scale_f, s_dec)
+    enc = _encode_factor(scale_f, s_dec, EXACT)
     codes = e2m1_encode_fast(y3 * enc[:, :, None])
-    if FAST:
-        val = _dequant_4over6_fast(codes, scale_f, outer, E6)
+    if EXACT:
+        val = _div((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros_like(y3) + E6, True)
     else:
-        val = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros_like(y3) + E6)
+        val = _dequant_4over6_fast(codes, scale_f, outer, E6)
     d = val - y3
     if MSE:
         term = d * d
@@ -257,10 +274,14 @@ def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.const
 
 
 @triton.jit
-def _fast_4over6_ok(outer):
-    """Scalar: every outer amax of the tile is 0 or in [2^-100, 2^100] (not NaN), the range in which
-    _dequant_4over6_fast is exact. Tiles outside it (denormal-scale or near-overflow data) take the
-    per-element division."""
+def _normal_range(outer):
+    """Scalar: every outer amax of the tile is 0 or in [2^-100, 2^100] (not NaN).
+
+    Then every fp32 division meets normal operands and quotients (or only changes values that round
+    to a zero scale anyway), so ``div_rn`` is exact even where it flushes subnormals, and
+    _dequant_4over6_fast is exact. Other tiles (tiny, huge or NaN amax) take the EXACT path: fp64
+    divisions, per-element 4over6 dequantization.
+    """
     in_range = (outer == 0.0) | ((outer >= 7.888609052210118e-31) & (outer <= 1.2676506002282294e30))
     return tl.min(in_range.to(tl.int32)) == 1
 
@@ -347,6 +368,50 @@ def _amax_kernel(
 
 
 @triton.jit
+def _quantize_blocks(
+    v3, bamax, outer, seed, counter,
+    STREAM: tl.constexpr, SR: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, EXACT: tl.constexpr,
+    TREE_2D: tl.constexpr, A: tl.constexpr, B: tl.constexpr, G: tl.constexpr, KB: tl.constexpr,
+):
+    """Quantize [A, B] blocks of 16 (v3: [A, B, 16] fp32, block amax [A, B], outer amax broadcastable
+    to [A, B]); returns (codes [A, B, 16], scale bits [A, B]).
+
+    EXACT: fp64 divisions and per-element 4over6 dequantization (see _normal_range).
+    TREE_2D: 0 for 1x16 blocks; 1 when the [A, B] = [BLOCK_M, BLOCK_K/16] rows of 16x16 blocks are
+    rowwise (error rows [G, 16, KB]); 2 when [A, B] = [BLOCK_M/16, BLOCK_K] are columnwise ([G, KB, 16]).
+    """
+    s_enc, s_dec = _global_scales(outer, E6, EXACT)
+    if FOUR_OVER_SIX == 0:
+        scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
+        enc = _encode_factor(e4m3_decode(scale), s_dec, EXACT)
+        scaled = v3 * enc[:, :, None]
+        if SR:
+            codes = _sr_e2m1(scaled, _random_bytes(seed, counter, STREAM))
+        else:
+            codes = e2m1_encode_fast(scaled)
+    else:
+        base = _div(bamax, tl.zeros_like(bamax) + 6.0, EXACT) * s_enc
+        MSE: tl.constexpr = FOUR_OVER_SIX == 2
+        codes6, scale6, err6 = _candidate_4over6(v3, base, s_dec, outer, False, E6, MSE, EXACT, A, B)
+        codes4, scale4, err4 = _candidate_4over6(v3, base, s_dec, outer, True, E6, MSE, EXACT, A, B)
+        if TREE_2D == 1:
+            # the 16 row errors of a 16x16 block, [G, 16, KB] -> tree over the 16 rows
+            e6 = _tree_sum16(tl.permute(tl.reshape(err6, [G, 16, KB]), (0, 2, 1)), G, KB)
+            e4 = _tree_sum16(tl.permute(tl.reshape(err4, [G, 16, KB]), (0, 2, 1)), G, KB)
+            pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, None, :], [G, 16, KB]), [A, B])
+        elif TREE_2D == 2:
+            # the 16 column errors of a 16x16 block, [G, KB, 16] -> tree over the 16 columns
+            e6 = _tree_sum16(tl.reshape(err6, [G, KB, 16]), G, KB)
+            e4 = _tree_sum16(tl.reshape(err4, [G, KB, 16]), G, KB)
+            pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, :, None], [G, KB, 16]), [A, B])
+        else:
+            pick4 = err4 < err6
+        scale = tl.where(pick4, scale4, scale6)
+        codes = tl.where(pick4[:, :, None], codes4, codes6)
+    return codes, scale
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K,
@@ -373,6 +438,7 @@ def _quantize_kernel(
     groups = pid_m * G + tl.arange(0, G).to(tl.int64)  # columnwise block index along M
     m_blocks = M // 16
     group_ok = groups < m_blocks
+    seed = 0
     if SR:
         if SEED_FROM_PTR:
             seed = tl.load(seed_ptr)
@@ -393,33 +459,12 @@ def _quantize_kernel(
             outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
         else:
             outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
-        s_enc, s_dec = _global_scales(outer, E6)
-        if FOUR_OVER_SIX == 0:
-            scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
-            enc = _encode_factor(e4m3_decode(scale), s_dec)
-            scaled = x3 * enc[:, :, None]
-            if SR:
-                rbytes = _random_bytes(seed, rows[:, None] * k_blocks + blks[None, :], 0)
-                codes = _sr_e2m1(scaled, rbytes)
-            else:
-                codes = e2m1_encode_fast(scaled)
+        counter = rows[:, None] * k_blocks + blks[None, :]
+        TREE_R: tl.constexpr = BLOCK_2D * 1  # 1: 16x16 row errors are tree-summed
+        if _normal_range(outer):
+            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, False, TREE_R, BLOCK_M, KB, G, KB)
         else:
-            base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
-            if _fast_4over6_ok(outer):
-                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
-                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, BLOCK_M, KB)
-            else:
-                codes6, scale6, err6 = _candidate_4over6(x3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
-                codes4, scale4, err4 = _candidate_4over6(x3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, BLOCK_M, KB)
-            if BLOCK_2D:
-                # the 16 row errors of a 16x16 block, [G, 16, KB] -> tree over the 16 rows
-                e6 = _tree_sum16(tl.permute(tl.reshape(err6, [G, 16, KB]), (0, 2, 1)), G, KB)
-                e4 = _tree_sum16(tl.permute(tl.reshape(err4, [G, 16, KB]), (0, 2, 1)), G, KB)
-                pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, None, :], [G, 16, KB]), [BLOCK_M, KB])
-            else:
-                pick4 = err4 < err6
-            scale = tl.where(pick4, scale4, scale6)
-            codes = tl.where(pick4[:, :, None], codes4, codes6)
+            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, True, TREE_R, BLOCK_M, KB, G, KB)
         ok = row_ok[:, None] & blk_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
         word = (rows[:, None] * k_blocks + blks[None, :]) * 2
@@ -442,33 +487,12 @@ def _quantize_kernel(
             outer = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_K]
         else:
             outer = tl.zeros([1, 1], tl.float32) + tl.load(col_amax_ptr)
-        s_enc, s_dec = _global_scales(outer, E6)
-        if FOUR_OVER_SIX == 0:
-            scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
-            enc = _encode_factor(e4m3_decode(scale), s_dec)
-            scaled = y3 * enc[:, :, None]
-            if SR:
-                rbytes = _random_bytes(seed, cols[None, :] * m_blocks + groups[:, None], 1)
-                codes = _sr_e2m1(scaled, rbytes)
-            else:
-                codes = e2m1_encode_fast(scaled)
+        counter = cols[None, :] * m_blocks + groups[:, None]
+        TREE_C: tl.constexpr = BLOCK_2D * 2
+        if _normal_range(outer):
+            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, False, TREE_C, G, BLOCK_K, G, KB)
         else:
-            base = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0) * s_enc
-            if _fast_4over6_ok(outer):
-                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
-                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, True, G, BLOCK_K)
-            else:
-                codes6, scale6, err6 = _candidate_4over6(y3, base, s_dec, outer, False, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
-                codes4, scale4, err4 = _candidate_4over6(y3, base, s_dec, outer, True, E6, FOUR_OVER_SIX == 2, False, G, BLOCK_K)
-            if BLOCK_2D:
-                # the 16 column errors of a 16x16 block, [G, KB, 16] -> tree over the 16 columns
-                e6 = _tree_sum16(tl.reshape(err6, [G, KB, 16]), G, KB)
-                e4 = _tree_sum16(tl.reshape(err4, [G, KB, 16]), G, KB)
-                pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, :, None], [G, KB, 16]), [G, BLOCK_K])
-            else:
-                pick4 = err4 < err6
-            scale = tl.where(pick4, scale4, scale6)
-            codes = tl.where(pick4[:, :, None], codes4, codes6)
+            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
         ok = group_ok[:, None] & col_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
         word = (cols[None, :] * m_blocks + groups[:, None]) * 2
