@@ -77,6 +77,21 @@ def _check_amax(name: str, amax, expected: tuple[int, ...], device) -> Optional[
     return amax.to(device=device, dtype=torch.float32).reshape(-1)
 
 
+def _dequant_source(t, cls, dtype, which: str):
+    """Shared checks of the dequantize ops; returns (dtype, the copy's data tensor)."""
+    if not isinstance(t, cls):
+        raise TypeError(f"t must be an {cls.__name__}, got {type(t).__name__}")
+    dtype = t.dtype if dtype is None else dtype
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    if which not in ("rowwise", "columnwise"):
+        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
+    data = t.rowwise_data if which == "rowwise" else t.columnwise_data
+    if data is None:
+        raise ValueError(f"which={which!r}: this {cls.__name__} has no {which} copy")
+    return dtype, data
+
+
 # ---------------------------------------------------------------------------------------- NVFP4
 def quantize_nvfp4(
     x: torch.Tensor,
@@ -235,6 +250,7 @@ def quantize_nvfp4_grouped(x: torch.Tensor, split_sections, *, scale_layout: str
                 t.columnwise_scale = ref.swizzle.apply_scale_layout(t.columnwise_scale, scale_layout)
     return parts
 
+
 def dequantize_nvfp4(
     t: NVFP4Tensor,
     *,
@@ -243,16 +259,7 @@ def dequantize_nvfp4(
     backend: Optional[str] = None,
 ) -> torch.Tensor:
     """NVFP4Tensor -> high precision in the original shape (``dtype`` defaults to the original)."""
-    if not isinstance(t, NVFP4Tensor):
-        raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
-    dtype = t.dtype if dtype is None else dtype
-    if dtype not in OUT_DTYPES:
-        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-    if which not in ("rowwise", "columnwise"):
-        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
-    data = t.rowwise_data if which == "rowwise" else t.columnwise_data
-    if data is None:
-        raise ValueError(f"which={which!r}: this NVFP4Tensor has no {which} copy")
+    dtype, data = _dequant_source(t, NVFP4Tensor, dtype, which)
     if data.numel() == 0:
         return torch.empty(t.shape, dtype=dtype, device=data.device)
     backend = resolve_backend(backend, data.device)
@@ -305,16 +312,7 @@ def dequantize_mxfp8(
     backend: Optional[str] = None,
 ) -> torch.Tensor:
     """MXFP8Tensor -> high precision (M, K)."""
-    if not isinstance(t, MXFP8Tensor):
-        raise TypeError(f"t must be an MXFP8Tensor, got {type(t).__name__}")
-    dtype = t.dtype if dtype is None else dtype
-    if dtype not in OUT_DTYPES:
-        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-    if which not in ("rowwise", "columnwise"):
-        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
-    data = t.rowwise_data if which == "rowwise" else t.columnwise_data
-    if data is None:
-        raise ValueError(f"which={which!r}: this MXFP8Tensor has no {which} copy")
+    dtype, data = _dequant_source(t, MXFP8Tensor, dtype, which)
     if data.numel() == 0:
         return torch.empty(t.shape, dtype=dtype, device=data.device)
     backend = resolve_backend(backend, data.device)
