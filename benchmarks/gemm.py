@@ -1,7 +1,8 @@
 """NVFP4 GEMM benchmark (CUDA): cuBLAS BF16, naive dequantize + cuBLAS, and nvfp4lab's Triton kernel.
 
     python benchmarks/gemm.py                 # all shapes (square 2048..16384, LLM shapes, grouped)
-    python benchmarks/gemm.py --quick         # 8192^3, M=16/64 at (N,K)=(4096,4096), grouped
+    python benchmarks/gemm.py --quick         # 8192^3, 4096^3, M=1/16/64/256 at a few (N,K), grouped
+    python benchmarks/gemm.py --paths         # skinny-kernel variants and dequant+cuBLAS vs fused (sets _DENSE_RULES)
     python benchmarks/gemm.py --sweep         # also time candidate block configs (prints the best)
     python benchmarks/gemm.py --out res.json  # write every measurement as JSON
 
@@ -29,7 +30,7 @@ from nvfp4lab import moe  # noqa: E402
 from nvfp4lab.kernels import nvfp4_gemm as G  # noqa: E402
 
 SQUARE = [2048, 4096, 8192, 16384]
-LLM_M = [16, 64, 256, 4096, 16384]
+LLM_M = [1, 16, 64, 256, 4096, 16384]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (7168, 2048)]
 GROUPED = [  # (experts, tokens per expert or explicit sizes, N, K)
     (8, [2048] * 8, 4096, 4096),
@@ -218,9 +219,116 @@ def bench_grouped(experts, sizes, n, k, gen):
     return res
 
 
+def _close(got, want):
+    """Sanity check of a timed variant against the default kernel (within the golden relative tolerance,
+    plus a small absolute slack for fp32 summation order near zero)."""
+    g, w = got.float(), want.float()
+    return bool(((g - w).abs() <= 2.0 ** -7 * w.abs() + 1e-2 * w.abs().mean()).all())
+
+
+def sweep_paths(gen, out_path=None):
+    """One-call comparison of the dense paths: skinny kernel variants for small M, fused vs dequant + cuBLAS
+    for large shapes (TFLOP/s; x = ratio to cuBLAS BF16). Used to set _DENSE_RULES."""
+    C = G.GemmConfig
+    rows = []
+    dev = torch.device(DEVICE)
+
+    def tflops(m, n, k, ms):
+        return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+    def S(bn, bk, w, mr, **kw):
+        return C(16, bn, bk, 8, w, kw.pop("st", 1), maxnreg=mr, skinny=True, prefetch=kw.pop("pf", False), **kw)
+
+    skinny = {
+        "s64x128w4r96": S(64, 128, 4, 96), "s64x128w4r64": S(64, 128, 4, 64),
+        "s64x128w8r96": S(64, 128, 8, 96), "s64x128w8r64": S(64, 128, 8, 64),
+        "s64x256w8r128": S(64, 256, 8, 128), "s64x256w8r96": S(64, 256, 8, 96),
+        "s32x128w4r96": S(32, 128, 4, 96), "s64x128w8r96pf": S(64, 128, 8, 96, pf=True),
+        "s128x128w8r96": S(128, 128, 8, 96), "s64x128w4r96st3": S(64, 128, 4, 96, st=3),
+        "s64x128w8r96_noswap": S(64, 128, 8, 96, swap_ab=False),
+    }
+    for n, k in [(4096, 4096), (14336, 4096), (4096, 14336)]:
+        copies = _copies(n * k * 9 // 16)
+        ws = [torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for _ in range(copies)]
+        bs = [quantize(w) for w in ws]
+        for m in (1, 16, 64):
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+            a = quantize(x)
+            outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in bs]
+            r = dict(m=m, n=n, k=k)
+            r["cublas"] = tflops(m, n, k, time_graph([lambda w=w: torch.mm(x, w.t()) for w in ws], replays=10))
+            old = G.choose_config(m, n, k, dev, grouped=True)  # the fused kernel's table row (the previous default)
+            r["fused_old"] = tflops(m, n, k, time_graph([lambda b=b, o=o: G.run(a, b, o, config=old)
+                                                         for b, o in zip(bs, outs)], replays=10))
+            want = outs[0].clone()
+            for name, cfg in skinny.items():
+                cfg = replace_cfg(cfg, block_m=G.skinny_block_m(min(m, 64)))
+                for cps in ((4, 8) if name in ("s64x128w4r96", "s64x128w8r96") else (4,)):
+                    c = replace_cfg(cfg, ctas_per_sm=cps)
+                    key = f"{name}_c{cps}"
+                    try:
+                        t = tflops(m, n, k, time_graph([lambda b=b, o=o: G.run(a, b, o, config=c)
+                                                        for b, o in zip(bs, outs)], replays=10))
+                        r[key] = t if _close(outs[0], want) else f"WRONG {t:.1f}"
+                    except Exception as exc:
+                        r[key] = f"{type(exc).__name__}: {str(exc)[:100]}"
+            best = max((v, kk) for kk, v in r.items() if isinstance(v, float) and kk.startswith("s"))
+            print(f"paths M={m} N={n} K={k}: cuBLAS {r['cublas']:.1f} fused_old {r['fused_old']:.1f} best {best[1]} "
+                  f"{best[0]:.1f} ({best[0] / r['cublas']:.2f}x cuBLAS) | " +
+                  " ".join(f"{kk}={v:.1f}" if isinstance(v, float) else f"{kk}={v}" for kk, v in r.items()
+                           if kk.startswith("s")), flush=True)
+            rows.append(r)
+        del ws, bs
+        torch.cuda.empty_cache()
+    for m, n, k in [(256, 4096, 4096), (512, 4096, 4096), (256, 14336, 4096), (128, 4096, 4096)]:
+        sets = make_operands(m, n, k, _copies((m * k + n * k) * 9 // 16, limit=4), gen)
+        outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in sets]
+        r = dict(m=m, n=n, k=k)
+        r["cublas"] = tflops(m, n, k, time_graph([lambda s=s: torch.mm(s["x"], s["w"].t()) for s in sets]))
+        old = G.choose_config(m, n, k, dev, grouped=True)
+        r["fused_old"] = tflops(m, n, k, time_graph([lambda s=s, o=o: G.run(s["a_tensor"], s["b"], o, config=old)
+                                                     for s, o in zip(sets, outs)]))
+        want = outs[0].clone()
+        for bk in (128,):
+            c = C(128, 128, bk, dequant_mm=True)
+            for amax in ("tensor", "token"):
+                key = f"dq{bk}_{amax}"
+                try:
+                    t = tflops(m, n, k, time_graph([lambda s=s, o=o: G.run(s[f"a_{amax}"], s["b"], o, config=c)
+                                                    for s, o in zip(sets, outs)]))
+                    G.run(sets[0]["a_tensor"], sets[0]["b"], outs[0], config=c)
+                    r[key] = t if _close(outs[0], want) else f"WRONG {t:.1f}"
+                except Exception as exc:
+                    r[key] = f"{type(exc).__name__}: {str(exc)[:100]}"
+        # breakdown at this shape: expansion of both operands, the fp32-output GEMM, the epilogue
+        s0 = sets[0]
+        a16 = torch.empty(m, k, device=DEVICE, dtype=torch.float16)
+        b16 = torch.empty(n, k, device=DEVICE, dtype=torch.float16)
+        try:
+            r["mm_f16_f32out_only"] = tflops(m, n, k, time_graph([lambda: torch.mm(a16, b16.t(), out_dtype=torch.float32)]))
+        except Exception as exc:
+            r["mm_f16_f32out_only"] = f"{type(exc).__name__}: {str(exc)[:100]}"
+        r["mm_f16_f16out_only"] = tflops(m, n, k, time_graph([lambda: torch.mm(a16, b16.t())]))
+        del a16, b16
+        print(f"paths M={m} N={n} K={k}: " + " ".join(f"{kk}={v:.1f}" if isinstance(v, float) else f"{kk}={v}"
+                                                       for kk, v in r.items()), flush=True)
+        rows.append(r)
+        del sets, outs
+        torch.cuda.empty_cache()
+    if out_path:
+        Path(out_path).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def replace_cfg(cfg, **kw):
+    from dataclasses import replace
+    return replace(cfg, **kw)
+
+
 def dense_shapes(quick):
     if quick:
-        return [(8192, 8192, 8192), (16, 4096, 4096), (64, 4096, 4096)]
+        return [(8192, 8192, 8192), (4096, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 14336, 4096),
+                (16, 14336, 4096), (64, 14336, 4096), (256, 4096, 4096)]
     shapes = [(s, s, s) for s in SQUARE]
     shapes += [(m, n, k) for (n, k) in LLM_NK for m in LLM_M]
     return shapes
@@ -250,11 +358,12 @@ def print_table(results):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="8192^3, M=16/64 at (4096,4096), one grouped case")
+    parser.add_argument("--quick", action="store_true", help="8192^3, 4096^3, M=1..256 at a few (N,K), one grouped case")
     parser.add_argument("--sweep", action="store_true", help="also time candidate block configs")
     parser.add_argument("--out", type=str, default=None, help="write results as JSON to this file")
     parser.add_argument("--only", choices=("square", "llm", "grouped"), default=None,
                         help="run one group of shapes (to split a long run)")
+    parser.add_argument("--paths", action="store_true", help="compare the dense paths (skinny variants, dequant+cuBLAS)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gemm.py needs a CUDA GPU")
@@ -263,6 +372,9 @@ def main(argv=None):
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}",
           flush=True)
+    if args.paths:
+        sweep_paths(gen, args.out)
+        return
     results = []
     shapes = dense_shapes(args.quick)
     if args.only == "square":

@@ -405,6 +405,69 @@ def test_split_k(split_k):
         assert_equal(got, want)
 
 
+SKINNY_VARIANTS = [  # (split_k, swap_ab, prefetch, fused_reduce): every switch of the skinny kernel
+    (1, True, True, True), (3, True, True, True), (2, False, False, False), (5, True, False, True),
+    (4, False, True, False),
+]
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 33])
+def test_skinny_kernel(m):
+    """The skinny (weight-streaming) kernel: 288 = 4.5 K tiles of 64 (a partial tile; splits of uneven
+    length), row padding of A to 16/32/64, bias + accumulate, per-token A, per-channel swizzled B."""
+    gen = torch.Generator().manual_seed(40 + m)
+    a = exact_operand(m, 288, gen, amax="token")
+    b = exact_operand(40, 288, gen, amax="token", layout="swizzled")
+    bias = torch.randn(40, generator=gen)
+    old = torch.randn(m, 40, generator=gen).to(torch.bfloat16)
+    want = old.clone()
+    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
+    for split_k, swap_ab, prefetch, fused in SKINNY_VARIANTS:
+        cfg = G.GemmConfig(G.skinny_block_m(m), 32, 64, 8, 4, 1, skinny=True, split_k=split_k, swap_ab=swap_ab,
+                           prefetch=prefetch, fused_reduce=fused)
+        got = old.clone()
+        G.run(a, b, got, bias=bias, accumulate=True, config=cfg)
+        assert_equal(got, want)
+
+
+def test_skinny_ptx_decoder_in_kernel(emulated_asm):
+    gen = torch.Generator().manual_seed(47)
+    a, b = exact_operand(3, 256, gen), exact_operand(48, 256, gen, amax="token")
+    want = gemm(a, b, "ref", out_dtype=torch.float32)
+    out = poisoned((3, 48), torch.float32, "cpu")
+    G.run(a, b, out, decode=1, config=G.GemmConfig(16, 16, 128, 8, 4, 1, skinny=True, split_k=2))
+    assert_equal(out, want)
+
+
+@pytest.mark.parametrize("k", [128, 96])  # 96: a partial expansion tile, zero-padded on both sides
+def test_dequant_mm_path(k):
+    """Both operands expanded to FP16 q * s, one fp32-output matmul, the epilogue kernel."""
+    gen = torch.Generator().manual_seed(50 + k)
+    a = exact_operand(40, k, gen, amax="token", layout="swizzled")
+    b = exact_operand(72, k, gen, amax="token")
+    bias = torch.randn(72, generator=gen).to(torch.bfloat16)
+    old = torch.randn(40, 72, generator=gen).to(torch.bfloat16)
+    want = old.clone()
+    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
+    for block_k in (64, 128):
+        got = old.clone()
+        G.run(a, b, got, bias=bias, accumulate=True, config=G.GemmConfig(32, 32, block_k, dequant_mm=True))
+        assert_equal(got, want)
+
+
+def test_dense_only_configs_fall_back_for_grouped():
+    """A skinny / dequant_mm config given to a grouped GEMM runs the grouped kernel instead."""
+    gen = torch.Generator().manual_seed(55)
+    sizes = [3, 0, 5]
+    a = exact_operand(sum(sizes), 128, gen, amax="token")
+    b_list = [exact_operand(16, 128, gen) for _ in sizes]
+    want = _per_expert_reference(a, b_list, sizes)
+    for cfg in (G.GemmConfig(16, 32, 64, skinny=True, split_k=2), G.GemmConfig(32, 32, 64, dequant_mm=True)):
+        out = poisoned((sum(sizes), 16), torch.float32, "cpu")
+        G.run(a, moe.stack_weights(b_list), out, offs=torch.tensor(sizes).cumsum(0), num_experts=3, config=cfg)
+        assert_equal(out, want)
+
+
 # ------------------------------------------------------------------------------- grouped, CPU tier
 def _per_expert_reference(a, b_list, sizes, bias=None, out_dtype=torch.float32):
     """The definition: one dense reference GEMM per expert on the expert's rows."""
@@ -646,6 +709,44 @@ def test_gpu_every_table_config(m):
             out = poisoned((m + 3, n), torch.float32)
             G.run(a, b, out, config=cfg, decode=decode)
             assert_equal(out, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 37, 64])
+def test_gpu_skinny_variants(m):
+    """The dense rule's skinny config and each of its switches, exact operands, K = 4.125 tiles."""
+    gen = torch.Generator().manual_seed(60 + m)
+    n, k = 1000, 1056
+    a = exact_operand(m, k, gen, amax="token", device="cuda")
+    b = exact_operand(n, k, gen, layout="swizzled", device="cuda")
+    bias = torch.randn(n, device="cuda")
+    old = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    want = old.clone()
+    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
+    base = G.skinny_config(m, n, k, torch.device("cuda"))
+    assert base.skinny and G.choose_config(m, 16384, k, torch.device("cuda")).skinny
+    from dataclasses import replace
+    for cfg in (base, replace(base, swap_ab=False), replace(base, prefetch=False), replace(base, fused_reduce=False),
+                replace(base, split_k=1), replace(base, split_k=3)):
+        for decode in (0, 1):
+            got = old.clone()
+            G.run(a, b, got, bias=bias, accumulate=True, config=cfg, decode=decode)
+            assert_equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_dequant_mm():
+    gen = torch.Generator().manual_seed(70)
+    m, n, k = 333, 1000, 1056
+    a = exact_operand(m, k, gen, amax="token", device="cuda")
+    b = exact_operand(n, k, gen, amax="token", device="cuda", layout="swizzled")
+    bias = torch.randn(n, device="cuda")
+    want = gemm(a, b, "ref", bias=bias, out_dtype=torch.bfloat16)
+    rule = G._DENSE_RULES[G._gpu_key(torch.device("cuda"))]["dequant"]
+    for decode in (0, 1):
+        out = poisoned((m, n), torch.bfloat16)
+        G.run(a, b, out, bias=bias, config=rule, decode=decode)
+        assert_equal(out, want)
 
 
 @pytest.mark.gpu

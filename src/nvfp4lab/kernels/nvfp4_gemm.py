@@ -385,6 +385,117 @@ def _split_k_epilogue_kernel(
 
 
 @triton.jit
+def _load_codes(ptr, scale_ptr, rows, k, stride, stride_s, cols4, K,
+                SWIZZLED: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Packed codes [rows, BLOCK_K/2] and E4M3 scales [rows, BLOCK_K/16] of K tile ``k``; zeros past K
+    (zero codes and zero scales both decode to exact zeros)."""
+    kk2 = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    kb = k * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    ptrs = ptr + rows[:, None] * stride + kk2[None, :]
+    sptrs = scale_ptr + _scale_offsets(rows, kb, stride_s, cols4, SWIZZLED)
+    if EVEN_K:
+        raw = tl.load(ptrs)
+        sc = tl.load(sptrs)
+    else:
+        raw = tl.load(ptrs, mask=(kk2 < K // 2)[None, :], other=0)
+        sc = tl.load(sptrs, mask=(kb < K // 16)[None, :], other=0)
+    return raw, sc
+
+
+@triton.jit
+def _skinny_kernel(
+    a_ptr, a_scale_ptr, a_amax_ptr,
+    b_ptr, b_scale_ptr, b_amax_ptr,
+    bias_ptr, out_ptr, ws_ptr, count_ptr,
+    M, N, K, per_split, num_splits,
+    stride_a, stride_as, a_cols4,
+    stride_b, stride_bs, b_cols4,
+    stride_om, stride_on,
+    inv_e, tab_lo,
+    A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr,
+    A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
+    ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr, DECODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: fp32 partials to ws_ptr (num_splits, M, N)
+    FUSED_REDUCE: tl.constexpr,  # the last split of an output tile to arrive sums the partials (one launch)
+    SWAP_AB: tl.constexpr,  # acc^T = B A^T: N is the MMA's M dimension (wgmma from registers)
+    PREFETCH: tl.constexpr,  # load B's next K tile before decoding this one (register double buffer)
+):
+    """Dense GEMM for few rows of A (decode / memory-bound regime): a weight stream.
+
+    Grid (N tiles, K splits, M tiles). Each program owns BLOCK_N rows of B and a contiguous range of
+    ``per_split`` K tiles; B's rows are K-major, so every row's BLOCK_K/2 bytes are one contiguous run
+    (wide coalesced loads). A (at most a few tiles of rows, L2-resident) is re-read per program. With
+    SWAP_AB the product is formed as B A^T so that the large N side is the MMA's M dimension: the
+    decoded B tile can be the register operand of wgmma and A pads only to 16 columns.
+    Partials are summed in split order 0..S-1 (deterministic, whoever sums them)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)  # padding rows read row 0; never stored
+    rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)  # the host makes every split non-empty
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PREFETCH:
+        b_raw, b_sc = _load_codes(b_ptr, b_scale_ptr, rows_b, k_first, stride_b, stride_bs, b_cols4, K,
+                                  B_SWIZZLED, EVEN_K, BLOCK_K)
+    for k in range(k_first, k_last):
+        if PREFETCH:
+            # The next tile (the last one again at the end: always in range, an L2 hit) is in flight
+            # while this one is decoded and multiplied.
+            b_raw_n, b_sc_n = _load_codes(b_ptr, b_scale_ptr, rows_b, tl.minimum(k + 1, k_last - 1), stride_b,
+                                          stride_bs, b_cols4, K, B_SWIZZLED, EVEN_K, BLOCK_K)
+        else:
+            b_raw, b_sc = _load_codes(b_ptr, b_scale_ptr, rows_b, k, stride_b, stride_bs, b_cols4, K,
+                                      B_SWIZZLED, EVEN_K, BLOCK_K)
+        a_raw, a_sc = _load_codes(a_ptr, a_scale_ptr, rows_a, k, stride_a, stride_as, a_cols4, K,
+                                  A_SWIZZLED, EVEN_K, BLOCK_K)
+        a_val = _decode_tile(a_raw, a_sc, tab_lo, BLOCK_M, BLOCK_K, DECODE)
+        b_val = _decode_tile(b_raw, b_sc, tab_lo, BLOCK_N, BLOCK_K, DECODE)
+        if SWAP_AB:
+            acc = tl.dot(b_val, tl.trans(a_val), acc)
+        else:
+            acc = tl.dot(a_val, tl.trans(b_val), acc)
+        if PREFETCH:
+            b_raw = b_raw_n
+            b_sc = b_sc_n
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    if SPLIT:
+        tile_off = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        omask = mask_m[:, None] & mask_n[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + tile_off, acc, mask=omask)
+        if FUSED_REDUCE:
+            # Every thread's partial is stored before the counter is raised (barrier, then a gpu-scope
+            # release); the program that raises it last sums all partials in split order through L2
+            # (.cg: never a stale L1 line) and finishes. The counters start at zero (one per tile, per call).
+            tl.debug_barrier()
+            prev = tl.atomic_add(count_ptr + pid_m * tl.num_programs(0) + pid_n, 1, sem="acq_rel", scope="gpu")
+            if prev == num_splits - 1:
+                part_ptrs = ws_ptr + tile_off
+                tot = tl.load(part_ptrs, mask=omask, other=0.0, cache_modifier=".cg")
+                for _ in range(1, num_splits):
+                    part_ptrs += M * N  # M <= a few tiles of rows: no int32 overflow
+                    tot += tl.load(part_ptrs, mask=omask, other=0.0, cache_modifier=".cg")
+                _epilogue(tot, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
+                          out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
+                          OUT_BF16, BLOCK_M, BLOCK_N)
+    else:
+        _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
+                  out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
+                  OUT_BF16, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
 def _expand_kernel(
     b_ptr, b_scale_ptr, out_ptr,
     rows, K, stride_b, stride_bs, b_cols4, stride_o,
@@ -420,6 +531,16 @@ class GemmConfig:
     maxnreg: Optional[int] = None  # cap registers (ptxas .maxnreg), e.g. for 2 CTAs per SM
     b_predecode: bool = False  # expand B to fp16 once (one extra pass), then decode only A per tile
     split_k: int = 1  # dense GEMMs: K split over this many CTAs, fp32 partials summed by a second kernel
+    # Dense only, the skinny kernel (_skinny_kernel; few rows of A): split_k = 0 lets choose_config pick
+    # the split from ctas_per_sm; swap_ab / prefetch / fused_reduce are its constexpr switches.
+    skinny: bool = False
+    ctas_per_sm: int = 4
+    swap_ab: bool = True
+    prefetch: bool = True
+    fused_reduce: bool = True
+    # Dense only: expand both operands to FP16 q * s (exact) with _expand_kernel (block_k = its tile),
+    # cuBLAS FP16 GEMM with fp32 output, then the epilogue kernel. Temporary memory 2MK + 2NK + 4MN bytes.
+    dequant_mm: bool = False
 
 
 # Per GPU: (max M, config) rows, first match wins (M: rows per expert for grouped GEMMs). H100 and H200
@@ -442,6 +563,24 @@ _HOPPER = (
     (1 << 62, GemmConfig(128, 256, 64, 8, 8, 4, b_predecode=True)),
 )
 _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
+# Dense GEMMs only (grouped GEMMs use the rows above), checked before them. Measured on an H200
+# (benchmarks/gemm.py --paths, TFLOP/s, cuBLAS BF16 in brackets):
+# * the skinny kernel (weight stream) for M <= 64 where N >= SKINNY_MIN_N: at N=14336 K=4096, M=1 3.6 vs
+#   the fused kernel's 2.3 [3.8], M=16 54 vs 36 [61], M=64 146 vs 96 [220]. At N=4096 it lost (M=16: 20 vs
+#   31 [40]): with few N tiles the splits are long serial load-decode-MMA chains (see the notes).
+#   maxnreg=96: without a cap ptxas takes 220-255 registers (1 CTA per SM); 96 does not spill.
+# * M >= DEQUANT_MIN_M and M*N*K >= DEQUANT_MIN_MNK: expand both operands to FP16 + cuBLAS fp32-output GEMM +
+#   epilogue kernel: 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
+#   M=128 N=K=4096 135 vs 83 [291]: it beat the fused kernel at every M >= 128 measured.
+_HOPPER_DENSE = dict(
+    skinny_min_n=8192,
+    skinny=((32, GemmConfig(16, 64, 128, 8, 4, 3, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False)),
+            (64, GemmConfig(64, 64, 128, 8, 8, 1, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False))),
+    dequant_min_m=128,
+    dequant_min_mnk=1 << 30,
+    dequant=GemmConfig(128, 128, 128, 8, 4, 1, dequant_mm=True),
+)
+_DENSE_RULES = {"H100": _HOPPER_DENSE, "H200": _HOPPER_DENSE, "default": _HOPPER_DENSE}
 # Interpreter: small tiles so that tests hit every edge mask; larger ones only for larger problems
 # (numpy runs whole tiles, so fewer programs is what makes the interpreter fast).
 _INTERPRET_SMALL = GemmConfig(32, 32, 64, 4, 4, 1)
@@ -467,10 +606,42 @@ def _gpu_key(device: torch.device) -> str:
     return _gpu_key_cached(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
+def skinny_block_m(m: int) -> int:
+    return 16 if m <= 16 else (32 if m <= 32 else 64)
+
+
+def skinny_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
+    """K splits for the skinny kernel: about ``ctas_per_sm`` programs per SM, every split non-empty."""
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    split = cfg.split_k
+    if split <= 0:
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        split = triton.cdiv(cfg.ctas_per_sm * num_sms, tiles)
+    split = max(1, min(split, k_tiles))
+    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
+
+
+def skinny_config(m: int, n: int, k: int, device: torch.device) -> Optional[GemmConfig]:
+    """The skinny-kernel row for M (None past its rows or for K below one tile), splits filled in."""
+    for max_m, cfg in _DENSE_RULES[_gpu_key(device)]["skinny"]:
+        if m <= max_m and k >= cfg.block_k:
+            cfg = replace(cfg, block_m=skinny_block_m(m))
+            return replace(cfg, split_k=skinny_splits(cfg, m, n, k, _num_sms(device)))
+    return None
+
+
+def choose_config(m: int, n: int, k: int, device: torch.device, grouped: bool = False) -> GemmConfig:
     """Block sizes for an (m, n, k) problem on ``device`` (m: rows per expert for grouped GEMMs)."""
     if device.type != "cuda" or _interpreting():
         return _INTERPRET_LARGE if min(m, n) >= 64 and k >= 128 else _INTERPRET_SMALL
+    if not grouped:
+        rules = _DENSE_RULES[_gpu_key(device)]
+        if n >= rules["skinny_min_n"]:
+            cfg = skinny_config(m, n, k, device)
+            if cfg is not None:
+                return cfg
+        if m >= rules["dequant_min_m"] and m * n * k >= rules["dequant_min_mnk"]:
+            return rules["dequant"]
     for max_m, cfg in _CONFIGS[_gpu_key(device)]:
         if m <= max_m:
             break
@@ -549,9 +720,22 @@ def _launch(
         bias = bias.contiguous()
     if config is None:
         per_expert_m = m if not grouped else max(1, m // max(num_experts, 1))
-        config = choose_config(per_expert_m, n, k, device)
+        config = choose_config(per_expert_m, n, k, device, grouped=grouped)
     if decode is None:
         decode = default_decode(device)
+    if (config.skinny or config.dequant_mm) and (grouped or k == 0 or m == 0 or n == 0):
+        config = choose_config(max(1, m // max(num_experts, 1)), n, k, device, grouped=True)  # dense-only paths
+    flags = dict(A_AMAX_ROWS=a_amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
+                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16)
+    dummy = a_amax
+    bias_arg = bias if bias is not None else dummy
+    inv_e = gemm_inv(e_max_a, e_max_b)
+    if config.skinny:
+        return _launch_skinny(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
+                              bias_arg, out, flags, m, n, k, inv_e, config, decode)
+    if config.dequant_mm:
+        return _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
+                                  bias_arg, out, flags, m, n, k, inv_e, config, decode)
     if decode == 1 and not all(_asm_fits(r, config.block_k, w) for r, w in (
             (config.block_m, config.num_warps), (config.block_n, config.num_warps), (_EXPAND_ROWS, 4))):
         decode = 0
@@ -568,9 +752,6 @@ def _launch(
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=device) if split_k > 1 else a_amax
     rows_tiles = triton.cdiv(m, config.block_m) + (num_experts if grouped else 0)
     grid = (rows_tiles * triton.cdiv(n, config.block_n), split_k)
-    dummy = a_amax
-    flags = dict(A_AMAX_ROWS=a_amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
-                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16)
     _nvfp4_gemm_kernel[grid](
         a_data, a_sc, a_amax,
         b_arg, b_sc, b_amax,
@@ -599,6 +780,71 @@ def _launch(
             m, n, out.stride(0), out.stride(1), gemm_inv(e_max_a, e_max_b),
             SPLIT_K=split_k, **flags, BLOCK_M=block, BLOCK_N=block, num_warps=4, enable_fp_fusion=False,
         )
+    return out
+
+
+def _launch_skinny(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
+                   flags, m, n, k, inv_e, config, decode):
+    device = a_data.device
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    if decode == 1 and not (_asm_fits(bm, bk, config.num_warps) and _asm_fits(bn, bk, config.num_warps)):
+        decode = 0
+    num_sms = _num_sms(device) if device.type == "cuda" else 4
+    splits = skinny_splits(config, m, n, k, num_sms)
+    per_split = triton.cdiv(triton.cdiv(k, bk), splits)
+    grid = (triton.cdiv(n, bn), splits, triton.cdiv(m, bm))
+    fused = config.fused_reduce and splits > 1
+    ws = torch.empty((splits, m, n), dtype=torch.float32, device=device) if splits > 1 else a_amax
+    counts = torch.zeros(grid[0] * grid[2], dtype=torch.int32, device=device) if fused else a_amax
+    _skinny_kernel[grid](
+        a_data, a_sc, a_amax, b_data, b_sc, b_amax, bias, out, ws, counts,
+        m, n, k, per_split, splits,
+        a_data.stride(0), a_ss, a_c4, b_data.stride(0), b_ss, b_c4, out.stride(0), out.stride(1),
+        inv_e, _TAB_LO,
+        A_SWIZZLED=a_sw, B_SWIZZLED=b_sw, **flags, EVEN_K=k % bk == 0, DECODE=decode,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=splits > 1, FUSED_REDUCE=fused,
+        SWAP_AB=config.swap_ab, PREFETCH=config.prefetch,
+        num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=False,
+        **({} if config.maxnreg is None or _interpreting() else {"maxnreg": config.maxnreg}),
+    )
+    if splits > 1 and not fused:
+        _split_k_epilogue_kernel[(triton.cdiv(m, 32), triton.cdiv(n, 32))](
+            ws, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e,
+            SPLIT_K=splits, **flags, BLOCK_M=32, BLOCK_N=32, num_warps=4, enable_fp_fusion=False,
+        )
+    return out
+
+
+def _expand(data, sc, ss, c4, sw, rows, k, block_k, decode):
+    """FP16 q * s (rows, roundup(k, block_k)) in the decoder's permuted order per block_k tile."""
+    buf = torch.empty((rows, _roundup(k, block_k)), dtype=torch.float16, device=data.device)
+    _expand_kernel[(triton.cdiv(rows, _EXPAND_ROWS), buf.shape[1] // block_k)](
+        data, sc, buf, rows, k, data.stride(0), ss, c4, buf.stride(0), _TAB_LO,
+        B_SWIZZLED=sw, DECODE=decode, BLOCK_R=_EXPAND_ROWS, BLOCK_K=block_k, num_warps=4,
+    )
+    return buf
+
+
+def _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
+                       flags, m, n, k, inv_e, config, decode):
+    """Both operands expanded to FP16 q * s (exact; the same permutation of K within every block_k tile
+    on both sides, so the products pair up as in the definition), one cuBLAS GEMM with fp32 accumulation
+    and fp32 output, then the reference epilogue (alpha, bias, out_old, cast) in one pass. Temporaries:
+    2MK + 2NK bytes of FP16 (freed before the epilogue) and 4MN bytes of fp32."""
+    if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
+        decode = 0
+    a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
+    b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, n, k, config.block_k, decode)
+    if a16.is_cuda:
+        acc = torch.mm(a16, b16.t(), out_dtype=torch.float32)
+    else:  # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
+        acc = torch.mm(a16.float(), b16.float().t())
+    del a16, b16
+    bm, bn, warps = (64, 128, 8) if out.is_cuda and not _interpreting() else (32, 32, 4)
+    _split_k_epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e,
+        SPLIT_K=1, **flags, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False,
+    )
     return out
 
 
