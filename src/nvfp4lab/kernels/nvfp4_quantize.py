@@ -461,16 +461,18 @@ def _quantize_kernel(
             outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
         counter = rows[:, None] * k_blocks + blks[None, :]
         TREE_R: tl.constexpr = BLOCK_2D * 1  # 1: 16x16 row errors are tree-summed
+        # Triton 3.6 rejects a runtime `if` that rebinds a name already bound to another shape, so the
+        # two directions' results have distinct names (row_*, col_*)
         if _normal_range(outer):
-            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, False, TREE_R, BLOCK_M, KB, G, KB)
+            row_codes, row_scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, False, TREE_R, BLOCK_M, KB, G, KB)
         else:
-            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, True, TREE_R, BLOCK_M, KB, G, KB)
+            row_codes, row_scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, True, TREE_R, BLOCK_M, KB, G, KB)
         ok = row_ok[:, None] & blk_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
         word = (rows[:, None] * k_blocks + blks[None, :]) * 2
-        tl.store(row_data_ptr + word[:, :, None] + half, _pack_codes(codes, BLOCK_M, KB), mask=ok[:, :, None])
+        tl.store(row_data_ptr + word[:, :, None] + half, _pack_codes(row_codes, BLOCK_M, KB), mask=ok[:, :, None])
         soff = _scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT)
-        tl.store(row_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
+        tl.store(row_scale_ptr + soff, row_scale.to(tl.uint8), mask=ok)
 
     # ---------------------------------------------------------- columnwise: blocks along M (x^T rows)
     if COLWISE:
@@ -490,15 +492,15 @@ def _quantize_kernel(
         counter = cols[None, :] * m_blocks + groups[:, None]
         TREE_C: tl.constexpr = BLOCK_2D * 2
         if _normal_range(outer):
-            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, False, TREE_C, G, BLOCK_K, G, KB)
+            col_codes, col_scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, False, TREE_C, G, BLOCK_K, G, KB)
         else:
-            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
+            col_codes, col_scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
         ok = group_ok[:, None] & col_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
         word = (cols[None, :] * m_blocks + groups[:, None]) * 2
-        tl.store(col_data_ptr + word[:, :, None] + half, _pack_codes(codes, G, BLOCK_K), mask=ok[:, :, None])
+        tl.store(col_data_ptr + word[:, :, None] + half, _pack_codes(col_codes, G, BLOCK_K), mask=ok[:, :, None])
         soff = _scale_offsets(cols[None, :], groups[:, None], m_blocks, LAYOUT)
-        tl.store(col_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
+        tl.store(col_scale_ptr + soff, col_scale.to(tl.uint8), mask=ok)
 
 
 # --------------------------------------------------------------------------------- host side
@@ -588,6 +590,25 @@ def _cast_shapes(m, k, rowwise, columnwise, layout):
     return shapes
 
 
+def _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+               stochastic_rounding, seed_from_ptr, scale_layout, bm, bk) -> dict:
+    """The constexpr arguments of ``_quantize_kernel`` (shared with the sm_90 compile test)."""
+    return dict(
+        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token,
+        RHT=rht_sign_mask >= 0, RHT_MASK=max(rht_sign_mask, 0), FOUR_OVER_SIX=four_over_six, E6=6.0 * e4m3_max,
+        SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=_LAYOUT_CODES[scale_layout],
+        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(),
+    )
+
+
+def config_meta(config: NVFP4QuantConfig, m: int = 8192, k: int = 8192) -> dict:
+    """_cast_meta for a recipe at an (m, k) input with the default tile (seed read from memory)."""
+    bm, bk, _ = _tile(m, k, rht=config.rht and config.columnwise, four_over_six=config.four_over_six is not None)
+    return _cast_meta(config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
+                      config.rht_sign_mask if config.rht else -1, _FOUR_OVER_SIX_CODES[config.four_over_six],
+                      config.e4m3_max, config.stochastic_rounding, config.stochastic_rounding, config.scale_layout, bm, bk)
+
+
 @torch.library.custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
 def nvfp4_quantize_cast(
     x: torch.Tensor,
@@ -624,6 +645,8 @@ def nvfp4_quantize_cast(
     bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0)
     grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
     any_f32 = row_amax if row_amax is not None else col_amax
+    meta = _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+                      stochastic_rounding, seed_tensor is not None, scale_layout, bm, bk)
     _quantize_kernel[grid](
         x,
         row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
@@ -634,12 +657,7 @@ def nvfp4_quantize_cast(
         col_amax if col_amax is not None else any_f32,
         seed_tensor if seed_tensor is not None else x,
         seed,
-        m, k,
-        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token,
-        RHT=rht, RHT_MASK=max(rht_sign_mask, 0), FOUR_OVER_SIX=four_over_six, E6=6.0 * e4m3_max,
-        SR=stochastic_rounding, SEED_FROM_PTR=seed_tensor is not None, LAYOUT=_LAYOUT_CODES[scale_layout],
-        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(),
-        num_warps=warps, enable_fp_fusion=False,
+        m, k, **meta, num_warps=warps, enable_fp_fusion=False,
     )
     return row_data, row_scale, col_data, col_scale
 
