@@ -529,7 +529,8 @@ def frontend(fn, sig, meta, warps):
 failures = {}
 for name, kwargs in json.loads(sys.argv[1]).items():
     sig = dict(x_ptr="*bf16", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
-               row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", seed_value="i64", M="i32", K="i32")
+               row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", seed_value="i64", M="i32", K="i32",
+               offsets_ptr="*i64", num_splits="i32")
     try:
         frontend(kq._quantize_kernel, sig, kq.config_meta(NVFP4QuantConfig(**kwargs)), 4)
     except Exception as exc:  # report every recipe, not only the first failure
