@@ -287,6 +287,19 @@ def _normal_range(outer):
 
 
 @triton.jit
+def _split_of(r, offsets_ptr, num_splits, STEPS: tl.constexpr):
+    """Split of global row r (int64 tensor): the largest s < num_splits with offsets[s] <= r (so a
+    zero-row split never owns a row), by binary lifting over the device offsets (2^STEPS >= num_splits)."""
+    pos = tl.zeros_like(r)
+    for i in tl.static_range(STEPS):
+        cand = pos + (1 << (STEPS - 1 - i))
+        inside = cand < num_splits
+        start = tl.load(offsets_ptr + cand, mask=inside, other=0)
+        pos = tl.where(inside & (start <= r), cand, pos)
+    return pos
+
+
+@triton.jit
 def _scale_offsets(i, j, ncols, LAYOUT: tl.constexpr):
     """Offset of scale (i, j) of an (R, ncols) matrix in the compact / padded / swizzled buffer."""
     if LAYOUT == 0:
@@ -414,12 +427,22 @@ def _quantize_blocks(
 @triton.jit
 def _quantize_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
-    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K,
+    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, num_splits,
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     RHT: tl.constexpr, RHT_MASK: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
     SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr,
+    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0,
 ):
+    """One [BLOCK_M, BLOCK_K] tile -> its rowwise and columnwise blocks.
+
+    GROUPED (kernels/grouped_quantize.py): x is the concatenation of splits of rows, int64 offsets
+    (num_splits + 1,) at offsets_ptr (2^SPLIT_STEPS >= num_splits), each split quantized alone: outer
+    amaxes per split (row_amax (num_splits,) or per row; col_amax (num_splits,) or (num_splits, K)),
+    columnwise blocks in the bulk layout (split s at K * off_s / 16 blocks, viewed (K, m_s / 16)).
+    Block counters (SR) are bulk block indices. Compact scales only. Splits are multiples of 16 rows
+    when columnwise or 16x16 output is asked, so no 16-row group straddles two splits.
+    """
     G: tl.constexpr = BLOCK_M // 16  # 16-row groups (columnwise blocks) per tile
     KB: tl.constexpr = BLOCK_K // 16  # 16-column groups (rowwise blocks) per tile
     pid = tl.program_id(0)
@@ -457,20 +480,24 @@ def _quantize_kernel(
             bamax = _block_amax(x3)
         if PER_TOKEN:
             outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
+        elif GROUPED:
+            outer = tl.load(row_amax_ptr + _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
         else:
             outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
         counter = rows[:, None] * k_blocks + blks[None, :]
         TREE_R: tl.constexpr = BLOCK_2D * 1  # 1: 16x16 row errors are tree-summed
+        # Triton 3.6 rejects a runtime `if` that rebinds a name already bound to another shape, so the
+        # two directions' results have distinct names (row_*, col_*)
         if _normal_range(outer):
-            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, False, TREE_R, BLOCK_M, KB, G, KB)
+            row_codes, row_scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, False, TREE_R, BLOCK_M, KB, G, KB)
         else:
-            codes, scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, True, TREE_R, BLOCK_M, KB, G, KB)
+            row_codes, row_scale = _quantize_blocks(x3, bamax, outer, seed, counter, 0, SR, FOUR_OVER_SIX, E6, True, TREE_R, BLOCK_M, KB, G, KB)
         ok = row_ok[:, None] & blk_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
         word = (rows[:, None] * k_blocks + blks[None, :]) * 2
-        tl.store(row_data_ptr + word[:, :, None] + half, _pack_codes(codes, BLOCK_M, KB), mask=ok[:, :, None])
+        tl.store(row_data_ptr + word[:, :, None] + half, _pack_codes(row_codes, BLOCK_M, KB), mask=ok[:, :, None])
         soff = _scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT)
-        tl.store(row_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
+        tl.store(row_scale_ptr + soff, row_scale.to(tl.uint8), mask=ok)
 
     # ---------------------------------------------------------- columnwise: blocks along M (x^T rows)
     if COLWISE:
@@ -483,22 +510,37 @@ def _quantize_kernel(
             bamax = tl.reshape(tl.broadcast_to(bamax_2d[:, :, None], [G, KB, 16]), [G, BLOCK_K])
         else:
             bamax = _block_amax(y3)
-        if PER_TOKEN:
-            outer = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_K]
+        if GROUPED:
+            split = _split_of(groups * 16, offsets_ptr, num_splits, SPLIT_STEPS)  # [G]
+            start = tl.load(offsets_ptr + split)
+            split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
+            # bulk block index: split base K * start / 16, then (column, 16-row group within the split)
+            blk2 = (start // 16 * K)[:, None] + cols[None, :] * split_blocks[:, None] + (groups - start // 16)[:, None]
+            if PER_TOKEN:
+                outer = tl.load(col_amax_ptr + split[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
+            else:
+                outer = tl.load(col_amax_ptr + split)[:, None]  # [G, 1]
         else:
-            outer = tl.zeros([1, 1], tl.float32) + tl.load(col_amax_ptr)
-        counter = cols[None, :] * m_blocks + groups[:, None]
+            blk2 = cols[None, :] * m_blocks + groups[:, None]
+            if PER_TOKEN:
+                outer = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_K]
+            else:
+                outer = tl.zeros([1, 1], tl.float32) + tl.load(col_amax_ptr)
+        counter = blk2
         TREE_C: tl.constexpr = BLOCK_2D * 2
         if _normal_range(outer):
-            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, False, TREE_C, G, BLOCK_K, G, KB)
+            col_codes, col_scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, False, TREE_C, G, BLOCK_K, G, KB)
         else:
-            codes, scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
+            col_codes, col_scale = _quantize_blocks(y3, bamax, outer, seed, counter, 1, SR, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
         ok = group_ok[:, None] & col_ok[None, :]
         half = tl.arange(0, 2)[None, None, :]
-        word = (cols[None, :] * m_blocks + groups[:, None]) * 2
-        tl.store(col_data_ptr + word[:, :, None] + half, _pack_codes(codes, G, BLOCK_K), mask=ok[:, :, None])
-        soff = _scale_offsets(cols[None, :], groups[:, None], m_blocks, LAYOUT)
-        tl.store(col_scale_ptr + soff, scale.to(tl.uint8), mask=ok)
+        word = blk2 * 2
+        tl.store(col_data_ptr + word[:, :, None] + half, _pack_codes(col_codes, G, BLOCK_K), mask=ok[:, :, None])
+        if GROUPED:
+            soff = blk2  # compact
+        else:
+            soff = _scale_offsets(cols[None, :], groups[:, None], m_blocks, LAYOUT)
+        tl.store(col_scale_ptr + soff, col_scale.to(tl.uint8), mask=ok)
 
 
 # --------------------------------------------------------------------------------- host side
@@ -506,15 +548,42 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _tile(m: int, k: int, *, rht: bool, four_over_six: bool) -> tuple[int, int, int]:
+# Default tiles (BLOCK_M, BLOCK_K, num_warps) per kernel kind, from `benchmarks/quantize.py --quick
+# --tile-sweep` at 8192x8192 bf16 on an H200 (Triton 3.6). Register pressure, not memory, decides:
+# smaller per-thread footprints win for every kernel that produces columnwise blocks.
+_TILES = {
+    "amax": (64, 128, 8), "amax-pertoken": (32, 64, 2), "amax-rht": (32, 128, 4),
+    "row": (32, 128, 4), "rowcol": (32, 64, 2), "2d": (32, 64, 2), "pertoken": (32, 64, 2),
+    "rht": (16, 128, 4), "rht-sr": (16, 128, 4), "sr": (32, 64, 2), "4over6": (16, 128, 4),
+}
+
+
+def cast_kind(rowwise, columnwise, block_2d, per_token, rht, sr, four_over_six) -> str:
+    """Key of _TILES for a cast kernel."""
+    if four_over_six:
+        return "4over6"
+    if not columnwise:
+        return "row"
+    if rht:
+        return "rht-sr" if sr else "rht"
+    if sr:
+        return "sr"
+    if block_2d:
+        return "2d"
+    return "pertoken" if per_token else "rowcol"
+
+
+def _tile(m: int, k: int, *, rht: bool, four_over_six: bool, kind: Optional[str] = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_K, num_warps). NVFP4LAB_QUANT_TILE="BMxBKxWARPS" overrides (tuning)."""
     env = os.environ.get("NVFP4LAB_QUANT_TILE")
     if env:
         bm, bk, warps = (int(v) for v in env.lower().split("x"))
+    elif kind is not None:
+        bm, bk, warps = _TILES[kind]
     elif four_over_six:
-        bm, bk, warps = 32, 64, 4  # two candidates and their errors live in registers at once
+        bm, bk, warps = _TILES["4over6"]
     else:
-        bm, bk, warps = 64, 128, 8
+        bm, bk, warps = _TILES["rowcol"]
     if rht:
         bm = min(bm, 64)  # the block-diagonal RHT dot costs BLOCK_M MACs per element
     bm = max(16, min(bm, triton.next_power_of_2(max(m, 1))))
@@ -556,7 +625,8 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
     col_amax = torch.zeros(k if col_mode == AMAX_PER_TOKEN else sizes[col_mode], dtype=torch.float32, device=x.device)
     if x.numel() == 0 or (row_mode == AMAX_NONE and col_mode == AMAX_NONE):
         return row_amax, col_amax
-    bm, bk, warps = _tile(m, k, rht=col_mode == AMAX_TENSOR_RHT, four_over_six=False)
+    amax_kind = "amax-rht" if col_mode == AMAX_TENSOR_RHT else ("amax-pertoken" if AMAX_PER_TOKEN in (row_mode, col_mode) else "amax")
+    bm, bk, warps = _tile(m, k, rht=col_mode == AMAX_TENSOR_RHT, four_over_six=False, kind=amax_kind)
     grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
     # absent buffers get a valid int32 pointer that is never touched
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
@@ -586,6 +656,27 @@ def _cast_shapes(m, k, rowwise, columnwise, layout):
     shapes.append((k, m // 2) if columnwise else (0,))
     shapes.append(_scale_shape(k, m // 16, layout) if columnwise else (0,))
     return shapes
+
+
+def _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+               stochastic_rounding, seed_from_ptr, scale_layout, bm, bk) -> dict:
+    """The constexpr arguments of ``_quantize_kernel`` (shared with the sm_90 compile test)."""
+    return dict(
+        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token,
+        RHT=rht_sign_mask >= 0, RHT_MASK=max(rht_sign_mask, 0), FOUR_OVER_SIX=four_over_six, E6=6.0 * e4m3_max,
+        SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=_LAYOUT_CODES[scale_layout],
+        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(), GROUPED=False, SPLIT_STEPS=0,
+    )
+
+
+def config_meta(config: NVFP4QuantConfig, m: int = 8192, k: int = 8192) -> dict:
+    """_cast_meta for a recipe at an (m, k) input with the default tile (seed read from memory)."""
+    kind = cast_kind(config.rowwise, config.columnwise, config.block == "16x16", config.per_token, config.rht,
+                     config.stochastic_rounding, config.four_over_six is not None)
+    bm, bk, _ = _tile(m, k, rht=config.rht and config.columnwise, four_over_six=config.four_over_six is not None, kind=kind)
+    return _cast_meta(config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
+                      config.rht_sign_mask if config.rht else -1, _FOUR_OVER_SIX_CODES[config.four_over_six],
+                      config.e4m3_max, config.stochastic_rounding, config.stochastic_rounding, config.scale_layout, bm, bk)
 
 
 @torch.library.custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
@@ -621,9 +712,12 @@ def nvfp4_quantize_cast(
     if x.numel() == 0:
         return row_data, row_scale, col_data, col_scale
     rht = rht_sign_mask >= 0
-    bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0)
+    bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
+                          kind=cast_kind(rowwise, columnwise, block_2d, per_token, rht, stochastic_rounding, four_over_six))
     grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
     any_f32 = row_amax if row_amax is not None else col_amax
+    meta = _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+                      stochastic_rounding, seed_tensor is not None, scale_layout, bm, bk)
     _quantize_kernel[grid](
         x,
         row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
@@ -634,12 +728,7 @@ def nvfp4_quantize_cast(
         col_amax if col_amax is not None else any_f32,
         seed_tensor if seed_tensor is not None else x,
         seed,
-        m, k,
-        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token,
-        RHT=rht, RHT_MASK=max(rht_sign_mask, 0), FOUR_OVER_SIX=four_over_six, E6=6.0 * e4m3_max,
-        SR=stochastic_rounding, SEED_FROM_PTR=seed_tensor is not None, LAYOUT=_LAYOUT_CODES[scale_layout],
-        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(),
-        num_warps=warps, enable_fp_fusion=False,
+        m, k, x, 0, **meta, num_warps=warps, enable_fp_fusion=False,
     )
     return row_data, row_scale, col_data, col_scale
 

@@ -1,0 +1,99 @@
+"""Benchmark of the grouped (MoE) NVFP4 quantize (kernels/grouped_quantize.py) on CUDA.
+
+For total tokens T, K and expert count E (uniform splits, and skewed: sizes ~ 1/(i+1), multiples of
+16), times (median of do_bench, CUDA-graph replay) of quantize_grouped (two launches) vs a Python loop
+of single quantizes per split and vs one single quantize of the whole (T, K) tensor. Recipe: per-tensor
+1x16 rowwise + columnwise (te_default). Targets: grouped/whole <= 1.15; loop/grouped >= 3 at E=32,
+T=4096. ``--quick``: T in (4096, 16384), K 4096, E in (8, 32, 128); ``--out`` .json or .md. Table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton.testing
+
+from nvfp4lab import NVFP4QuantConfig
+from nvfp4lab.kernels import grouped_quantize as gq
+from nvfp4lab.kernels import nvfp4_quantize as kq
+
+
+def bench(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")) * 1e3
+
+
+def graphed(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def split_sizes(total, experts, skewed):
+    blocks = total // 16
+    w = [1.0 / (i + 1) for i in range(experts)] if skewed else [1.0] * experts
+    sizes = [int(blocks * v / sum(w)) for v in w]
+    sizes[0] += blocks - sum(sizes)
+    return [s * 16 for s in sizes]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 1
+    totals = (4096, 16384) if args.quick else (4096, 16384, 65536)
+    ks = (4096,) if args.quick else (2048, 4096, 7168)
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True)
+    rows = []
+    for k in ks:
+        for total in totals:
+            x = torch.randn(total, k, device="cuda", dtype=torch.bfloat16)
+            whole = bench(graphed(lambda: kq.quantize(x, config)))
+            for experts in (8, 32, 128):
+                for skewed in (False, True):
+                    sizes = split_sizes(total, experts, skewed)
+                    offsets = torch.cumsum(torch.tensor([0] + sizes), 0).cuda()
+                    grouped = bench(graphed(lambda: gq.quantize_grouped(x, offsets, config)))
+                    starts = [0]
+                    for s in sizes:
+                        starts.append(starts[-1] + s)
+                    parts = [x[a:b] for a, b in zip(starts[:-1], starts[1:]) if b > a]
+                    loop = bench(lambda: [kq.quantize(t, config) for t in parts])  # eager, as a framework would
+                    loop_graph = bench(graphed(lambda: [kq.quantize(t, config) for t in parts]))
+                    rows.append(dict(T=total, K=k, E=experts, dist="skew" if skewed else "unif", grouped_us=grouped,
+                                     whole_us=whole, loop_us=loop, loop_graph_us=loop_graph,
+                                     vs_whole=grouped / whole, loop_speedup=loop / grouped))
+                    print(f"  T={total} K={k} E={experts} {rows[-1]['dist']}: grouped {grouped:.1f} us, whole {whole:.1f}, "
+                          f"loop {loop:.1f} (graph {loop_graph:.1f})", file=sys.stderr, flush=True)
+            del x
+    if args.out:
+        with open(args.out, "w") as f:
+            if args.out.endswith(".json"):
+                json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            else:
+                f.write("| T | K | E | dist | grouped_us | whole_us | loop_us | loop_graph_us | grouped/whole | loop/grouped |\n|" + "---|" * 10 + "\n")
+                for r in rows:
+                    f.write(f"| {r['T']} | {r['K']} | {r['E']} | {r['dist']} | {r['grouped_us']:.1f} | {r['whole_us']:.1f} | "
+                            f"{r['loop_us']:.1f} | {r['loop_graph_us']:.1f} | {r['vs_whole']:.2f} | {r['loop_speedup']:.1f} |\n")
+    print(f"\ngrouped NVFP4 quantize (1x16 row+col), {torch.cuda.get_device_name()}; targets grouped/whole <= 1.15, loop/grouped >= 3 at E=32 T=4096")
+    print(f"{'T':>6} {'K':>5} {'E':>4} {'dist':>4} {'grouped':>8} {'whole':>8} {'loop':>8} {'loopG':>8} {'g/whole':>7} {'loop/g':>6}")
+    for r in rows:
+        print(f"{r['T']:>6} {r['K']:>5} {r['E']:>4} {r['dist']:>4} {r['grouped_us']:>8.1f} {r['whole_us']:>8.1f} {r['loop_us']:>8.1f} "
+              f"{r['loop_graph_us']:>8.1f} {r['vs_whole']:>7.2f} {r['loop_speedup']:>6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Grouped (MoE) NVFP4 quantize (kernels/grouped_quantize.py) against ref.nvfp4.quantize_grouped, the
+definition (each split quantized alone), bit for bit (SR: exact where the block counters coincide,
+statistics elsewhere). Outputs are 0xFF-poisoned before the kernels run, so unwritten bytes show."""
+import zlib
+
+import pytest
+import torch
+
+import nvfp4lab
+from nvfp4lab import NVFP4QuantConfig
+from nvfp4lab.kernels import grouped_quantize as gq
+from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
+
+from .test_nvfp4_quantize import DEV, make_input
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+PARTS = [f"{side}_{part}" for side in ("rowwise", "columnwise") for part in ("data", "scale", "amax")]
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(kq, "POISON_OUTPUTS", True)
+
+
+def offsets_of(sizes, device=DEV):
+    return torch.cumsum(torch.tensor([0] + list(sizes), dtype=torch.int64), 0).to(device)
+
+
+def assert_same_grouped(got, want, context=""):
+    assert torch.equal(got.split_offsets.cpu(), want.split_offsets.cpu())
+    for name in PARTS:
+        a, b = getattr(got, name), getattr(want, name)
+        if b is None:
+            assert a is None, f"{context} {name}: expected none"
+            continue
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{context} {name}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        if a.dtype == torch.float32:  # bit equality, NaN included
+            a, b = a.view(torch.int32), b.view(torch.int32)
+        a, b = a.cpu(), b.cpu()
+        if not torch.equal(a, b):
+            raise AssertionError(f"{context} {name}: {(a != b).sum().item()} of {a.numel()} differ")
+
+
+RECIPES = {
+    "1x16-row": dict(rowwise=True),
+    "1x16-rowcol": dict(rowwise=True, columnwise=True),
+    "1x16-col": dict(rowwise=False, columnwise=True),
+    "16x16-rowcol": dict(block="16x16", rowwise=True, columnwise=True),
+    "pertoken-rowcol": dict(per_token=True, rowwise=True, columnwise=True),
+    "pertoken-row": dict(per_token=True, rowwise=True),
+    "rht-rowcol": dict(rht=True, rowwise=True, columnwise=True),
+    "4o6-mae-256-rowcol": dict(four_over_six="mae", e4m3_max=256, rowwise=True, columnwise=True),
+    "4o6-mse-16x16-rowcol": dict(four_over_six="mse", block="16x16", rowwise=True, columnwise=True),
+    "4o6-pertoken-mse-row": dict(four_over_six="mse", per_token=True, rowwise=True),
+}
+# split sizes in rows; multiples of 16 where a columnwise or 16x16 output exists
+SPLITS16 = {
+    "uneven": [48, 16, 80, 32],
+    "zero-front-mid-end": [0, 32, 0, 48, 16, 0],
+    "all-zero-but-one": [0, 0, 64, 0],
+    "single": [96],
+}
+SPLITS_ANY = {"uneven-any": [5, 0, 37, 1, 21], "tiny": [1, 2, 3, 0, 10]}
+
+
+def _needs16(kwargs):
+    return kwargs.get("columnwise", False) or kwargs.get("block") == "16x16"
+
+
+CASES = [(r, s) for r in RECIPES for s in list(SPLITS16) + ([] if _needs16(RECIPES[r]) else list(SPLITS_ANY))]
+
+
+@pytest.mark.parametrize("recipe,splits", CASES)
+def test_matches_reference(recipe, splits, monkeypatch):
+    kwargs = RECIPES[recipe]
+    sizes = SPLITS16.get(splits) or SPLITS_ANY[splits]
+    monkeypatch.setenv("NVFP4LAB_QUANT_TILE", "32x32x4")  # tiles straddle splits; 48 = a partial K tile
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, (sum(sizes), 48), torch.bfloat16, seed=zlib.crc32(f"{recipe}/{splits}".encode()) % 1000)
+    offsets = offsets_of(sizes)
+    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), f"{recipe} {splits}")
+
+
+@pytest.mark.parametrize("recipe", ["1x16-rowcol", "pertoken-rowcol", "1x16-row"])
+def test_many_experts(recipe):
+    """70 experts (binary search over 128 slots), a third of them empty, default tiles."""
+    kwargs = RECIPES[recipe]
+    g = torch.Generator().manual_seed(7)
+    sizes = [int(v) * 16 for v in torch.randint(0, 3, (70,), generator=g)]
+    if not _needs16(kwargs):
+        sizes = [s + int(v) for s, v in zip(sizes, torch.randint(0, 3, (70,), generator=g))]
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, (sum(sizes), 32), torch.bfloat16, seed=11)
+    offsets = offsets_of(sizes)
+    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
+
+
+@pytest.mark.parametrize("kwargs", [dict(rowwise=True, columnwise=True), dict(rowwise=True, per_token=True)])
+def test_zero_total_rows(kwargs):
+    config = NVFP4QuantConfig(**kwargs)
+    x = torch.zeros(0, 32, dtype=torch.bfloat16, device=DEV)
+    offsets = offsets_of([0, 0, 0])
+    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
+
+
+def test_special_values_per_split():
+    """NaN / inf / zero splits keep their own amaxes (one bad expert does not poison the others)."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True)
+    sizes = [16, 16, 16, 16]
+    x = make_input({}, (64, 32), torch.float32, seed=5)
+    x[0, 3] = float("nan")
+    x[20, 7] = float("inf")
+    x[32:48] = 0.0
+    offsets = offsets_of(sizes)
+    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
+
+
+def test_sr_first_split_matches_single_op():
+    """SR block counters are bulk block indices: split 0 (and a lone split) get the single op's bits for
+    the same seed; the other splits are stochastic roundings onto the same grid (neighbours of x/s)."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True)
+    sizes = [32, 0, 48]
+    x = make_input(dict(rht=True), (80, 32), torch.bfloat16, seed=9)
+    got = gq.quantize_grouped(x, offsets_of(sizes), config, seed=1234)
+    parts = got.split(sizes)
+    single = kq.quantize(x[:32], config, seed=1234)
+    for name in PARTS:
+        a, b = getattr(parts[0], name), getattr(single, name)
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8)), name
+    # split 2: scales and amaxes are those of round-to-nearest (SR changes only the codes)
+    rn = ref_nvfp4.quantize(x[32:], NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True))
+    for name in ("rowwise_scale", "columnwise_scale", "rowwise_amax", "columnwise_amax"):
+        assert torch.equal(getattr(parts[2], name).cpu().view(torch.uint8), getattr(rn, name).cpu().view(torch.uint8)), name
+
+
+def test_ops_bulk_triton_backend_and_device_offsets():
+    x = make_input({}, (80, 32), torch.bfloat16, seed=13)
+    sizes = [16, 0, 64]
+    want = nvfp4lab.ops.quantize_nvfp4_grouped_bulk(x, sizes, rowwise=True, columnwise=True, backend="ref")
+    for sections in (sizes, torch.tensor(sizes, device=DEV)):
+        got = nvfp4lab.ops.quantize_nvfp4_grouped_bulk(x, sections, rowwise=True, columnwise=True, backend="triton")
+        assert_same_grouped(got, want)
+
+
+def test_custom_ops_opcheck():
+    x = make_input({}, (48, 32), torch.bfloat16, seed=14)
+    offsets = offsets_of([16, 0, 32])
+    torch.library.opcheck(gq.nvfp4_grouped_amax, (x, offsets, 1, 2, 0), test_utils=("test_schema", "test_faketensor"))
+    ra, ca = gq.nvfp4_grouped_amax(x, offsets, 1, 1, 0)
+    args = (x, offsets, ra, ca, None, 3, True, True, False, False, -1, 0, 448.0, True)
+    torch.library.opcheck(gq.nvfp4_grouped_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
+
+
+# ----------------------------------------------------------------------------------------- GPU
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_gpu_matches_reference(recipe):
+    kwargs = RECIPES[recipe]
+    g = torch.Generator().manual_seed(21)
+    sizes = [int(v) * 16 for v in torch.randint(0, 40, (64,), generator=g)]
+    sizes[0] = sizes[10] = sizes[-1] = 0
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, (sum(sizes), 1024), torch.bfloat16, seed=22, device="cuda")
+    offsets = offsets_of(sizes, "cuda")
+    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
+
+
+@gpu
+def test_gpu_256_experts_cuda_graph():
+    """256 experts, offsets changed in place between graph replays (no host sync, no recapture)."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True)
+    x = make_input({}, (256 * 32, 512), torch.bfloat16, seed=23, device="cuda")
+    offsets = offsets_of([32] * 256, "cuda")
+    gq.quantize_grouped(x, offsets, config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gq.quantize_grouped(x, offsets, config)
+    g = torch.Generator().manual_seed(24)
+    for _ in range(2):
+        sizes = [int(v) * 16 for v in torch.randint(0, 5, (256,), generator=g)]
+        sizes[-1] += 256 * 32 - sum(sizes)
+        if sizes[-1] < 0:
+            continue
+        offsets.copy_(offsets_of(sizes, "cuda"))
+        graph.replay()
+        assert_same_grouped(out, ref_nvfp4.quantize_grouped(x, offsets, config))
