@@ -128,9 +128,9 @@ def main():
         dequant_case(results, *_bench.BASE, which=which, dtype=torch.float32, verify=True)
     if args.tune:
         print(f"tile shapes at {_bench.BASE[0]} x {_bench.BASE[1]} (BLOCK_ROWS x BLOCK_COLS, num_warps)")
-        for cast in _CASTS:
-            for tile in [(32, 128, 4), (64, 128, 4), (64, 64, 4), (128, 64, 4), (64, 128, 8), (128, 128, 8), (64, 256, 8), (32, 256, 4)]:
-                quant_case(results, *_bench.BASE, cast=cast, tile=tile)
+        for cast, direction in [(cast, d) for cast in _CASTS for d in ("both", "row", "col")]:
+            for tile in [(32, 256, 2), (32, 256, 4), (32, 128, 1), (32, 256, 1), (32, 128, 2), (64, 128, 2)]:
+                quant_case(results, *_bench.BASE, cast=cast, tile=tile, rowwise=direction != "col", columnwise=direction != "row")
         for which in ("rowwise", "columnwise"):
             for tile in [(32, 256, 4), (32, 512, 4), (64, 256, 8), (32, 512, 8), (64, 512, 8), (32, 128, 4)]:
                 dequant_case(results, *_bench.BASE, which=which, tile=tile)

@@ -151,3 +151,52 @@ def e2m1_encode_fast(v):
     idx = tl.minimum((t + 12582912.0).to(tl.int32, bitcast=True) - base, 7)
     code = tl.where(v < 0, idx | 8, idx)
     return tl.where(v != v, 0, code)
+
+
+@triton.jit
+def _fp8_encode_fast(v, clamp, MANT_BITS: tl.constexpr, BIAS: tl.constexpr, DELTA: tl.constexpr):
+    """fp32 -> fp8 bits, low 8 bits of the int32 result (the caller truncates to uint8).
+
+    Same codes as :func:`_fp8_encode` (ref.codecs) for every non-NaN v when ``clamp`` is the format's
+    max finite value, with about half the integer instructions (the integer ALU pipe is half as wide
+    as the fp32 pipe on sm_90, and it is what bounds the quantize kernels):
+
+    * a = min(|v|, clamp): saturation (everything >= max rounds to max anyway; inf -> max). The MXFP8
+      kernels pass clamp = the all-ones code's value (480 / 114688) for a NaN block instead, whose
+      elements are all NaN (x * NaN multiplier): min(NaN, clamp) = clamp (non-NaN operand), so NaN
+      encodes as 0x7F, and no per-element NaN test is needed.
+    * E = max(exponent of a, 1 - BIAS) (subnormals use the smallest normal binade's grid); the magic
+      M = 2^(E + SHIFT) * (1.5 + DELTA * 2^-23) has ulp 2^(E - MANT_BITS), the fp8 grid spacing in
+      binade E. s = a + M rounds a to that grid with ties to even (one fp32 add; DELTA is even, so
+      the parity of s's mantissa is that of the grid index n), and s stays in M's binade.
+    * bits(s) = ((E + 127 + SHIFT) << 23) + 0x400000 + DELTA + n, so bits(s) + (bits(s) >> SHIFT)
+      holds n + 2^MANT_BITS * (E + const) in its low bits; DELTA is chosen so that the constant
+      vanishes mod 256, leaving code = 2^MANT_BITS * (E + BIAS - 1) + n (a mantissa carry, n = 2^(MANT+1),
+      lands exactly on the next binade's first code). The shift is an umulhi, on the fp32/IMAD pipe.
+    """
+    SHIFT: tl.constexpr = 23 - MANT_BITS
+    MIN_NORMAL: tl.constexpr = 2.0 ** (1 - BIAS)
+    # 2^SHIFT * (1.5 + DELTA * 2^-23): exact in fp32, and exact times a power of two
+    MAGIC: tl.constexpr = float(2**SHIFT) * (1.5 + DELTA * 2.0**-23)
+    a = tl.minimum(tl.abs(v), clamp)
+    binade = (tl.maximum(a, MIN_NORMAL).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    s = a + binade * MAGIC
+    sb = s.to(tl.int32, bitcast=True)
+    code = sb + tl.umulhi(sb, 1 << (32 - SHIFT))
+    return code | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80)
+
+
+@triton.jit
+def e4m3_encode_fast(v, clamp):
+    """:func:`e4m3_encode` for non-NaN v with clamp = 448.0 (low 8 bits valid); a NaN v with
+    clamp = 480.0 gives 0x7F | sign. See :func:`_fp8_encode_fast`."""
+    # DELTA = -(8 * 141 + 4) mod 256 = 148
+    return _fp8_encode_fast(v, clamp, 3, 7, 148)
+
+
+@triton.jit
+def e5m2_encode_fast(v, clamp):
+    """:func:`e5m2_encode` for non-NaN v with clamp = 57344.0 (low 8 bits valid); a NaN v with
+    clamp = 114688.0 gives 0x7F | sign."""
+    # DELTA = -(4 * 134 + 2) mod 256 = 230
+    return _fp8_encode_fast(v, clamp, 2, 15, 230)

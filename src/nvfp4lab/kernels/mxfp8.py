@@ -15,13 +15,14 @@ Layouts (:class:`nvfp4lab.tensors.MXFP8Tensor`), x is (M, K):
                      (M/32, K), padded (roundup(M/32,4), roundup(K,128)), swizzled = swizzle of the
                      transposed (K, M/32) matrix, shape (roundup(K,128), roundup(M/32,4))
 
-Quantize reads each tile of x once, as [32, BLOCK_ROWS/32, BLOCK_COLS/32, 32]: the rowwise block
-amax is a reduction over the last axis and the columnwise one over the first, so both outputs come
-from the same registers (threads spread over the last three axes, so the columnwise reduction stays
-inside each thread). Block amaxes are integer maxima of |x|'s bit patterns (exact, NaN-propagating like
-the reference's amax). Padded and swizzled scale buffers are zero-filled before the kernel writes the
-real entries. The fp8 rounding is :mod:`._codecs`' integer encoders by default; :data:`FP8_CAST` = "hw"
-selects the GPU's cvt.rn.satfinite instead (GPU only).
+Quantize reads each tile of x once, as a plain [BLOCK_ROWS, BLOCK_COLS] tile, reshaped to
+[R, C/32, 32] for the rowwise block amax and to [R/32, 32, C] for the columnwise one (splitting a
+dimension keeps the load's layout), so both outputs come from the same registers. Block amaxes are
+integer maxima of |x|'s bit patterns (exact, NaN-propagating like the reference's amax). Padded and
+swizzled scale buffers are zero-filled before the kernel writes the real entries. The fp8 rounding is
+:mod:`._codecs`' magic-add encoders (``e4m3_encode_fast`` / ``e5m2_encode_fast``: fp32 min / add plus
+a few integer ops, bit-identical to the reference's integer encoder) by default; :data:`FP8_CAST` =
+"hw" selects the GPU's cvt.rn.satfinite instead (GPU only).
 
 Dequantize reads [BLOCK_ROWS, BLOCK_COLS/32, 32] (rowwise) or [BLOCK_ROWS/32, 32, BLOCK_COLS]
 (columnwise) tiles; swizzled scales are read through :func:`.swizzle.swizzle_offset`.
@@ -43,19 +44,21 @@ from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-# How the quantize kernel rounds to fp8: "soft" = the integer encoders of ._codecs (the team rule: no
-# float8 casts in kernels, the interpreter's are not RNE); "hw" = cvt.rn.satfinite on the GPU: the
-# same operation (spec 2.2), so the same bits for every non-NaN input (the GPU tier of
-# tests/kernels/test_mxfp8.py checks it), with ~45 -> ~20 instructions per element for both directions
-# (sm_90 SASS), where the soft encoders may make the kernel ALU-bound. benchmarks/mxfp8.py times both.
+# How the quantize kernel rounds to fp8: "soft" = the encoders of ._codecs (the team rule: no float8
+# casts in kernels, the interpreter's are not RNE); "hw" = cvt.rn.satfinite on the GPU: the same
+# operation (spec 2.2), so the same bits for every non-NaN input (the GPU tier of
+# tests/kernels/test_mxfp8.py checks it). The soft encoder is ~6 integer-pipe instructions per element
+# and direction; the integer pipe is half as wide as the fp32 one on sm_90, so with both directions the
+# kernel is ALU-bound (benchmarks/mxfp8.py times both).
 FP8_CAST = "soft"
 
 
 @triton.jit
-def _fp8_encode(v, E5M2: tl.constexpr, HW_CAST: tl.constexpr):
-    """fp32 -> fp8 bits (satfinite RNE). HW_CAST: the GPU's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (same
-    bits, ~1 instruction per 2 values instead of ~13 integer ops per value); never under the
-    interpreter, whose float8 casts do not round to nearest even."""
+def _fp8_encode(v, clamp, E5M2: tl.constexpr, HW_CAST: tl.constexpr):
+    """fp32 -> fp8 bits (satfinite RNE; NaN -> 0x7F | sign), as uint8. ``clamp`` is the block's
+    :func:`_block_clamp` (used by the soft encoder only). HW_CAST: the GPU's cvt.rn.satfinite.{e4m3,
+    e5m2}x2.f32 (same bits, one instruction per 2 values); never under the interpreter, whose float8
+    casts do not round to nearest even."""
     if HW_CAST:
         if E5M2:
             return v.to(tl.float8e5).to(tl.uint8, bitcast=True)
@@ -63,17 +66,27 @@ def _fp8_encode(v, E5M2: tl.constexpr, HW_CAST: tl.constexpr):
             return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
         if E5M2:
-            return _codecs.e5m2_encode(v).to(tl.uint8)
+            return _codecs.e5m2_encode_fast(v, clamp).to(tl.uint8)
         else:
-            return _codecs.e4m3_encode(v).to(tl.uint8)
+            return _codecs.e4m3_encode_fast(v, clamp).to(tl.uint8)
 
 
 @triton.jit
-def _block_amax(x, axis: tl.constexpr):
+def _block_amax(abs_bits, axis: tl.constexpr):
     """max |x| along ``axis`` as an integer max of the sign-cleared bits: exact, and a NaN (whose bits
     exceed inf's) wins, as in the reference's amax."""
-    abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     return tl.max(abs_bits, axis=axis).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _block_clamp(code, E5M2: tl.constexpr):
+    """The soft encoder's saturation bound for a block with E8M0 code ``code``: the max finite value,
+    or for a NaN block (code 0xFF: multiplier NaN, so every element is NaN) the value of the all-ones
+    code 0x7F, which min(NaN, bound) = bound then encodes (see ``_codecs._fp8_encode_fast``)."""
+    if E5M2:
+        return tl.where(code == 255, 114688.0, 57344.0)
+    else:
+        return tl.where(code == 255, 480.0, 448.0)
 
 
 @triton.jit
@@ -102,66 +115,69 @@ def _mxfp8_quantize_kernel(
     row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS
     col0 = (pid % col_tiles) * BLOCK_COLS
 
-    i = tl.arange(0, 32)
-    rb = tl.arange(0, RB)
-    cb = tl.arange(0, CB)
-    j = tl.arange(0, 32)
+    # A plain 2-D [BLOCK_ROWS, BLOCK_COLS] tile (columns fastest, as in memory), reshaped for each
+    # direction's block reductions: [R, CB, 32] (rowwise) and [RB, 32, C] (columnwise). Splitting a
+    # dimension keeps the load's layout (no data movement), so loads and stores stay 16-byte row
+    # vectors and no thread computes another thread's scales many times over.
+    r = tl.arange(0, BLOCK_ROWS)
+    c = tl.arange(0, BLOCK_COLS)
     if LOCAL_I64:
-        rb = rb.to(tl.int64)
-        i = i.to(tl.int64)
-    # The tile is [32, RB, CB, 32]: (row within its 32-block, row block, column block, column within
-    # it). Threads and warps spread over the last three axes first, so each thread holds whole
-    # columns of a 32-row block and the columnwise amax needs no cross-thread reduction.
-    r_loc = rb[None, :] * 32 + i[:, None]  # [32, RB] row within the tile
-    c_loc = cb[:, None] * 32 + j[None, :]  # [CB, 32] column within the tile
+        r = r.to(tl.int64)
     if EVEN:
-        r_ok = r_loc < BLOCK_ROWS
-        c_ok = c_loc < BLOCK_COLS
+        r_ok = r < BLOCK_ROWS
+        c_ok = c < BLOCK_COLS
     else:
-        r_ok = r_loc < rows - row0
-        c_ok = c_loc < cols - col0
-    mask = r_ok[:, :, None, None] & c_ok[None, None, :, :]
-    offs = r_loc[:, :, None, None] * cols + c_loc[None, None, :, :]
+        r_ok = r < rows - row0
+        c_ok = c < cols - col0
+    mask = r_ok[:, None] & c_ok[None, :]
+    offs = r[:, None] * cols + c[None, :]
     base = row0 * cols + col0
     x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
+    abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
     if ROWWISE:
-        amax = _block_amax(x, 3)  # [32, RB, CB]
+        amax = _block_amax(tl.reshape(abs_bits, (BLOCK_ROWS, CB, 32)), 2)  # [R, CB]
         code = _codecs.e8m0_encode_round_up(amax * max_rcp)
-        q = _fp8_encode(x * _codecs.e8m0_quant_multiplier(code)[:, :, :, None], E5M2, HW_CAST)
-        tl.store(row_data_ptr + base + offs, q, mask=mask)
+        v = tl.reshape(x, (BLOCK_ROWS, CB, 32)) * _codecs.e8m0_quant_multiplier(code)[:, :, None]
+        q = _fp8_encode(v, _block_clamp(code, E5M2)[:, :, None], E5M2, HW_CAST)
+        tl.store(row_data_ptr + base + offs, tl.reshape(q, (BLOCK_ROWS, BLOCK_COLS)), mask=mask)
+        cb = tl.arange(0, CB)
         blk = col0 // 32 + cb  # scale column
         if EVEN:
-            s_mask = r_ok[:, :, None] & (cb < CB)[None, None, :]
+            s_mask = r_ok[:, None] & (cb < CB)[None, :]
         else:
-            s_mask = r_ok[:, :, None] & (blk < cols // 32)[None, None, :]
+            s_mask = r_ok[:, None] & (blk < cols // 32)[None, :]
         if SWIZZLED:
             # BLOCK_ROWS divides 128: the tile's rows lie in one 128-row band
             s_base = row_scale_ptr + (row0 // 128) * row_scale_tiles * 512
-            s_off = swizzle_offset((row0 % 128).to(tl.int32) + r_loc[:, :, None], blk[None, None, :], row_scale_tiles)
+            s_off = swizzle_offset((row0 % 128).to(tl.int32) + r[:, None], blk[None, :], row_scale_tiles)
         else:
             s_base = row_scale_ptr + row0 * row_scale_stride
-            s_off = r_loc[:, :, None] * row_scale_stride + blk[None, None, :]
+            s_off = r[:, None] * row_scale_stride + blk[None, :]
         tl.store(s_base + s_off, code.to(tl.uint8), mask=s_mask)
 
     if COLWISE:
-        amax = _block_amax(x, 0)  # [RB, CB, 32]
+        amax = _block_amax(tl.reshape(abs_bits, (RB, 32, BLOCK_COLS)), 1)  # [RB, C]
         code = _codecs.e8m0_encode_round_up(amax * max_rcp)
-        q = _fp8_encode(x * _codecs.e8m0_quant_multiplier(code)[None, :, :, :], E5M2, HW_CAST)
-        tl.store(col_data_ptr + base + offs, q, mask=mask)
+        v = tl.reshape(x, (RB, 32, BLOCK_COLS)) * _codecs.e8m0_quant_multiplier(code)[:, None, :]
+        q = _fp8_encode(v, _block_clamp(code, E5M2)[:, None, :], E5M2, HW_CAST)
+        tl.store(col_data_ptr + base + offs, tl.reshape(q, (BLOCK_ROWS, BLOCK_COLS)), mask=mask)
+        rb = tl.arange(0, RB)
+        if LOCAL_I64:
+            rb = rb.to(tl.int64)
         mblk = row0 // 32 + rb  # scale row (block of 32 rows), int64
         if EVEN:
             rb_ok = rb < RB
         else:
             rb_ok = rb * 32 < rows - row0  # M % 32 == 0 here: a block is valid when its first row is
-        s_mask = rb_ok[:, None, None] & c_ok[None, :, :]
+        s_mask = rb_ok[:, None] & c_ok[None, :]
         if SWIZZLED:
             # the swizzled matrix is the transpose (K, M/32): row = column of x
             s_base = col_scale_ptr
-            s_off = swizzle_offset(col0.to(tl.int64) + c_loc[None, :, :], mblk[:, None, None], col_scale_tiles)
+            s_off = swizzle_offset(col0.to(tl.int64) + c[None, :], mblk[:, None], col_scale_tiles)
         else:
             s_base = col_scale_ptr + col0
-            s_off = mblk[:, None, None] * col_scale_stride + c_loc[None, :, :]
+            s_off = mblk[:, None] * col_scale_stride + c[None, :]
         tl.store(s_base + s_off, code.to(tl.uint8), mask=s_mask)
 
 
@@ -255,15 +271,16 @@ def _mxfp8_dequantize_kernel(
 
 
 # ------------------------------------------------------------------------------------- launchers
-def _quantize_tile(rows: int, cols: int) -> tuple[int, int, int]:
-    """(BLOCK_ROWS, BLOCK_COLS, num_warps): 64 x 128 tiles (64 elements per thread: no spills with
-    16-byte vector accesses); 32 x 64 when K % 16 != 0 (scalar accesses need more registers).
-    BLOCK_ROWS divides 128, so a tile's swizzled rowwise scales stay in one 128-row band."""
+def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps), the fastest per direction on an H200 at 8192 x 8192
+    (benchmarks/mxfp8.py --tune): one 32-row columnwise block per tile, spread over few warps, so its
+    amax needs little cross-warp traffic and each column's scale is computed by few threads; rowwise
+    only 32 x 256 with 2 warps, columnwise only 32 x 256 with 1, both 32 x 128 with 2.
+    32 x 64 with 4 warps when K % 16 != 0 (scalar accesses)."""
     if cols % 16 != 0:
         return 32, 64, 4
-    block_rows = 64 if rows > 32 else 32
-    block_cols = 128 if cols > 64 else (64 if cols > 32 else 32)
-    return block_rows, block_cols, 4
+    block_cols, warps = (128, 2) if rowwise and colwise else (256, 2 if rowwise else 1)
+    return 32, max(32, min(block_cols, triton.next_power_of_2(cols))), warps
 
 
 def scale_shapes(rows: int, cols: int, layout: str) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -299,10 +316,10 @@ def launch_mxfp8_quantize(
         raise ValueError("fp8_cast='hw' needs a CUDA tensor: the interpreter's float8 casts are not round-to-nearest-even")
     if rows * cols == 0:
         return
-    d_rows, d_cols, d_warps = _quantize_tile(rows, cols)
+    rowwise, colwise = row_data is not None, col_data is not None
+    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise)
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
-    rowwise, colwise = row_data is not None, col_data is not None
     dummy = x  # stands in for an output pointer that a constexpr-disabled branch never touches
     grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
     _mxfp8_quantize_kernel[grid](
