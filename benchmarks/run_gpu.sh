@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, conformance (ref + triton on cuda), the GPU test tier, and
 # every benchmark; full logs and JSON results go to $OUT (or ./gpu-out); a short table is printed last.
-#   usage: bash benchmarks/run_gpu.sh [quick|full] [step ...]     steps: env conf tests quantize dequantize mxfp8 grouped gemm linear
-# The golden vectors must be copied into the checkout first (git-ignored, carried):  cp -r ../shared/golden .gpu/golden
+#   usage: bash benchmarks/run_gpu.sh [quick|full] [step ...]     steps: env conf tests quantize dequantize mxfp8 grouped gemm linear lab
+# Stage inputs first (git-ignored, carried): python tools/stage_gpu_inputs.py --golden ../shared/golden --minilm
 set -u
 cd "$(dirname "$0")/.."
 MODE=${1:-quick}; shift || true
-STEPS=${*:-env conf tests quantize dequantize mxfp8 grouped gemm linear}
+STEPS=${*:-env conf tests quantize dequantize mxfp8 grouped gemm linear lab}
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NVFP4LAB_GOLDEN=${NVFP4LAB_GOLDEN:-$PWD/.gpu/golden}
@@ -26,12 +26,17 @@ step() {  # step NAME TIMEOUT CMD...
 }
 
 step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
-step conf 150 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend ref --device cuda | tail -n 3; python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend triton --device cuda | tail -n 8'
-step tests 420 python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
+# (the reference on cuda is checked by the GPU test tier: tests/test_conformance.py)
+step conf 150 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend triton --device cuda | tail -n 8'
+step tests ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
   [ -f "$script" ] && step "$b" "$BENCH_LIMIT" python3 "$script" $QUICK --out "$OUT/$b.json"
 done
+
+# the accuracy lab on the GPU (model folder carried as .gpu/minilm when the package is not installed there)
+LAB_MODEL=$([ -d .gpu/minilm ] && echo "--model .gpu/minilm" || echo "")
+step lab "$BENCH_LIMIT" python3 -m nvfp4lab lab $LAB_MODEL --device cuda --no-progress --out "$OUT/lab"
 
 echo
 echo "===== summary ($MODE)"
