@@ -203,6 +203,75 @@ def test_grouped_linear_equals_per_expert_linear(splits_as, device_backend):
         same(getattr(grouped, f"bias{i}").grad, e.bias.grad)
 
 
+GROUPED_PRESETS = {
+    "te_default": NVFP4Recipe.te_default(stochastic_rounding=False),
+    "per_token": NVFP4Recipe.per_token(stochastic_rounding=False),
+    "per_token_gradients": NVFP4Recipe.per_token(gradients=True, stochastic_rounding=False),
+    "four_over_six": NVFP4Recipe.four_over_six(stochastic_rounding=False),
+}
+
+
+@pytest.mark.parametrize("device_backend", DEVICES)
+@pytest.mark.parametrize("splits", [[32, 0, 48, 16, 0], [0, 24, 40, 0, 1]], ids=["aligned", "padded"])
+@pytest.mark.parametrize("preset", list(GROUPED_PRESETS))
+def test_grouped_linear_takes_the_grouped_path(preset, splits, device_backend, monkeypatch):
+    # fprop and dgrad each run as one grouped GEMM; results equal the per-expert Linears (zero-size
+    # experts included, and splits that need token padding for the columnwise copies)
+    from nvfp4lab import ops
+
+    calls = []
+    real = ops.nvfp4_grouped_gemm
+    monkeypatch.setattr(ops, "nvfp4_grouped_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    device, backend = device_backend
+    recipe = GROUPED_PRESETS[preset]
+    grouped, experts = _grouped_and_experts(recipe, num=5, device=device, backend=backend)
+    m = sum(splits)
+    x = torch.randn(m, 64, device=device, requires_grad=True)
+    dy = torch.randn(m, 32, device=device)
+    for step in range(2):  # the second step reads the cached stacked weights
+        for p in [x, *grouped.parameters(), *(p for e in experts for p in e.parameters())]:
+            p.grad = None
+        calls.clear()
+        y = grouped(x, splits)
+        assert len(calls) == 1
+        y.backward(dy)
+        assert len(calls) == 2
+        xe = x.detach().clone().requires_grad_(True)
+        ye = torch.cat([e(part) for e, part in zip(experts, xe.split(splits))])
+        ye.backward(dy)
+
+        def close(a, b):
+            torch.testing.assert_close(a, b, rtol=2**-7, atol=2**-10 * max(b.abs().max().item(), 1e-6))
+
+        close(y, ye)
+        close(x.grad, xe.grad)
+        for i, e in enumerate(experts):
+            if splits[i] == 0:
+                assert torch.equal(getattr(grouped, f"weight{i}").grad, torch.zeros(32, 64, device=device))
+            close(getattr(grouped, f"weight{i}").grad, e.weight.grad)
+            close(getattr(grouped, f"bias{i}").grad, e.bias.grad)
+    assert "stacked" in grouped._quantized_weights
+
+
+@pytest.mark.parametrize("recipe", [MXFP8Recipe(), NVFP4Recipe.te_default(backward="dequantized")], ids=["mxfp8", "dequantized"])
+def test_grouped_linear_falls_back_to_the_per_expert_loop(recipe, monkeypatch):
+    from nvfp4lab import ops
+
+    calls = []
+    real = ops.nvfp4_grouped_gemm
+    monkeypatch.setattr(ops, "nvfp4_grouped_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    grouped, experts = _grouped_and_experts(recipe, num=3, k=64, n=64)
+    splits = [32, 0, 32]
+    x = torch.randn(64, 64, requires_grad=True)
+    y = grouped(x, splits)
+    y.sum().backward()
+    assert calls == []
+    xe = x.detach().clone().requires_grad_(True)
+    ye = torch.cat([e(part) for e, part in zip(experts, xe.split(splits))])
+    ye.sum().backward()
+    assert torch.equal(y, ye) and torch.equal(x.grad, xe.grad)
+
+
 def test_grouped_linear_forward_with_te_default_and_params():
     grouped, experts = _grouped_and_experts(NVFP4Recipe.te_default(), num=3, bias=False)
     assert [n for n, _ in grouped.named_parameters()] == ["weight0", "weight1", "weight2"]

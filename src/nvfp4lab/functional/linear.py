@@ -234,6 +234,153 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
     return dx, dw, db
 
 
+# -------------------------------------------------------------------- grouped (MoE) fast path
+# With an NVFP4 recipe and backward="quantized", GroupedLinear runs each pass as one grouped quantize
+# (every split with its own amax, as the per-expert path) and one grouped GEMM against the stacked
+# expert weights; wgrad stays a per-expert GEMM on the columnwise split views (each contracts over its
+# own token count). Every split is quantized and multiplied exactly as by the per-expert loop.
+def stack_grouped_weights(quantized_weights: Sequence[NVFP4Tensor], *, columnwise: bool = True) -> tuple:
+    """Per-expert quantized weights (from :func:`quantize_weight`) -> (rowwise stack (E, N, K), columnwise
+    stack (E, K, N) or None) for :func:`grouped_linear`'s ``stacked_weights`` (modules cache it)."""
+    from .. import moe
+
+    rowwise = moe.stack_weights(list(quantized_weights))
+    col = None
+    if columnwise:
+        if any(q.columnwise_data is None for q in quantized_weights):
+            raise ValueError("columnwise=True needs quantized weights with a columnwise copy")
+        col = moe.stack_weights([transposed_operand(q) for q in quantized_weights])
+    return rowwise, col
+
+
+def _grouped_applies(recipe, m_splits, biases) -> bool:
+    if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized" or sum(m_splits) == 0:
+        return False
+    if all(b is None for b in biases):
+        return True
+    return all(b is not None and b.dtype == biases[0].dtype for b in biases)
+
+
+class _RowLayout:
+    """Splits zero-padded to multiples of ``mult`` rows (columnwise copies block 16 tokens), as the
+    per-expert path pads each split: zero rows change no amax and add nothing to dW."""
+
+    def __init__(self, splits, mult: int, device):
+        self.sizes = [_roundup(s, mult) for s in splits]
+        parts, off = [], 0
+        for s, p in zip(splits, self.sizes):
+            parts.append(torch.arange(off, off + s, dtype=torch.int64))
+            off += p
+        self.total = off
+        self.index = torch.cat(parts).to(device)
+
+    def pad(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.new_zeros((self.total, t.shape[1]))
+        return out.index_copy_(0, self.index, t)
+
+    def unpad(self, t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, self.index)
+
+
+def _grouped_quantize(recipe, tensor: str, x2, sizes, *, rowwise: bool, columnwise: bool, backend):
+    config = dataclasses.replace(recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise), scale_layout="compact")
+    return ops.quantize_nvfp4_grouped_bulk(x2, list(sizes), config=config, backend=backend)
+
+
+def _token_operand(bulk) -> NVFP4Tensor:
+    """The bulk rowwise buffers as one (M, K) GEMM operand with per-row amax (each split's amax
+    repeated over its rows, no host sync)."""
+    m, k = int(bulk.shape[0]), int(bulk.shape[-1])
+    if bulk.config.per_token:
+        amax = bulk.rowwise_amax
+    else:
+        amax = torch.repeat_interleave(bulk.rowwise_amax, bulk.split_offsets.diff(), output_size=m)
+    config = dataclasses.replace(bulk.config, rowwise=True, columnwise=False, per_token=True, rht=False,
+                                 block="1x16", scale_layout="compact")
+    return NVFP4Tensor(shape=torch.Size((m, k)), dtype=bulk.dtype, config=config,
+                       rowwise_data=bulk.rowwise_data, rowwise_scale=bulk.rowwise_scale, rowwise_amax=amax)
+
+
+def _grouped_forward(x2, m_splits, weights, biases, qweights, stacked, recipe, cdtype, need_dgrad, need_wgrads, backend):
+    """y of all experts in one grouped quantize + one grouped GEMM. Returns (y, tensors to save, meta)."""
+    m, k = x2.shape
+    n = weights[0].shape[0]
+    any_wgrad = any(need_wgrads)
+    x_dtype = x2.dtype
+    x2 = x2.to(cdtype)
+    layout = None
+    if any_wgrad and any(s % 16 for s in m_splits):
+        layout = _RowLayout(m_splits, 16, x2.device)
+    sizes = layout.sizes if layout is not None else list(m_splits)
+    qx = _grouped_quantize(recipe, "input", layout.pad(x2) if layout is not None else x2, sizes,
+                           rowwise=True, columnwise=any_wgrad, backend=backend)
+    if stacked is None or (need_dgrad and stacked[1] is None):
+        if qweights is None or (need_dgrad and any(q.columnwise_data is None for q in qweights)):
+            qweights = [quantize_weight(w, recipe, columnwise=need_dgrad, backend=backend) for w in weights]
+        stacked = stack_grouped_weights(qweights, columnwise=need_dgrad)
+    bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
+    y = ops.nvfp4_grouped_gemm(_token_operand(qx), stacked[0], qx.split_offsets[1:], out_dtype=cdtype, bias=bias,
+                               backend=backend)
+    if layout is not None:
+        y = y.index_select(0, layout.index)
+    meta = dict(m=m, n=n, k=k, x_dtype=x_dtype, w_dtypes=[w.dtype for w in weights],
+                bias_dtype=None if biases[0] is None else biases[0].dtype, need_dgrad=need_dgrad,
+                need_wgrads=list(need_wgrads), m_splits=list(m_splits), sizes=sizes, layout=layout,
+                x_meta=None, w_meta=None)
+    saved = [None] * 7
+    if any_wgrad:
+        saved[0:4] = [qx.split_offsets, qx.columnwise_data, qx.columnwise_scale, qx.columnwise_amax]
+        meta["x_meta"] = (qx.shape, qx.dtype, dataclasses.replace(qx.config, rowwise=False))
+    if need_dgrad:
+        w = stacked[1]
+        saved[4:7] = [w.rowwise_data, w.rowwise_scale, w.rowwise_amax]
+        meta["w_meta"] = (w.shape, w.dtype, w.config)
+    return y, saved, meta
+
+
+def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
+    """(dx, [dW_i], [db_i]) of the grouped path."""
+    from ..tensors import GroupedNVFP4Tensor
+
+    n, k = meta["n"], meta["k"]
+    m_splits, sizes, layout = meta["m_splits"], meta["sizes"], meta["layout"]
+    need_dgrad, need_wgrads = meta["need_dgrad"], meta["need_wgrads"]
+    any_wgrad = any(need_wgrads)
+    dy2 = dy2.to(cdtype)
+    num = len(m_splits)
+    dbs = [None] * num
+    if meta["bias_dtype"] is not None:
+        dbs = [part.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) for part in dy2.split(list(m_splits))]
+    dx, dws = None, [None] * num
+    if not (need_dgrad or any_wgrad):
+        return dx, dws, dbs
+    qdy = _grouped_quantize(recipe, "grad", layout.pad(dy2) if layout is not None else dy2, sizes,
+                            rowwise=need_dgrad, columnwise=any_wgrad, backend=backend)
+    if need_dgrad:
+        shape, dtype, config = meta["w_meta"]
+        w = NVFP4Tensor(shape=shape, dtype=dtype, config=config, rowwise_data=saved[4], rowwise_scale=saved[5],
+                        rowwise_amax=saved[6])
+        dx = ops.nvfp4_grouped_gemm(_token_operand(qdy), w, qdy.split_offsets[1:], out_dtype=meta["x_dtype"],
+                                    backend=backend)
+        if layout is not None:
+            dx = dx.index_select(0, layout.index)
+    if any_wgrad:
+        shape, dtype, config = meta["x_meta"]
+        qx = GroupedNVFP4Tensor(shape=shape, dtype=dtype, config=config, split_offsets=saved[0],
+                                columnwise_data=saved[1], columnwise_scale=saved[2], columnwise_amax=saved[3])
+        x_parts, dy_parts = qx.split(sizes), qdy.split(sizes)
+        for i in range(num):
+            if not need_wgrads[i]:
+                continue
+            w_dtype = meta["w_dtypes"][i]
+            if sizes[i] == 0:
+                dws[i] = torch.zeros((n, k), dtype=w_dtype, device=dy2.device)
+            else:
+                dws[i] = ops.nvfp4_gemm(transposed_operand(dy_parts[i]), transposed_operand(x_parts[i]), out_dtype=w_dtype,
+                                        backend=backend)
+    return dx, dws, dbs
+
+
 def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
@@ -263,28 +410,34 @@ class _LinearFunction(torch.autograd.Function):
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
-    """One GEMM per split of the token dim: y[split i] = x[split i] W_i^T (+ b_i). The loop over splits
-    calls the same ops as a single linear; a grouped quantize / grouped GEMM can replace it."""
+    """y[split i] = x[split i] W_i^T (+ b_i). NVFP4 recipes with backward="quantized": one grouped
+    quantize + one grouped GEMM per pass (fprop, dgrad) and per-expert wgrad GEMMs on the split views
+    (:func:`_grouped_forward`); otherwise a loop of per-split quantize + GEMM calls (the definition)."""
 
     @staticmethod
-    def forward(ctx, x, m_splits, quantized_weights, recipe, cdtype, backend, num_gemms, *params):
+    def forward(ctx, x, m_splits, quantized_weights, stacked_weights, recipe, cdtype, backend, num_gemms, *params):
         weights, biases = params[:num_gemms], params[num_gemms:]
         in_shape = x.shape
         x2 = x.reshape(-1, in_shape[-1])
         need_dgrad = bool(ctx.needs_input_grad[0])
-        ys, all_saved, metas = [], [], []
-        offset = 0
+        need_wgrads = [bool(ctx.needs_input_grad[8 + i]) for i in range(num_gemms)]
+        ctx.grouped = _grouped_applies(recipe, m_splits, biases)
         with _no_autocast(x.device):
-            for i, rows in enumerate(m_splits):
-                need_wgrad = bool(ctx.needs_input_grad[7 + i])
-                qw = None if quantized_weights is None else quantized_weights[i]
-                y, saved, meta = _forward_gemm(x2[offset:offset + rows], weights[i], biases[i], qw, recipe, cdtype,
-                                               need_dgrad, need_wgrad, backend)
-                ys.append(y)
-                all_saved.extend(saved)
-                metas.append(meta)
-                offset += rows
-            y = torch.cat(ys, dim=0)
+            if ctx.grouped:
+                y, all_saved, metas = _grouped_forward(x2, m_splits, weights, biases, quantized_weights, stacked_weights,
+                                                       recipe, cdtype, need_dgrad, need_wgrads, backend)
+            else:
+                ys, all_saved, metas = [], [], []
+                offset = 0
+                for i, rows in enumerate(m_splits):
+                    qw = None if quantized_weights is None else quantized_weights[i]
+                    y, saved, meta = _forward_gemm(x2[offset:offset + rows], weights[i], biases[i], qw, recipe, cdtype,
+                                                   need_dgrad, need_wgrads[i], backend)
+                    ys.append(y)
+                    all_saved.extend(saved)
+                    metas.append(meta)
+                    offset += rows
+                y = torch.cat(ys, dim=0)
         ctx.save_for_backward(*all_saved)
         ctx.metas, ctx.recipe, ctx.cdtype, ctx.backend, ctx.in_shape = metas, recipe, cdtype, backend, in_shape
         ctx.num_gemms, ctx.has_bias = num_gemms, [b is not None for b in biases]
@@ -295,6 +448,11 @@ class _GroupedLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         metas = ctx.metas
         saved = ctx.saved_tensors
+        if ctx.grouped:
+            with _no_autocast(dy.device):
+                dx, dws, dbs = _grouped_backward(dy.reshape(-1, metas["n"]), saved, metas, ctx.recipe, ctx.cdtype, ctx.backend)
+            dx = dx.reshape(ctx.in_shape) if dx is not None else None
+            return (dx, None, None, None, None, None, None, None, *dws, *dbs)
         dy2 = dy.reshape(-1, metas[0]["n"])
         dxs, dws, dbs = [], [], []
         offset = 0
@@ -306,7 +464,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 dbs.append(db)
                 offset += meta["m"]
             dx = torch.cat(dxs, dim=0).reshape(ctx.in_shape) if metas[0]["need_dgrad"] else None
-        return (dx, None, None, None, None, None, None, *dws, *dbs)
+        return (dx, None, None, None, None, None, None, None, *dws, *dbs)
 
 
 # ---------------------------------------------------------------------------------- public API
@@ -388,12 +546,18 @@ def grouped_linear(
     *,
     recipe=None,
     quantized_weights: Optional[Sequence[QuantizedTensor]] = None,
+    stacked_weights: Optional[tuple] = None,
     backend: Optional[str] = None,
 ) -> torch.Tensor:
     """MoE grouped linear: tokens ``x`` (M, in_features) (leading dims flatten into M) are split along M
     into ``m_splits`` (ints or a 1-D integer tensor, one per weight); split i goes through weight i.
     Each split is quantized with its own amax (TE's split_quantize semantics); zero-size splits are
-    skipped (their weight gradient is zero)."""
+    skipped (their weight gradient is zero).
+
+    NVFP4 recipes with backward="quantized" run fprop and dgrad as one grouped quantize + one grouped
+    GEMM each (:func:`nvfp4lab.nvfp4_grouped_gemm`), wgrad per expert on the bulk columnwise copies;
+    the results equal the per-expert loop used otherwise. ``stacked_weights``: a cache of
+    :func:`stack_grouped_weights` of ``quantized_weights`` (ignored by the per-expert loop)."""
     recipe = _check_recipe(recipe)
     _check_float("x", x)
     if not isinstance(weights, (list, tuple)) or len(weights) == 0:
@@ -416,4 +580,7 @@ def grouped_linear(
         for i, qw in enumerate(quantized_weights):
             _check_quantized_weight(f"quantized_weights[{i}]", qw, weights[i], recipe)
         quantized_weights = tuple(quantized_weights)
-    return _GroupedLinearFunction.apply(x, splits, quantized_weights, recipe, compute_dtype(x), backend, num, *weights, *biases)
+    if stacked_weights is not None and (not isinstance(stacked_weights, tuple) or len(stacked_weights) != 2):
+        raise TypeError("stacked_weights must be the (rowwise, columnwise) pair of stack_grouped_weights or None")
+    return _GroupedLinearFunction.apply(x, splits, quantized_weights, stacked_weights, recipe, compute_dtype(x), backend, num,
+                                        *weights, *biases)

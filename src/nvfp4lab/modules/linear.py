@@ -137,8 +137,9 @@ class GroupedLinear(nn.Module, _WeightCacheMixin):
     takes tokens x (M, in_features) already sorted by expert and the per-expert token counts
     (a list of ints, or a CPU or device integer tensor; a device tensor costs one synchronization and
     cannot be read during CUDA graph capture). Each split is quantized on its own (its own amax) and
-    multiplied by its expert's weight; today that is a loop of per-split quantize + GEMM calls of
-    :mod:`nvfp4lab.ops`, to be replaced by grouped kernels.
+    multiplied by its expert's weight: with an NVFP4 recipe and backward="quantized" through the
+    grouped quantize and grouped GEMM ops (the stacked expert weights are cached next to the
+    per-expert ones), otherwise a loop of per-split quantize + GEMM calls of :mod:`nvfp4lab.ops`.
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
@@ -180,10 +181,24 @@ class GroupedLinear(nn.Module, _WeightCacheMixin):
     def forward(self, x: torch.Tensor, m_splits: Union[Sequence[int], torch.Tensor]) -> torch.Tensor:
         need_columnwise = self._needs_weight_columnwise(x)
         quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(self.weights)]
+        stacked = None
         if any(q is None for q in quantized):
             quantized = None
+        elif isinstance(self.recipe, NVFP4Recipe) and self.recipe.backward == "quantized":
+            stacked = self._stacked_weights(quantized, need_columnwise)
         return F.grouped_linear(x, m_splits, self.weights, self.biases, recipe=self.recipe,
-                                quantized_weights=quantized, backend=self.backend)
+                                quantized_weights=quantized, stacked_weights=stacked, backend=self.backend)
+
+    def _stacked_weights(self, quantized: list, need_columnwise: bool) -> tuple:
+        """The experts' cached quantized weights stacked for the grouped GEMMs ((E, N, K) rowwise,
+        (E, K, N) columnwise), cached while every per-expert entry is the same object."""
+        entry = self._quantized_weights.get("stacked")
+        if (entry is not None and len(entry[0]) == len(quantized) and all(a is b for a, b in zip(entry[0], quantized))
+                and (entry[1][1] is not None or not need_columnwise)):
+            return entry[1]
+        stacked = F.stack_grouped_weights(quantized, columnwise=need_columnwise)
+        self._quantized_weights["stacked"] = (tuple(quantized), stacked)
+        return stacked
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
