@@ -351,6 +351,18 @@ def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int, *, backend: O
     return ref.swizzle.unswizzle_scales(swizzled, rows, cols)
 
 
+def _check_out(out, accumulate: bool, m: int, n: int, out_dtype: torch.dtype) -> torch.dtype:
+    """Shared GEMM output checks; the dtype of a given ``out`` wins over ``out_dtype``."""
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
+    if out is None:
+        return out_dtype
+    _check_tensor("out", out, OUT_DTYPES)
+    if out.shape != (m, n):
+        raise ValueError(f"out must have shape (M, N) = ({m}, {n}), got {tuple(out.shape)}")
+    return out.dtype
+
+
 # ------------------------------------------------------------------------------------------ GEMM
 def nvfp4_gemm(
     a: NVFP4Tensor,
@@ -382,13 +394,7 @@ def nvfp4_gemm(
         _check_tensor("bias", bias)
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
-    if accumulate and out is None:
-        raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
-    if out is not None:
-        _check_tensor("out", out, OUT_DTYPES)
-        if out.shape != (m, n):
-            raise ValueError(f"out must have shape (M, N) = ({m}, {n}), got {tuple(out.shape)}")
-        out_dtype = out.dtype
+    out_dtype = _check_out(out, accumulate, m, n, out_dtype)
     if m == 0 or n == 0 or a.k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
         if bias is not None:
@@ -472,13 +478,7 @@ def nvfp4_grouped_gemm(
         _check_tensor("bias", bias)
         if bias.shape not in ((n,), (num_experts, n)):
             raise ValueError(f"bias must have shape (N,) = ({n},) or (E, N) = ({num_experts}, {n}), got {tuple(bias.shape)}")
-    if accumulate and out is None:
-        raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
-    if out is not None:
-        _check_tensor("out", out, OUT_DTYPES)
-        if out.shape != (m, n):
-            raise ValueError(f"out must have shape (M, N) = ({m}, {n}), got {tuple(out.shape)}")
-        out_dtype = out.dtype
+    out_dtype = _check_out(out, accumulate, m, n, out_dtype)
     backend = resolve_backend(backend, device)
     if m == 0 or n == 0 or k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
