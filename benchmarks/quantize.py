@@ -135,7 +135,7 @@ def run_one(name, m, k, copy_cache, baseline, compiled_refs):
 
 
 COLUMNS = [
-    ("recipe", "{:<21}"), ("tile", "{:>9}"), ("M", "{:>6}"), ("K", "{:>5}"), ("full_us", "{:>8.1f}"), ("eager_us", "{:>8.1f}"),
+    ("recipe", "{:<21}"), ("tile", "{:>26}"), ("M", "{:>6}"), ("K", "{:>5}"), ("full_us", "{:>8.1f}"), ("eager_us", "{:>8.1f}"),
     ("amax_us", "{:>7.1f}"), ("cast_us", "{:>7.1f}"), ("GBps", "{:>6.0f}"), ("pct_copy_full", "{:>6.1f}"),
     ("pct_copy_cast", "{:>6.1f}"), ("ref_eager_us", "{:>9.1f}"), ("ref_graph_us", "{:>9.1f}"),
     ("speedup_eager", "{:>6.1f}"), ("speedup_graph", "{:>6.1f}"),
@@ -168,6 +168,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-baseline", action="store_true", help="skip the torch.compile reference")
     parser.add_argument("--tile-sweep", nargs="?", const=",".join(SWEEP_TILES), default=None,
                         help="comma-separated BMxBKxWARPS tiles to time at 8192x8192 (no baseline)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variants, each 'KEY=VAL[;KEY=VAL]' environment settings (e.g. "
+                             "NVFP4LAB_QUANT_KERNEL=generic), timed in turn in this run (no baseline)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/quantize.py needs a CUDA GPU", file=sys.stderr)
@@ -186,17 +189,24 @@ def main(argv=None) -> int:
     t0 = time.time()
     tiles = [None]
     if args.tile_sweep:
-        tiles = [t.strip() for t in args.tile_sweep.split(",") if t.strip()]
+        tiles = [f"NVFP4LAB_QUANT_TILE={t.strip()}" for t in args.tile_sweep.split(",") if t.strip()]
         shapes = [QUICK_SHAPE]
+    if args.variants:
+        tiles = [v.strip() for v in args.variants.split(",") if v.strip()]
+    saved_env = dict(os.environ)
     for tile in tiles:
-        if tile:
-            os.environ["NVFP4LAB_QUANT_TILE"] = tile
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for setting in (tile or "").split(";"):
+            if setting:
+                key, _, val = setting.partition("=")
+                os.environ[key.strip()] = val.strip()
         for name in recipes:
             for m, k in shapes:
-                row = run_one(name, m, k, copy_cache, not (args.no_baseline or args.tile_sweep), compiled_refs)
+                row = run_one(name, m, k, copy_cache, not (args.no_baseline or args.tile_sweep or args.variants), compiled_refs)
                 torch.cuda.empty_cache()  # release this shape's input and graph pools before the next
                 if tile:
-                    row["tile"] = tile
+                    row["tile"] = tile.replace("NVFP4LAB_", "")
                 rows.append(row)
                 print(f"  {name} {m}x{k} tile {tile or args.tile or 'default'}: full {row['full_us']:.1f} us "
                       f"({row['pct_copy_full']:.0f}% of copy), cast {row['cast_us']:.1f} us, amax {row['amax_us']:.1f} us",

@@ -19,7 +19,7 @@ from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast
+from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode
 from nvfp4lab.kernels.nvfp4_quantize import _dequant_4over6_fast, _seq_sum16, _tree_sum16
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
@@ -95,7 +95,8 @@ for _block in ("1x16", "16x16"):
             CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True, columnwise=True)
 
 # (shape, dtype, tile override): 16x16 and 48x80 are smaller than / not multiples of the default
-# tiles; the 16x32 tile override makes 48x80 span 3x3 programs with a partial last K tile.
+# tiles; the 16x32 tile override (both cast kernels) makes 48x80 span 3x3 programs with a partial
+# last K tile.
 CASES = {
     "16x16-bf16": ((16, 16), torch.bfloat16, None),
     "48x80-bf16": ((48, 80), torch.bfloat16, None),
@@ -111,6 +112,7 @@ def test_matches_reference(name, case, monkeypatch):
     shape, dtype, tile = CASES[case]
     if tile:
         monkeypatch.setenv("NVFP4LAB_QUANT_TILE", tile)
+        monkeypatch.setenv("NVFP4LAB_CAST16_TILE", tile.split("x", 1)[1])
     kwargs = CONFIGS[name]
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, shape, dtype, seed=zlib.crc32(f"{name}/{case}".encode()) % 1000)
@@ -365,6 +367,12 @@ def _e2m1_probe_kernel(v_ptr, fast_ptr, slow_ptr, N: tl.constexpr):
     tl.store(slow_ptr + off, e2m1_encode(v))
 
 
+@triton.jit
+def _e2m1_scale_probe_kernel(x_ptr, enc_ptr, out_ptr, N: tl.constexpr):
+    off = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(out_ptr + off, e2m1_scale_encode(tl.load(x_ptr + off), tl.load(enc_ptr + off)) & 15)
+
+
 def test_e2m1_encode_fast_matches_reference():
     # every bf16 pattern, +-1000 fp32 ulps around every rounding edge and region boundary (both
     # signs), specials, and random fp32 bit patterns; checked against ref.codecs and _codecs.e2m1_encode
@@ -385,6 +393,41 @@ def test_e2m1_encode_fast_matches_reference():
     want = codecs.e2m1_encode(v.cpu()).to(torch.int32)
     assert torch.equal(slow.cpu(), want)
     assert torch.equal(fast.cpu(), want)
+
+
+def test_e2m1_scale_encode_matches_reference():
+    # x * enc over every bf16 x (enc = 1), bf16 x times random normal factors (the kernels' use),
+    # +-1000 ulps around every rounding edge, -0.0 and products that underflow to -0.0 (-> code 0)
+    gen = torch.Generator().manual_seed(71)
+    every_bf16 = (torch.arange(-(2**15), 2**15, dtype=torch.int32) << 16).view(torch.float32)
+    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 1.0, 0.5]).view(torch.int32)
+    near = (edges.view(-1, 1) + torch.arange(-1000, 1000, dtype=torch.int32).view(1, -1)).flatten().view(torch.float32)
+    xs = torch.cat([every_bf16, near, -near, torch.tensor([-0.0, 0.0, -1e-45, 1e-45, float("inf"), -float("inf")])])
+    encs = torch.ones_like(xs)
+    rand_x = torch.randn(1 << 17, generator=gen).to(torch.bfloat16).float() * 8
+    rand_enc = torch.exp2(torch.empty(1 << 17).uniform_(-3, 3, generator=gen))
+    tiny_x = torch.tensor([-1e-30, -3e-39, 2e-39, -1e-38])
+    xs = torch.cat([xs, rand_x, tiny_x])
+    encs = torch.cat([encs, rand_enc, torch.full((4,), 1e-15)])
+    keep = ~torch.isnan(xs * encs)
+    xs, encs = xs[keep], encs[keep]
+    n = 4096
+    pad = (-xs.numel()) % n
+    xs, encs = torch.cat([xs, torch.ones(pad)]), torch.cat([encs, torch.ones(pad)])
+    out = torch.full((xs.numel(),), -1, dtype=torch.int32, device=DEV)
+    _e2m1_scale_probe_kernel[(xs.numel() // n,)](xs.to(DEV), encs.to(DEV), out, n)
+    want = codecs.e2m1_encode(xs * encs).to(torch.int32)
+    assert torch.equal(out.cpu(), want)
+
+
+def test_generic_kernel_matches_reference(monkeypatch):
+    """The generic cast kernel (forced) still gives the reference bits for recipes _cast16_kernel takes."""
+    monkeypatch.setenv("NVFP4LAB_QUANT_KERNEL", "generic")
+    for name in ("1x16-rowcol", "16x16-rowcol", "pertoken-rowcol"):
+        kwargs = CONFIGS[name]
+        x = make_input(kwargs, (48, 80), torch.bfloat16, 5)
+        cfg = NVFP4QuantConfig(**kwargs)
+        assert_same(kq.quantize(x, cfg), ref_nvfp4.quantize(x.cpu(), cfg), name)
 
 
 # ------------------------------------------------------------------------- summation-order helpers
@@ -531,8 +574,14 @@ for name, kwargs in json.loads(sys.argv[1]).items():
     sig = dict(x_ptr="*bf16", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
                row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", seed_value="i64", M="i32", K="i32",
                offsets_ptr="*i64", num_splits="i32")
+    cfg = NVFP4QuantConfig(**kwargs)
     try:
-        frontend(kq._quantize_kernel, sig, kq.config_meta(NVFP4QuantConfig(**kwargs)), 4)
+        frontend(kq._quantize_kernel, sig, kq.config_meta(cfg), 4)
+        if kq.use_cast16(cfg.rht, cfg.four_over_six):
+            meta16 = kq.cast16_meta(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.e4m3_max,
+                                    cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, 128)
+            frontend(kq._cast16_kernel, sig, meta16, 1)
+            frontend(kq._cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
     except Exception as exc:  # report every recipe, not only the first failure
         failures[name] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))

@@ -1,13 +1,21 @@
 """NVFP4 quantize kernels: rowwise and columnwise outputs of every recipe from one read of x.
 
-Passes over x (M, K), both tiled [BLOCK_M, BLOCK_K] (``_tile``; env NVFP4LAB_QUANT_TILE="BMxBKxWARPS"):
+Passes over x (M, K). Environment overrides, for tuning and comparison only: NVFP4LAB_QUANT_TILE=
+"BMxBKxWARPS" (amax and generic cast tiles), NVFP4LAB_CAST16_TILE="BKxWARPS", NVFP4LAB_AMAX_STEPS
+(tiles per amax program), NVFP4LAB_QUANT_KERNEL=generic (no ``_cast16_kernel``).
 
 1. ``_amax_kernel``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
    column (K,), or per tensor of the bf16 RHT output; folded into zeroed fp32 buffers by ``atomic_max``
    on their int32 view (|x| >= 0, so int order is float order; NaN bits beat inf as torch.amax's NaN).
-2. ``_quantize_kernel``: loads one tile and quantizes, from registers, its rows (1x16 blocks along K,
-   view [BLOCK_M, BLOCK_K/16, 16]) and its columns (1x16 blocks along M = rows of x^T, view
-   [BLOCK_M/16, BLOCK_K, 16] permuted from [BLOCK_M/16, 16, BLOCK_K]); writes both outputs.
+2. The cast, one read of x for both outputs, by one of two kernels (``use_cast16``):
+   * ``_cast16_kernel`` (every recipe without RHT or 4over6): one 16-row group x 128 columns per
+     one-warp program, laid out so that each thread holds 8 rows of 8 columns, i.e. half of a
+     rowwise and half of a columnwise block, each packing one word of each; the cheaper encoders
+     ``e2m1_scale_encode`` and ``_scale_and_factor_fast``. About 42 SASS instructions per element
+     for row+col (the generic kernel: 91; ``tools/sass_stats.py`` counts them without a GPU).
+   * ``_quantize_kernel`` (generic, all recipes): loads a [BLOCK_M, BLOCK_K] tile and quantizes its
+     rows (view [BLOCK_M, BLOCK_K/16, 16]) and its columns (view [BLOCK_M/16, BLOCK_K, 16] permuted
+     from [BLOCK_M/16, 16, BLOCK_K]); RHT as a block-diagonal dot, 4over6.
 
 Layout (:mod:`nvfp4lab.tensors`): data (M, K/2) and (K, M/2) is stored as two int32 words per 16-element
 block (code i in bits 4(i%8).. of word i//8 = element 2j in the low nibble of byte j, little-endian).
@@ -51,7 +59,7 @@ import triton.language as tl
 from ..config import NVFP4QuantConfig
 from ..ref.swizzle import roundup
 from ..tensors import NVFP4Tensor
-from ._codecs import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
+from ._codecs import e2m1_decode, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH = tl.constexpr(float(np.float32(1.0 / 6.0)))  # fl(1/6), folded into S_enc first (spec 3.1)
@@ -343,41 +351,51 @@ def _rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.con
 def _amax_kernel(
     x_ptr, row_amax_ptr, col_amax_ptr, M, K,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, STEPS_M: tl.constexpr = 1,
 ):
-    """Folds max |x| of one tile into the int32 views of the amax buffers (zeroed by the caller)."""
+    """Folds max |x| of STEPS_M tiles (consecutive along M) into the int32 views of the amax buffers
+    (zeroed by the caller). Per-tensor and per-column maxima are carried across the steps in
+    registers, so one program issues one atomic per output (same-address atomics serialize in L2)."""
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
     pid_m = pid // n_k
     pid_k = pid % n_k
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
-    row_ok = rows < M
     col_ok = cols < K
-    mask = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
-    xf = x.to(tl.float32)
-    abs_bits = _abs_bits(xf)
-    if TENSOR_AMAX:  # ROW_MODE == 1 or COL_MODE == 1
-        t = tl.max(tl.max(abs_bits, axis=1), axis=0)
-        t = tl.where(t > 0x7F800000, 0x7FC00000, t)
+    # maxima are carried elementwise across the steps and reduced once at the end (a reduction along
+    # M crosses warps through shared memory)
+    t = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
+    t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
+    for step in tl.static_range(STEPS_M):
+        rows = ((pid_m * STEPS_M + step) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+        xf = x.to(tl.float32)
+        abs_bits = _abs_bits(xf)
+        if TENSOR_AMAX or COL_MODE == 2:
+            t = tl.maximum(t, abs_bits)
+        if ROW_MODE == 2:
+            r = tl.max(abs_bits, axis=1)
+            r = tl.where(r > 0x7F800000, 0x7FC00000, r)
+            tl.atomic_max(row_amax_ptr + rows, r, mask=row_ok)
+        if COL_MODE == 3:
+            y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+            t_rht = tl.maximum(t_rht, _abs_bits(y))
+    if TENSOR_AMAX:
+        tt = tl.max(tl.max(t, axis=1), axis=0)
+        tt = tl.where(tt > 0x7F800000, 0x7FC00000, tt)
         if ROW_MODE == 1:
-            tl.atomic_max(row_amax_ptr, t)
+            tl.atomic_max(row_amax_ptr, tt)
         if COL_MODE == 1:
-            tl.atomic_max(col_amax_ptr, t)
-    if ROW_MODE == 2:
-        r = tl.max(abs_bits, axis=1)
-        r = tl.where(r > 0x7F800000, 0x7FC00000, r)
-        tl.atomic_max(row_amax_ptr + rows, r, mask=row_ok)
+            tl.atomic_max(col_amax_ptr, tt)
+    if COL_MODE == 3:
+        tr = tl.max(tl.max(t_rht, axis=1), axis=0)
+        tl.atomic_max(col_amax_ptr, tl.where(tr > 0x7F800000, 0x7FC00000, tr))
     if COL_MODE == 2:
-        c = tl.max(abs_bits, axis=0)
+        c = tl.max(t, axis=0)
         c = tl.where(c > 0x7F800000, 0x7FC00000, c)
         tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok)
-    if COL_MODE == 3:
-        y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
-        t = tl.max(tl.max(_abs_bits(y), axis=1), axis=0)
-        t = tl.where(t > 0x7F800000, 0x7FC00000, t)
-        tl.atomic_max(col_amax_ptr, t)
 
 
 @triton.jit
@@ -543,6 +561,177 @@ def _quantize_kernel(
         tl.store(col_scale_ptr + soff, col_scale.to(tl.uint8), mask=ok)
 
 
+@triton.jit
+def _philox_bytes(seed, counter, STREAM: tl.constexpr, jj):
+    """Byte jj (0..15, broadcastable against counter) of the Philox block of each block counter
+    (key = seed, counter = (lo, hi, STREAM, 0)): word jj // 4, byte jj % 4, as ``_random_bytes``."""
+    lo = (counter & 0xFFFFFFFF).to(tl.uint32)
+    hi = (counter >> 32).to(tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, lo, hi, tl.zeros_like(lo) + STREAM, tl.zeros_like(lo))
+    w = tl.where(jj < 4, w0, tl.where(jj < 8, w1, tl.where(jj < 12, w2, w3))).to(tl.int32, bitcast=True)
+    return (w >> ((jj % 4) * 8)) & 0xFF
+
+
+@triton.jit
+def _scale_and_factor(bamax, outer, E6: tl.constexpr, EXACT: tl.constexpr):
+    """Block scale (E4M3 bits) and encode factor fl(1 / fl(s * S_dec)) of every block (spec 3.1)."""
+    s_enc, s_dec = _global_scales(outer, E6, EXACT)
+    scale = e4m3_encode(_clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
+    return scale, _encode_factor(e4m3_decode(scale), s_dec, EXACT)
+
+
+@triton.jit
+def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr):
+    """``_scale_and_factor`` for normal-range tiles (``_normal_range``), in about half the instructions
+    (this per-block work is a third of the cast kernel's): the E4M3 scale by ``e4m3_encode_fast``
+    (bamax * S_enc / 6 >= 0; inf saturates like the clamp; NaN blocks get 0x7F), decoded exactly as
+    bits(code << 20) * 2^120 (the 7 magnitude bits at fp32 bits 26..20 read as value * 2^-120;
+    multiplication keeps subnormals: no FTZ), and the factor by one correctly rounded division."""
+    s_enc, s_dec = _global_scales(outer, E6, False)
+    code = e4m3_encode_fast(bamax * (s_enc * ONE_SIXTH), 448.0) & 0xFF
+    scale = tl.where(bamax != bamax, 0x7F, code)
+    scale_f = (code << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
+    enc = tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_dec)
+    return scale, tl.minimum(enc, FLT_MAX)
+
+
+@triton.jit
+def _e2m1_codes(x, enc, rbytes, SR: tl.constexpr, EXACT: tl.constexpr):
+    """Codes of x scaled by enc (broadcast): stochastic, NaN-safe (EXACT tiles), or the fast encoder
+    (normal-range tiles; the caller zeroes the words of blocks whose factor is NaN)."""
+    if SR:
+        codes = _sr_e2m1(x * enc, rbytes)
+    elif EXACT:
+        codes = e2m1_encode_fast(x * enc)
+    else:
+        codes = e2m1_scale_encode(x, enc)
+    return codes
+
+
+@triton.jit
+def _cast16_kernel(
+    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, num_splits,
+    ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
+    E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0,
+):
+    """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without RHT
+    or 4over6; see ``use_cast16``).
+
+    The same results as ``_quantize_kernel`` (same arguments), laid out for the instruction count:
+    with bf16 input, BLOCK_K = 128 and one warp, each thread loads 16 bytes of 8 of the 16 rows (see
+    ``r16``): a rowwise block spans two threads, and so does a columnwise block, each thread packing
+    one of its two words (one shuffle per block amax; scale math duplicated in the pair).
+    """
+    KB: tl.constexpr = BLOCK_K // 16
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    g = (pid // n_k).to(tl.int64)  # 16-row group = columnwise block index along M
+    pid_k = pid % n_k
+    # tile row i holds row 8 * (i % 2) + i // 2 of the group: with bf16 (16-byte loads of 8 columns,
+    # 16 threads along a 128-column tile) the two threads that share a column hold rows 0-7 and 8-15,
+    # i.e. exactly one packed word of its columnwise block each
+    r16 = (tl.arange(0, 16) % 2) * 8 + tl.arange(0, 16) // 2
+    rows = g * 16 + r16.to(tl.int64)
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    row_ok = rows < M
+    col_ok = cols < K
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    xf = x.to(tl.float32)
+    ab = _abs_bits(xf)
+    k_blocks = K // 16
+    m_blocks = M // 16
+    seed = 0
+    if SR:
+        if SEED_FROM_PTR:
+            seed = tl.load(seed_ptr)
+        else:
+            seed = seed_value
+    if BLOCK_2D:
+        bamax_2d = tl.max(tl.max(tl.reshape(ab, [16, KB, 16]), axis=2), axis=0).to(tl.float32, bitcast=True)  # [KB]
+
+    # ---------------------------------------------------------------- rowwise: blocks along K
+    if ROWWISE:
+        blks = pid_k * KB + tl.arange(0, KB).to(tl.int64)
+        blk_ok = blks < k_blocks
+        x3 = tl.reshape(xf, [16, KB, 16])
+        if BLOCK_2D:
+            bamax = tl.broadcast_to(bamax_2d[None, :], [16, KB])
+        else:
+            bamax = tl.max(tl.reshape(ab, [16, KB, 16]), axis=2).to(tl.float32, bitcast=True)
+        if PER_TOKEN:
+            outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [16, 1]
+        elif GROUPED:
+            outer = tl.load(row_amax_ptr + _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
+        else:
+            outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
+        counter = rows[:, None] * k_blocks + blks[None, :]
+        jj = tl.arange(0, 16)[None, None, :]
+        if SR:
+            rbytes = _philox_bytes(seed, counter[:, :, None], 0, jj)
+        else:
+            rbytes = jj
+        if _normal_range(outer):
+            row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6)
+            row_words = _pack_codes(_e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False), 16, KB)
+            if not SR:
+                row_words = tl.where((bamax != bamax)[:, :, None], 0, row_words)
+        else:
+            row_scale_x, row_enc_x = _scale_and_factor(bamax, outer, E6, True)
+            row_words = _pack_codes(_e2m1_codes(x3, row_enc_x[:, :, None], rbytes, SR, True), 16, KB)
+            row_scale = row_scale_x
+        ok = row_ok[:, None] & blk_ok[None, :]
+        word = (rows[:, None] * k_blocks + blks[None, :]) * 2
+        tl.store(row_data_ptr + word[:, :, None] + tl.arange(0, 2)[None, None, :], row_words, mask=ok[:, :, None])
+        tl.store(row_scale_ptr + _scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), row_scale.to(tl.uint8), mask=ok)
+
+    # ---------------------------------------------------- columnwise: the 16 rows are one block per column
+    if COLWISE:
+        if BLOCK_2D:
+            cbamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None], [KB, 16]), [BLOCK_K])
+        else:
+            cbamax = tl.max(ab, axis=0).to(tl.float32, bitcast=True)  # [BLOCK_K]
+        if GROUPED:
+            split = _split_of(g * 16, offsets_ptr, num_splits, SPLIT_STEPS)
+            start = tl.load(offsets_ptr + split)
+            split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
+            blk2 = start // 16 * K + cols * split_blocks + (g - start // 16)  # bulk layout, [BLOCK_K]
+            if PER_TOKEN:
+                couter = tl.load(col_amax_ptr + split * K + cols, mask=col_ok, other=0.0)
+            else:
+                couter = tl.zeros([1], tl.float32) + tl.load(col_amax_ptr + split)
+        else:
+            blk2 = cols * m_blocks + g
+            if PER_TOKEN:
+                couter = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)
+            else:
+                couter = tl.zeros([1], tl.float32) + tl.load(col_amax_ptr)
+        if SR:
+            cbytes = _philox_bytes(seed, blk2[None, :], 1, r16[:, None])
+        else:
+            cbytes = r16[:, None]
+        shift = tl.reshape((r16 % 8) * 4, [8, 2])[:, :, None]
+        if _normal_range(couter):
+            col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6)
+            col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
+            col_words = tl.sum(tl.reshape(col_codes, [8, 2, BLOCK_K]) << shift, axis=0)  # [2, BLOCK_K]: word h = rows 8h..8h+7
+            if not SR:
+                col_words = tl.where((cbamax != cbamax)[None, :], 0, col_words)
+        else:
+            col_scale_x, col_enc_x = _scale_and_factor(cbamax, couter, E6, True)
+            col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
+            col_words = tl.sum(tl.reshape(col_codes_x, [8, 2, BLOCK_K]) << shift, axis=0)
+            col_scale = col_scale_x
+        cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
+        tl.store(col_data_ptr + blk2[None, :] * 2 + tl.arange(0, 2)[:, None], col_words, mask=cok[None, :])
+        if GROUPED:
+            csoff = blk2  # compact
+        else:
+            csoff = _scale_offsets(cols, g, m_blocks, LAYOUT)
+        tl.store(col_scale_ptr + csoff, col_scale.to(tl.uint8), mask=cok)
+
+
 # --------------------------------------------------------------------------------- host side
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -555,7 +744,39 @@ _TILES = {
     "amax": (64, 128, 8), "amax-pertoken": (32, 64, 2), "amax-rht": (32, 128, 4),
     "row": (32, 128, 4), "rowcol": (32, 64, 2), "2d": (32, 64, 2), "pertoken": (32, 64, 2),
     "rht": (16, 128, 4), "rht-sr": (16, 128, 4), "sr": (32, 64, 2), "4over6": (16, 128, 4),
+    "cast16": (16, 128, 1),
 }
+
+
+def use_cast16(rht: bool, four_over_six) -> bool:
+    """Whether the cast runs ``_cast16_kernel`` (recipes without RHT or 4over6) rather than the generic
+    ``_quantize_kernel``. NVFP4LAB_QUANT_KERNEL=generic forces the generic kernel (comparison).
+
+    RHT stays on the generic kernel: a version of _cast16_kernel with the RHT as a [16, 16] x
+    [16, BLOCK_K] dot measured slower on an H200 at 8192^2 (RHT+row cast 357 us against 300 us
+    generic, RHT+SR 1200 against 632: the dot's result layout turns the columnwise reductions into
+    shuffles)."""
+    return not rht and not four_over_six and os.environ.get("NVFP4LAB_QUANT_KERNEL", "auto") != "generic"
+
+
+def cast16_tile(k: int, kind: str = "cast16") -> tuple[int, int]:
+    """(BLOCK_K, num_warps) of ``_cast16_kernel``; NVFP4LAB_CAST16_TILE="BKxWARPS" overrides (tuning)."""
+    env = os.environ.get("NVFP4LAB_CAST16_TILE")
+    if env:
+        bk, warps = (int(v) for v in env.lower().split("x"))
+    else:
+        _, bk, warps = _TILES[kind]
+    return max(16, min(bk, triton.next_power_of_2(max(k, 1)))), warps
+
+
+def cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding, seed_from_ptr,
+                scale_layout, bk) -> dict:
+    """The constexpr arguments of ``_cast16_kernel``."""
+    return dict(
+        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
+        SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=_LAYOUT_CODES[scale_layout], BLOCK_K=bk,
+        GROUPED=False, SPLIT_STEPS=0,
+    )
 
 
 def cast_kind(rowwise, columnwise, block_2d, per_token, rht, sr, four_over_six) -> str:
@@ -627,14 +848,18 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
         return row_amax, col_amax
     amax_kind = "amax-rht" if col_mode == AMAX_TENSOR_RHT else ("amax-pertoken" if AMAX_PER_TOKEN in (row_mode, col_mode) else "amax")
     bm, bk, warps = _tile(m, k, rht=col_mode == AMAX_TENSOR_RHT, four_over_six=False, kind=amax_kind)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+    # 4 tiles per program for per-tensor amaxes, 1 with per-token (H200, 8192^2: 49.5 vs 51.5 us per
+    # tensor; 87 vs 70 us per token)
+    default_steps = 1 if AMAX_PER_TOKEN in (row_mode, col_mode) else 4
+    steps = max(1, min(int(os.environ.get("NVFP4LAB_AMAX_STEPS", default_steps)), triton.cdiv(m, bm)))
+    grid = (triton.cdiv(m, bm * steps) * triton.cdiv(k, bk),)
     # absent buffers get a valid int32 pointer that is never touched
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
     col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
     _amax_kernel[grid](
         x, row_view, col_view, m, k,
         ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode), RHT_MASK=rht_sign_mask,
-        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(),
+        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not _interpreting(), STEPS_M=steps,
         num_warps=warps, enable_fp_fusion=False,
     )
     return row_amax, col_amax
@@ -712,13 +937,19 @@ def nvfp4_quantize_cast(
     if x.numel() == 0:
         return row_data, row_scale, col_data, col_scale
     rht = rht_sign_mask >= 0
-    bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
-                          kind=cast_kind(rowwise, columnwise, block_2d, per_token, rht, stochastic_rounding, four_over_six))
-    grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+    if use_cast16(rht, four_over_six):
+        bk, warps = cast16_tile(k)
+        kernel, grid = _cast16_kernel, (triton.cdiv(m, 16) * triton.cdiv(k, bk),)
+        meta = cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
+                           seed_tensor is not None, scale_layout, bk)
+    else:
+        bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
+                              kind=cast_kind(rowwise, columnwise, block_2d, per_token, rht, stochastic_rounding, four_over_six))
+        kernel, grid = _quantize_kernel, (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+        meta = _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+                          stochastic_rounding, seed_tensor is not None, scale_layout, bm, bk)
     any_f32 = row_amax if row_amax is not None else col_amax
-    meta = _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
-                      stochastic_rounding, seed_tensor is not None, scale_layout, bm, bk)
-    _quantize_kernel[grid](
+    kernel[grid](
         x,
         row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
         row_scale if rowwise else col_scale,

@@ -16,7 +16,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sentences", type=int, default=None, help="use the first N bundled sentences (even; default: all 94)")
     p.add_argument("--tokens", type=int, default=None, help="token rows sampled per layer for the SQNRs (multiple of 32; default 256)")
     p.add_argument("--seed", type=int, default=0, help="token sampling and stochastic-rounding seed")
-    p.add_argument("--backend", choices=("ref", "triton"), default=None, help="quantization backend (default: triton on cuda, ref on cpu)")
+    p.add_argument("--backend", choices=("ref", "triton"), default=None,
+                   help="quantization backend (default: ref, the plain-PyTorch definition, on every device: same bits, "
+                        "no kernel compiles; triton runs the kernels)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
