@@ -197,13 +197,30 @@ def _tree_sum16(t, A: tl.constexpr, B: tl.constexpr):
 @triton.jit
 def _random_bytes(seed, counter, STREAM: tl.constexpr):
     """[A, B] int64 block counters -> [A, B, 16] int32 random bytes from one Philox block per block."""
+    return _philox_bytes(seed, counter[:, :, None], STREAM, tl.arange(0, 16)[None, None, :])
+
+
+@triton.jit
+def _philox_bytes(seed, counter, STREAM: tl.constexpr, jj):
+    """Byte jj (0..15, broadcastable against counter) of the Philox block of each block counter
+    (key = seed, counter = (lo, hi, STREAM, 0)): word jj // 4, byte jj % 4 (TE's mapping)."""
     lo = (counter & 0xFFFFFFFF).to(tl.uint32)
     hi = (counter >> 32).to(tl.uint32)
     w0, w1, w2, w3 = tl.philox(seed, lo, hi, tl.zeros_like(lo) + STREAM, tl.zeros_like(lo))
-    jj = tl.arange(0, 16)[None, None, :]
-    w = tl.where(jj < 4, w0[:, :, None], tl.where(jj < 8, w1[:, :, None], tl.where(jj < 12, w2[:, :, None], w3[:, :, None])))
-    w = w.to(tl.int32, bitcast=True)
+    w = tl.where(jj < 4, w0, tl.where(jj < 8, w1, tl.where(jj < 12, w2, w3))).to(tl.int32, bitcast=True)
     return (w >> ((jj % 4) * 8)) & 0xFF
+
+
+@triton.jit
+def _sr_seed(seed_ptr, seed_value, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr):
+    """The SR key: read from the int64 device tensor, or the int argument (0 without SR)."""
+    seed = 0
+    if SR:
+        if SEED_FROM_PTR:
+            seed = tl.load(seed_ptr)
+        else:
+            seed = seed_value
+    return seed
 
 
 @triton.jit
@@ -479,12 +496,7 @@ def _quantize_kernel(
     groups = pid_m * G + tl.arange(0, G).to(tl.int64)  # columnwise block index along M
     m_blocks = M // 16
     group_ok = groups < m_blocks
-    seed = 0
-    if SR:
-        if SEED_FROM_PTR:
-            seed = tl.load(seed_ptr)
-        else:
-            seed = seed_value
+    seed = _sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
     if BLOCK_2D:
         x4 = tl.reshape(xf, [G, 16, KB, 16])
         bamax_2d = tl.max(tl.max(_abs_bits(x4), axis=3), axis=1).to(tl.float32, bitcast=True)  # [G, KB]
@@ -562,17 +574,6 @@ def _quantize_kernel(
 
 
 @triton.jit
-def _philox_bytes(seed, counter, STREAM: tl.constexpr, jj):
-    """Byte jj (0..15, broadcastable against counter) of the Philox block of each block counter
-    (key = seed, counter = (lo, hi, STREAM, 0)): word jj // 4, byte jj % 4, as ``_random_bytes``."""
-    lo = (counter & 0xFFFFFFFF).to(tl.uint32)
-    hi = (counter >> 32).to(tl.uint32)
-    w0, w1, w2, w3 = tl.philox(seed, lo, hi, tl.zeros_like(lo) + STREAM, tl.zeros_like(lo))
-    w = tl.where(jj < 4, w0, tl.where(jj < 8, w1, tl.where(jj < 12, w2, w3))).to(tl.int32, bitcast=True)
-    return (w >> ((jj % 4) * 8)) & 0xFF
-
-
-@triton.jit
 def _scale_and_factor(bamax, outer, E6: tl.constexpr, EXACT: tl.constexpr):
     """Block scale (E4M3 bits) and encode factor fl(1 / fl(s * S_dec)) of every block (spec 3.1)."""
     s_enc, s_dec = _global_scales(outer, E6, EXACT)
@@ -642,12 +643,7 @@ def _cast16_kernel(
     ab = _abs_bits(xf)
     k_blocks = K // 16
     m_blocks = M // 16
-    seed = 0
-    if SR:
-        if SEED_FROM_PTR:
-            seed = tl.load(seed_ptr)
-        else:
-            seed = seed_value
+    seed = _sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
     if BLOCK_2D:
         bamax_2d = tl.max(tl.max(tl.reshape(ab, [16, KB, 16]), axis=2), axis=0).to(tl.float32, bitcast=True)  # [KB]
 
