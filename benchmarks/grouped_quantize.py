@@ -11,30 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
-import triton.testing
 
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import grouped_quantize as gq
 from nvfp4lab.kernels import nvfp4_quantize as kq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quantize as quantize_bench  # noqa: E402  (benchmarks/quantize.py: bench, graphed)
+
+graphed = quantize_bench.graphed
+
 
 def bench(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")) * 1e3
-
-
-def graphed(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    """Median microseconds (quantize.bench gives milliseconds)."""
+    return quantize_bench.bench(fn) * 1e3
 
 
 def split_sizes(total, experts, skewed):

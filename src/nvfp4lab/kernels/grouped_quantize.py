@@ -27,7 +27,7 @@ import triton.language as tl
 from ..config import NVFP4QuantConfig
 from ..tensors import GroupedNVFP4Tensor
 from . import nvfp4_quantize as kq
-from .nvfp4_quantize import _abs_bits, _rht_tile, _split_of
+from .nvfp4_quantize import _abs_bits, _load_tile, _rht_tile, _split_of
 
 # amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output
 G_NONE, G_SPLIT, G_PER_TOKEN, G_SPLIT_RHT = 0, 1, 2, 3
@@ -47,16 +47,7 @@ def _grouped_amax_kernel(
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT_STEPS: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_k = tl.cdiv(K, BLOCK_K)
-    pid_m = pid // n_k
-    pid_k = pid % n_k
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
-    row_ok = rows < M
-    col_ok = cols < K
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    xf = x.to(tl.float32)
+    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = _load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K)
     abs_bits = _abs_bits(xf)
     split = _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS)
     s_lo = tl.min(tl.where(row_ok, split, num_splits), axis=0)

@@ -363,6 +363,23 @@ def _rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.con
     return _bf16_rne(y)
 
 
+@triton.jit
+def _load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's [BLOCK_M, BLOCK_K] tile of x (M, K) as fp32 (zeros outside), programs ordered
+    K-fastest; returns (rows, cols, row_ok, col_ok, pid_m, pid_k, xf) with int64 row/column indices."""
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    pid_m = pid // n_k
+    pid_k = pid % n_k
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    row_ok = rows < M
+    col_ok = cols < K
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    xf = x.to(tl.float32)
+    return rows, cols, row_ok, col_ok, pid_m, pid_k, xf
+
+
 # ------------------------------------------------------------------------------------ kernels
 @triton.jit
 def _amax_kernel(
@@ -480,16 +497,7 @@ def _quantize_kernel(
     """
     G: tl.constexpr = BLOCK_M // 16  # 16-row groups (columnwise blocks) per tile
     KB: tl.constexpr = BLOCK_K // 16  # 16-column groups (rowwise blocks) per tile
-    pid = tl.program_id(0)
-    n_k = tl.cdiv(K, BLOCK_K)
-    pid_m = pid // n_k
-    pid_k = pid % n_k
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
-    row_ok = rows < M
-    col_ok = cols < K
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    xf = x.to(tl.float32)
+    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = _load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K)
     k_blocks = K // 16
     blks = pid_k * KB + tl.arange(0, KB).to(tl.int64)  # rowwise block index along K
     blk_ok = blks < k_blocks
