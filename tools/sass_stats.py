@@ -31,6 +31,7 @@ RECIPES = {
     "sr": dict(rowwise=True, columnwise=True, stochastic_rounding=True),
     "4over6": dict(rowwise=True, columnwise=True, four_over_six="mae", e4m3_max=256.0),
 }
+MAXNREG = int(os.environ.get("MAXNREG", "0"))  # ptxas register cap (the launch option maxnreg)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
@@ -41,7 +42,7 @@ def compile_cast(kwargs, tile=None, cast16=False):
         for k in ("RHT", "RHT_MASK", "FOUR_OVER_SIX", "BLOCK_M", "DOT_BF16"):
             meta.pop(k)
         bk, warps = (tile[1], tile[2]) if tile else kq.cast16_tile(8192)
-        meta["BLOCK_K"] = bk
+        meta.update(BLOCK_K=bk, GROUPED=False, SPLIT_STEPS=0, PAIRS=os.environ.get("PAIRS", "1") == "1", SPLIT_ROLES=kq.cast16_split_roles(kwargs.get("rowwise", True), kwargs.get("columnwise", False)))
         fn = kq._cast16_kernel
         bm = 16
     else:
@@ -58,7 +59,7 @@ def compile_cast(kwargs, tile=None, cast16=False):
     attrs.update({(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("M", "K")})
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
                                     constexprs={(fn.arg_names.index(k),): v for k, v in meta.items()})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, enable_fp_fusion=False))
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, enable_fp_fusion=False, **({"maxnreg": MAXNREG} if MAXNREG else {})))
     return c, (bm, bk, warps)
 
 

@@ -38,7 +38,7 @@ def _fold_per_split(ptr, r, split, s_lo, s_hi, ok):
     """atomic_max(ptr[s], max of r over the rows of split s) for s in [s_lo, s_hi] (r int32 [BLOCK_M])."""
     for s in range(s_lo, s_hi + 1):
         v = tl.max(tl.where(ok & (split == s), r, 0), axis=0)
-        tl.atomic_max(ptr + s, v)
+        tl.atomic_max(ptr + s, v, sem="relaxed")
 
 
 @triton.jit
@@ -62,12 +62,12 @@ def _grouped_amax_kernel(
     if ROW_MODE == 2:
         rt = tl.max(abs_bits, axis=1)
         rt = tl.where(rt > 0x7F800000, 0x7FC00000, rt)
-        tl.atomic_max(row_amax_ptr + rows, rt, mask=row_ok)
+        tl.atomic_max(row_amax_ptr + rows, rt, mask=row_ok, sem="relaxed")
     if COL_MODE == 2:
         for s in range(s_lo, s_hi + 1):
             c = tl.max(tl.where((row_ok & (split == s))[:, None], abs_bits, 0), axis=0)
             c = tl.where(c > 0x7F800000, 0x7FC00000, c)
-            tl.atomic_max(col_amax_ptr + s * K + cols, c, mask=col_ok)
+            tl.atomic_max(col_amax_ptr + s * K + cols, c, mask=col_ok, sem="relaxed")
     if COL_MODE == 3:
         # 16-row groups never straddle splits here (splits are multiples of 16 for columnwise output)
         y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
@@ -142,6 +142,7 @@ def nvfp4_grouped_quantize_cast(
         kernel, grid = kq._cast16_kernel, (triton.cdiv(m, 16) * triton.cdiv(k, bk),)
         meta = kq.cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
                               seed_tensor is not None, "compact", bk)
+        meta.update(kq.cast16_launch_options(rowwise, columnwise))
     else:
         bm, bk, warps = kq._tile(m, k, rht=rht_sign_mask >= 0 and columnwise, four_over_six=four_over_six != 0,
                                  kind=kq.cast_kind(rowwise, columnwise, block_2d, per_token, rht_sign_mask >= 0,

@@ -1,12 +1,15 @@
 """NVFP4 quantize kernels: rowwise and columnwise outputs of every recipe from one read of x.
 
 Passes over x (M, K). Environment overrides, for tuning and comparison only: NVFP4LAB_QUANT_TILE=
-"BMxBKxWARPS" (amax and generic cast tiles), NVFP4LAB_CAST16_TILE="BKxWARPS", NVFP4LAB_AMAX_STEPS
-(tiles per amax program), NVFP4LAB_QUANT_KERNEL=generic (no ``_cast16_kernel``).
+"BMxBKxWARPS" (amax and generic cast tiles), NVFP4LAB_CAST16_TILE="BKxWARPS", NVFP4LAB_CAST16_MAXNREG
+(``cast16_launch_options``), NVFP4LAB_AMAX_STEPS (tiles per amax program), NVFP4LAB_QUANT_KERNEL=generic
+(no ``_cast16_kernel``).
 
 1. ``_amax_kernel``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
    column (K,), or per tensor of the bf16 RHT output; folded into zeroed fp32 buffers by ``atomic_max``
    on their int32 view (|x| >= 0, so int order is float order; NaN bits beat inf as torch.amax's NaN).
+   The atomics are relaxed: only the next launch reads the maxima, and the default acq_rel ordering
+   puts a memory barrier around each one (the per-token pass issues one per row and column).
 2. The cast, one read of x for both outputs, by one of two kernels (``use_cast16``):
    * ``_cast16_kernel`` (every recipe without RHT or 4over6): one 16-row group x 128 columns per
      one-warp program, laid out so that each thread holds 8 rows of 8 columns, i.e. half of a
@@ -412,7 +415,7 @@ def _amax_kernel(
         if ROW_MODE == 2:
             r = tl.max(abs_bits, axis=1)
             r = tl.where(r > 0x7F800000, 0x7FC00000, r)
-            tl.atomic_max(row_amax_ptr + rows, r, mask=row_ok)
+            tl.atomic_max(row_amax_ptr + rows, r, mask=row_ok, sem="relaxed")
         if COL_MODE == 3:
             y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
             t_rht = tl.maximum(t_rht, _abs_bits(y))
@@ -420,16 +423,16 @@ def _amax_kernel(
         tt = tl.max(tl.max(t, axis=1), axis=0)
         tt = tl.where(tt > 0x7F800000, 0x7FC00000, tt)
         if ROW_MODE == 1:
-            tl.atomic_max(row_amax_ptr, tt)
+            tl.atomic_max(row_amax_ptr, tt, sem="relaxed")
         if COL_MODE == 1:
-            tl.atomic_max(col_amax_ptr, tt)
+            tl.atomic_max(col_amax_ptr, tt, sem="relaxed")
     if COL_MODE == 3:
         tr = tl.max(tl.max(t_rht, axis=1), axis=0)
-        tl.atomic_max(col_amax_ptr, tl.where(tr > 0x7F800000, 0x7FC00000, tr))
+        tl.atomic_max(col_amax_ptr, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")
     if COL_MODE == 2:
         c = tl.max(t, axis=0)
         c = tl.where(c > 0x7F800000, 0x7FC00000, c)
-        tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok)
+        tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok, sem="relaxed")
 
 
 @triton.jit
@@ -750,6 +753,7 @@ _TILES = {
     "rht": (16, 128, 4), "rht-sr": (16, 128, 4), "sr": (32, 64, 2), "4over6": (16, 128, 4),
     "cast16": (16, 128, 1),
 }
+_CAST16_ROW_MAXNREG = 128
 
 
 def use_cast16(rht: bool, four_over_six) -> bool:
@@ -771,6 +775,19 @@ def cast16_tile(k: int, kind: str = "cast16") -> tuple[int, int]:
     else:
         _, bk, warps = _TILES[kind]
     return max(16, min(bk, triton.next_power_of_2(max(k, 1)))), warps
+
+
+def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
+    """Launch options of ``_cast16_kernel``: a ptxas register cap (``maxnreg``) for rowwise-only casts.
+
+    Uncapped, ptxas gives the one-warp programs 137-255 registers, i.e. 8-14 warps per SM, too few
+    to hide the load latency. A rowwise-only cast fits 128 registers without spilling on its
+    normal-range path (the rare EXACT path spills): H200, 8192^2 bf16, cast 99 -> 75 us. Casts with a
+    columnwise output spill at any cap below ~180 and ran slower capped (193 -> 217-320 us), so they
+    stay uncapped. NVFP4LAB_CAST16_MAXNREG overrides (0: no cap)."""
+    env = os.environ.get("NVFP4LAB_CAST16_MAXNREG")
+    cap = int(env) if env is not None else (_CAST16_ROW_MAXNREG if rowwise and not columnwise else 0)
+    return {"maxnreg": cap} if cap and not _interpreting() else {}
 
 
 def cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding, seed_from_ptr,
@@ -946,6 +963,7 @@ def nvfp4_quantize_cast(
         kernel, grid = _cast16_kernel, (triton.cdiv(m, 16) * triton.cdiv(k, bk),)
         meta = cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
                            seed_tensor is not None, scale_layout, bk)
+        meta.update(cast16_launch_options(rowwise, columnwise))
     else:
         bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
                               kind=cast_kind(rowwise, columnwise, block_2d, per_token, rht, stochastic_rounding, four_over_six))
