@@ -4,7 +4,7 @@ Prints registers, spills, instruction count per thread and per element, and an o
 the cast kernel of each named recipe at its default tile (or NVFP4LAB_QUANT_TILE). Instruction count
 per element is the one number that bounds these kernels on Hopper (see kernels/nvfp4_quantize.py).
 
-    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--dump DIR]
+    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--dump DIR]     (MAXNREG=128: try a register cap)
 """
 import argparse
 import collections
@@ -31,7 +31,7 @@ RECIPES = {
     "sr": dict(rowwise=True, columnwise=True, stochastic_rounding=True),
     "4over6": dict(rowwise=True, columnwise=True, four_over_six="mae", e4m3_max=256.0),
 }
-MAXNREG = int(os.environ.get("MAXNREG", "0"))  # ptxas register cap (the launch option maxnreg)
+MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch option maxnreg) to try; 0: the launcher's
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
@@ -42,7 +42,7 @@ def compile_cast(kwargs, tile=None, cast16=False):
         for k in ("RHT", "RHT_MASK", "FOUR_OVER_SIX", "BLOCK_M", "DOT_BF16"):
             meta.pop(k)
         bk, warps = (tile[1], tile[2]) if tile else kq.cast16_tile(8192)
-        meta.update(BLOCK_K=bk, GROUPED=False, SPLIT_STEPS=0, PAIRS=os.environ.get("PAIRS", "1") == "1", SPLIT_ROLES=kq.cast16_split_roles(kwargs.get("rowwise", True), kwargs.get("columnwise", False)))
+        meta["BLOCK_K"] = bk
         fn = kq._cast16_kernel
         bm = 16
     else:
@@ -59,7 +59,12 @@ def compile_cast(kwargs, tile=None, cast16=False):
     attrs.update({(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("M", "K")})
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
                                     constexprs={(fn.arg_names.index(k),): v for k, v in meta.items()})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, enable_fp_fusion=False, **({"maxnreg": MAXNREG} if MAXNREG else {})))
+    options = dict(num_warps=warps, enable_fp_fusion=False)
+    if cast16 and not MAXNREG:
+        options.update(kq.cast16_launch_options(cfg.rowwise, cfg.columnwise))  # the cap the launcher uses
+    elif MAXNREG:
+        options["maxnreg"] = MAXNREG
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     return c, (bm, bk, warps)
 
 
