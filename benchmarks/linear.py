@@ -10,6 +10,8 @@ and the split between quantize time (the step's quantize calls: x, W and dy, bot
 alone) and GEMM time (its three GEMMs on pre-quantized operands, timed alone); "other" is the rest
 (autograd, bias grad, padding, launch gaps). MXFP8 GEMMs are emulated (dequantize + fp32 matmul).
 Parameters and activations are bf16. Target: te_default and per_token <= 1.25x BF16 on H100/H200.
+On CUDA every time is a CUDA-graph replay (GPU time, no host launch cost; ``--eager`` turns that off);
+the step is also timed eagerly, in its own columns, since the MoE case is host-bound when eager.
 
     python benchmarks/linear.py            # full run on CUDA
     python benchmarks/linear.py --quick    # fewer iterations
@@ -65,6 +67,30 @@ def timer(device: torch.device):
     return time_ms
 
 
+def graphed_timer(device: torch.device, time_ms):
+    """Mean GPU time of ``fn`` captured once in a CUDA graph and replayed: no host launch cost,
+    which otherwise dominates (and makes irreproducible) the many small launches of the MoE case."""
+    def graph_ms(fn, warmup: int, iters: int) -> float:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up (compiles, allocator pools) off the capture, as torch requires
+            for _ in range(max(warmup, 2)):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        except Exception as err:  # noqa: BLE001 - reported in the row's timing column, then timed eagerly
+            graph_ms.failures.append(f"{type(err).__name__}: {err}"[:120])
+            torch.cuda.synchronize(device)
+            return time_ms(fn, warmup, iters)
+        return time_ms(graph.replay, 2, iters)
+
+    graph_ms.failures = []
+    return graph_ms
+
+
 def shapes(tiny: bool):
     if tiny:
         return dict(linear=(256, 256, 256), moe=(8, 224, 64, [32] * 8))
@@ -114,7 +140,7 @@ def split_quantize_gemm(recipe, xs, weights, dys, backend, time_ms, warmup, iter
     return time_ms(quantize_all, warmup, iters), time_ms(gemm_all, warmup, iters)
 
 
-def run_case(case, args, device, time_ms):
+def run_case(case, args, device, time_ms, eager_ms):
     warmup, iters = (2, 5) if args.quick else (5, 20)
     dt = torch.bfloat16
     sh = shapes(args.tiny)
@@ -137,7 +163,9 @@ def run_case(case, args, device, time_ms):
         label = f"MoE {experts}x {k}->{n}, {tokens} tok"
     base_params = list(base.parameters()) if case == "linear" else ws
     bf16_ms = time_ms(step_fn(base, x, dy, base_params, splits), warmup, iters)
-    rows.append(dict(case=label, preset="bf16 nn.Linear", step_ms=bf16_ms, ratio=1.0, quantize_ms=None, gemm_ms=None))
+    bf16_eager_ms = eager_ms(step_fn(base, x, dy, base_params, splits), warmup, iters)
+    rows.append(dict(case=label, preset="bf16 nn.Linear", step_ms=bf16_ms, ratio=1.0, quantize_ms=None, gemm_ms=None,
+                     eager_ms=bf16_eager_ms, eager_ratio=1.0))
     presets = [p for p in args.presets.split(",") if p]
     for name in presets:
         recipe = PRESETS[name]
@@ -150,9 +178,15 @@ def run_case(case, args, device, time_ms):
                 mod = GroupedLinear(experts, k, n, bias=False, device=device, dtype=dt, recipe=recipe, backend=args.backend)
                 xs, dys = list(x.detach().split(splits)), list(dy.split(splits))
                 weights = [w.detach() for w in mod.weights]
-            step_ms = time_ms(step_fn(mod, x, dy, list(mod.parameters()), splits, fresh_weights=not args.cached_weights), warmup, iters)
+            step = step_fn(mod, x, dy, list(mod.parameters()), splits, fresh_weights=not args.cached_weights)
+            step_eager_ms = eager_ms(step, warmup, iters)
+            failures = len(getattr(time_ms, "failures", []))
+            step_ms = time_ms(step, warmup, iters)
+            if len(getattr(time_ms, "failures", [])) > failures:
+                row["note"] = "step not capturable, timed eagerly: " + time_ms.failures[-1]
             q_ms, g_ms = split_quantize_gemm(recipe, xs, weights, dys, args.backend, time_ms, warmup, iters)
-            row.update(step_ms=step_ms, ratio=step_ms / bf16_ms, quantize_ms=q_ms, gemm_ms=g_ms)
+            row.update(step_ms=step_ms, ratio=step_ms / bf16_ms, quantize_ms=q_ms, gemm_ms=g_ms,
+                       eager_ms=step_eager_ms, eager_ratio=step_eager_ms / bf16_eager_ms)
         except Exception as err:  # keep going: one missing kernel should not hide the other rows
             row.update(error=f"{type(err).__name__}: {err}"[:160])
         rows.append(row)
@@ -166,7 +200,8 @@ def fmt(v, spec=".3f"):
 
 
 def table(rows) -> str:
-    head = f"{'case':<32} {'preset':<16} {'step ms':>9} {'vs bf16':>8} {'quant ms':>9} {'gemm ms':>9} {'other ms':>9}"
+    head = (f"{'case':<32} {'preset':<16} {'step ms':>9} {'vs bf16':>8} {'quant ms':>9} {'gemm ms':>9} {'other ms':>9}"
+            f" {'eager ms':>9} {'vs bf16':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -177,7 +212,10 @@ def table(rows) -> str:
         if r["preset"] in TARGET_PRESETS:
             flag = "  ok" if r["ratio"] <= TARGET else "  > target"
         lines.append(f"{r['case']:<32} {r['preset']:<16} {fmt(r['step_ms']):>9} {fmt(r['ratio'], '.2f') + 'x':>8} "
-                     f"{fmt(r['quantize_ms']):>9} {fmt(r['gemm_ms']):>9} {fmt(other):>9}{flag}")
+                     f"{fmt(r['quantize_ms']):>9} {fmt(r['gemm_ms']):>9} {fmt(other):>9} {fmt(r['eager_ms']):>9} "
+                     f"{fmt(r['eager_ratio'], '.2f') + 'x':>8}{flag}")
+        if "note" in r:
+            lines.append(f"    ({r['note']})")
     return "\n".join(lines)
 
 
@@ -191,6 +229,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (to smoke-test the script on CPU)")
     parser.add_argument("--cached-weights", action="store_true", help="keep quantized weights cached across steps")
+    parser.add_argument("--eager", action="store_true", help="time eager launches only (no CUDA graphs)")
     args = parser.parse_args(argv)
     unknown = [p for p in args.presets.split(",") if p and p not in PRESETS]
     if unknown:
@@ -198,16 +237,19 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("CUDA is not available (use --device cpu --tiny for a smoke run)")
-    time_ms = timer(device)
+    eager_ms = timer(device)
+    graphed = device.type == "cuda" and not args.eager
+    time_ms = graphed_timer(device, eager_ms) if graphed else eager_ms
     rows = []
     for case in [c for c in args.cases.split(",") if c]:
         if case not in ("linear", "moe"):
             parser.error(f"unknown case {case!r}")
-        rows.extend(run_case(case, args, device, time_ms))
+        rows.extend(run_case(case, args, device, time_ms, eager_ms))
     meta = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         torch=torch.__version__, nvfp4lab=nvfp4lab.__version__, quick=args.quick, tiny=args.tiny,
         backend=args.backend or "auto", weights="cached" if args.cached_weights else "re-quantized every step",
+        timing="CUDA-graph replay (eager in its own columns)" if graphed else "eager",
     )
     try:
         import triton
@@ -218,7 +260,7 @@ def main(argv=None) -> int:
     if args.out:
         args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
     print(f"# {meta['device']} | torch {meta['torch']} | triton {meta.get('triton', '-')} | backend {meta['backend']} | "
-          f"weights {meta['weights']} | target: {', '.join(TARGET_PRESETS)} <= {TARGET}x bf16")
+          f"weights {meta['weights']} | timing {meta['timing']} | target: {', '.join(TARGET_PRESETS)} <= {TARGET}x bf16")
     print(table(rows))
     return 0
 
