@@ -333,21 +333,22 @@ def _assert_same_params(got: dict, want: dict):
         assert torch.equal(got[name], want[name]), name
 
 
+def _assert_matches_reference(out, name, reference_run):
+    losses, params = reference_run
+    for rank in range(WORLD):
+        _assert_same_losses(out[rank][f"{name}_losses"], losses[rank])
+    _assert_same_params(out[0][f"{name}_params"], params)
+
+
 def test_ddp_matches_one_process_bitwise(run):
     spec, out, reference = run
-    losses, params = reference[2]
-    for rank in range(WORLD):
-        _assert_same_losses(out[rank]["ddp_losses"], losses[rank])
-    _assert_same_params(out[0]["ddp_params"], params)
-    assert not torch.equal(params["fc1.weight"], spec["init"]["fc1.weight"])  # training moved the weights
+    _assert_matches_reference(out, "ddp", reference[2])
+    assert not torch.equal(reference[2][1]["fc1.weight"], spec["init"]["fc1.weight"])  # training moved the weights
 
 
 def test_fsdp_bf16_all_gather_matches_one_process(run):
-    spec, out, reference = run
-    losses, params = reference[1]
-    for rank in range(WORLD):
-        _assert_same_losses(out[rank]["fsdp_losses"], losses[rank])
-    _assert_same_params(out[0]["fsdp_params"], params)
+    _, out, reference = run
+    _assert_matches_reference(out, "fsdp", reference[1])
 
 
 def test_fsdp_fp4_all_gather_trains_like_bf16_all_gather(run):
