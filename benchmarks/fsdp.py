@@ -22,51 +22,19 @@ import argparse
 import json
 import os
 import platform
-import socket
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from nvfp4lab.dist_harness import AllGatherByteCounter, init_rank, spawn_ranks  # noqa: E402
+
 WORLD = 2
 CONFIGS = ("torch_bf16", "nvfp4lab_bf16_ag", "nvfp4lab_fp4_ag")
-
-
-class AllGatherBytes:
-    """Adds up the output size of every all-gather issued through torch.distributed while active."""
-
-    def __init__(self):
-        self.bytes = 0
-        self._inside = False
-        self._saved = {}
-
-    def __enter__(self):
-        for name in ("all_gather_single", "all_gather_into_tensor"):  # the first exists in newer torch
-            fn = getattr(dist, name, None)
-            if fn is None:
-                continue
-            self._saved[name] = fn
-
-            def counted(output_tensor, input_tensor, *args, _fn=fn, **kwargs):
-                if not self._inside:  # all_gather_single may call all_gather_into_tensor
-                    self.bytes += output_tensor.numel() * output_tensor.element_size()
-                self._inside, outer = True, self._inside
-                try:
-                    return _fn(output_tensor, input_tensor, *args, **kwargs)
-                finally:
-                    self._inside = outer
-
-            setattr(dist, name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self._saved.items():
-            setattr(dist, name, fn)
 
 
 def sizes(args):
@@ -95,19 +63,14 @@ def build(config, sz, device, backend):
     return model
 
 
-def worker(rank, port, args, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # NVLink multicast stays off
+def worker(rank, world, port, args, results):
     cuda = args.device == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=WORLD)
+    device = init_rank(rank, world, port, args.device)
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh(device.type, (WORLD,))
+        mesh = init_device_mesh(device.type, (world,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         sz = sizes(args)
         warmup, iters = (1, 2) if args.tiny else ((2, 5) if args.quick else (3, 20))
@@ -134,7 +97,7 @@ def worker(rank, port, args, results):
 
             for _ in range(warmup):
                 step()
-            with AllGatherBytes() as counter:
+            with AllGatherByteCounter() as counter:
                 step()
             sync()
             if cuda:
@@ -189,14 +152,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and torch.cuda.device_count() < WORLD:
         parser.error(f"needs {WORLD} CUDA devices, found {torch.cuda.device_count()} (use --device cpu --tiny for a smoke run)")
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(worker, args=(port, args, results), nprocs=WORLD, join=True)
-    rows = dict(results)
-    manager.shutdown()
+    rows = spawn_ranks(worker, args, world=WORLD)
     sz = sizes(args)
     env = dict(torch=torch.__version__, python=platform.python_version(),
                device=torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu")

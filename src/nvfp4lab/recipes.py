@@ -352,6 +352,15 @@ class MXFP8Recipe:
 RECIPE_TYPES = (NVFP4Recipe, MXFP8Recipe)
 
 
+def resolve_recipe(recipe):
+    """A layer's ``recipe`` argument: None means TE's default NVFP4 recipe; anything else must be a recipe."""
+    if recipe is None:
+        return NVFP4Recipe.te_default()
+    if not isinstance(recipe, RECIPE_TYPES):
+        raise TypeError(f"recipe must be an NVFP4Recipe, an MXFP8Recipe or None, got {type(recipe).__name__}")
+    return recipe
+
+
 def block_multiple(recipe) -> int:
     """Feature dims (in and out) must be multiples of this for ``recipe``: 16 (NVFP4) or 32 (MXFP8)."""
     return 32 if isinstance(recipe, MXFP8Recipe) else 16

@@ -1,28 +1,18 @@
 """FP4 weight all-gather over 2 gloo processes equals quantizing the full weight on one process."""
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import nvfp4lab
 from nvfp4lab.config import NVFP4QuantConfig
+from nvfp4lab.dist_harness import init_rank, spawn_ranks
 from nvfp4lab.distributed import all_gather_nvfp4, gathered_bytes, quantize_weight_shard
 
 FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank, world, port, weight, configs, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_rank(rank, world, port, "cpu")
     try:
         rows = weight.shape[0] // world
         shard = weight[rank * rows : (rank + 1) * rows]
@@ -46,9 +36,7 @@ def test_two_rank_gather_is_bit_identical_to_single_process():
     # shard 1 holds the largest value: rank 0 must still use the global amax
     weight = torch.randn(64, 96, dtype=torch.bfloat16)
     weight[40, 7] = 40.0
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_worker, args=(2, _free_port(), weight, CONFIGS, results), nprocs=2, join=True)
+    results = spawn_ranks(_worker, weight, CONFIGS, world=2)
     assert len(results) == len(CONFIGS)
     for i, cfg in enumerate(CONFIGS):
         want = nvfp4lab.quantize_nvfp4(weight, config=cfg, backend="ref")

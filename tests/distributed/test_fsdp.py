@@ -19,17 +19,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import nvfp4lab
 from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe
 from nvfp4lab import functional as F
+from nvfp4lab.dist_harness import AllGatherByteCounter, init_rank, spawn_ranks
 from nvfp4lab.fsdp import NVFP4ShardedWeight, enable_fp4_all_gather
 
 WORLD = 2
@@ -71,12 +70,6 @@ def _loss(model, x, y):
     return (model(x).float() - y).square().mean()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cpu(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().clone()
@@ -92,38 +85,6 @@ def _qfields(q) -> dict:
 
 
 # ----------------------------------------------------------------------------- the worker side
-class _ByteCounter:
-    """Counts the bytes FSDP2 all-gathers (output sizes: what every rank holds afterwards)."""
-
-    def __init__(self):
-        self.bytes = 0
-        self._inside = False
-        self._saved = {}
-
-    def __enter__(self):
-        for name in ("all_gather_single", "all_gather_into_tensor"):
-            fn = getattr(dist, name, None)
-            if fn is None:
-                continue
-            self._saved[name] = fn
-
-            def counted(output_tensor, input_tensor, *args, _fn=fn, **kwargs):
-                if not self._inside:  # one collective may call the other
-                    self.bytes += output_tensor.numel() * output_tensor.element_size()
-                self._inside, outer = True, self._inside
-                try:
-                    return _fn(output_tensor, input_tensor, *args, **kwargs)
-                finally:
-                    self._inside = outer
-
-            setattr(dist, name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self._saved.items():
-            setattr(dist, name, fn)
-
-
 def _rank_batch(data, step, rank, device):
     x, y = data[step]
     rows = slice(rank * TOKENS, (rank + 1) * TOKENS)
@@ -182,13 +143,7 @@ def _capture_gathered(model, store, key_prefix):
 
 
 def _worker(rank, world, port, device_type, spec, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # NVLink multicast stays off
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    if device_type == "cuda":
-        torch.cuda.set_device(rank)
-    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    device = init_rank(rank, world, port, device_type)
     try:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
@@ -210,7 +165,7 @@ def _worker(rank, world, port, device_type, spec, results):
 
         # FSDP2, BF16 (param dtype) all-gather: the modules quantize the gathered weight every forward
         model, _ = _fsdp_model(init, mesh, device, fp4=False)
-        with _ByteCounter() as bf16_bytes:
+        with AllGatherByteCounter() as bf16_bytes:
             out["fsdp_losses"] = _train(model, data, rank, device)
         out["fsdp_bytes"] = bf16_bytes.bytes
         out["fsdp_params"] = _cpu(get_model_state_dict(model, options=full))
@@ -224,7 +179,7 @@ def _worker(rank, world, port, device_type, spec, results):
                                  "experts.weight1": _cpu(model.experts.weight1.full_tensor())})
 
         hooks = _capture_gathered(model, captured, "")
-        with _ByteCounter() as fp4_bytes:
+        with AllGatherByteCounter() as fp4_bytes:
             out["fp4_losses"] = _train(model, data, rank, device, on_step=record_full_weights)
         for h in hooks:
             h.remove()
@@ -340,11 +295,8 @@ def _run(device_type, tmp_dir):
     if device_type == "cuda":
         os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     spec = _spec(tmp_dir)
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_worker, args=(WORLD, _free_port(), device_type, spec, results), nprocs=WORLD, join=True)
+    results = spawn_ranks(_worker, device_type, spec, world=WORLD)
     out = {rank: results[rank] for rank in range(WORLD)}
-    manager.shutdown()
     device = torch.device(device_type)
     reference = {micro: _reference_training(spec["init"], spec["data"], device, micro=micro) for micro in (1, 2)}
     # dgrad of the high-precision-backward layer, with the matmul on the device the ranks used
@@ -381,21 +333,22 @@ def _assert_same_params(got: dict, want: dict):
         assert torch.equal(got[name], want[name]), name
 
 
+def _assert_matches_reference(out, name, reference_run):
+    losses, params = reference_run
+    for rank in range(WORLD):
+        _assert_same_losses(out[rank][f"{name}_losses"], losses[rank])
+    _assert_same_params(out[0][f"{name}_params"], params)
+
+
 def test_ddp_matches_one_process_bitwise(run):
     spec, out, reference = run
-    losses, params = reference[2]
-    for rank in range(WORLD):
-        _assert_same_losses(out[rank]["ddp_losses"], losses[rank])
-    _assert_same_params(out[0]["ddp_params"], params)
-    assert not torch.equal(params["fc1.weight"], spec["init"]["fc1.weight"])  # training moved the weights
+    _assert_matches_reference(out, "ddp", reference[2])
+    assert not torch.equal(reference[2][1]["fc1.weight"], spec["init"]["fc1.weight"])  # training moved the weights
 
 
 def test_fsdp_bf16_all_gather_matches_one_process(run):
-    spec, out, reference = run
-    losses, params = reference[1]
-    for rank in range(WORLD):
-        _assert_same_losses(out[rank]["fsdp_losses"], losses[rank])
-    _assert_same_params(out[0]["fsdp_params"], params)
+    _, out, reference = run
+    _assert_matches_reference(out, "fsdp", reference[1])
 
 
 def test_fsdp_fp4_all_gather_trains_like_bf16_all_gather(run):

@@ -14,24 +14,10 @@ from nvfp4lab.config import NVFP4QuantConfig
 from nvfp4lab.kernels import dequantize as dq
 from nvfp4lab.tensors import NVFP4Tensor
 
+from .kernel_checks import assert_same_bits, forbid_launches
+
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 LAYOUTS = ["compact", "padded", "swizzled"]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
-
-
-def assert_same_bits(got: torch.Tensor, want: torch.Tensor, nan_equal: bool = False) -> None:
-    """Bit-exact equality; with ``nan_equal`` any NaN matches any NaN (NaN payloads and signs are not
-    specified the same way by torch's CPU casts and the kernel)."""
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
-    same = _bits(got) == _bits(want)
-    if nan_equal:
-        same |= torch.isnan(got) & torch.isnan(want)
-    if not bool(same.all()):
-        idx = tuple((~same).nonzero()[0].tolist())
-        raise AssertionError(f"{int((~same).sum())} mismatches, first at {idx}: got {got[idx].item()!r}, want {want[idx].item()!r}")
 
 
 def _x(m, k, seed=0, dtype=torch.bfloat16, device="cpu"):
@@ -191,11 +177,7 @@ def test_ops_dispatch_triton():
 
 # ------------------------------------------------------------------------------ edge cases, errors
 def test_empty_returns_without_launch(monkeypatch):
-    class NoLaunch:
-        def __getitem__(self, grid):
-            raise AssertionError("kernel launched for an empty input")
-
-    monkeypatch.setattr(dq, "_nvfp4_dequantize_kernel", NoLaunch())
+    forbid_launches(monkeypatch, dq, "_nvfp4_dequantize_kernel")
     q = nvfp4lab.quantize_nvfp4(torch.empty(0, 32, dtype=torch.bfloat16), backend="ref")
     out = dq.dequantize_nvfp4(q, torch.float32, "rowwise")
     assert out.shape == (0, 32) and out.dtype == torch.float32

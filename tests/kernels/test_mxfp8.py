@@ -1,7 +1,5 @@
 """MXFP8 quantize / dequantize kernels vs nvfp4lab.ref.mxfp8, bit for bit (interpreter on CPU, GPU tier)."""
 import dataclasses
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,9 +7,10 @@ import torch
 import nvfp4lab
 from nvfp4lab import ref
 from nvfp4lab.config import MXFP8QuantConfig
-from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.kernels import mxfp8 as mk
 from nvfp4lab.tensors import MXFP8Tensor
+
+from .kernel_checks import assert_conformance, assert_same_bits, forbid_launches, gpu_golden_folders
 
 # inf-producing inputs (random bytes, inf elements) make numpy warn inside the interpreter
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -19,20 +18,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 LAYOUTS = ["compact", "padded", "swizzled"]
 PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
-
-
-def _bits(t):
-    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
-
-
-def assert_same_bits(got, want, nan_equal=False):
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
-    same = _bits(got) == _bits(want)
-    if nan_equal:
-        same |= torch.isnan(got) & torch.isnan(want)
-    if not bool(same.all()):
-        idx = tuple((~same).nonzero()[0].tolist())
-        raise AssertionError(f"{int((~same).sum())} mismatches, first at {idx}: got {got[idx].item()!r}, want {want[idx].item()!r}")
 
 
 def assert_same_quantization(got: MXFP8Tensor, want: MXFP8Tensor):
@@ -249,11 +234,7 @@ def test_ops_dispatch_triton():
 
 
 def test_conformance_mxfp8_cases(golden_dirs):
-    for folder in golden_dirs:
-        results = run_folder(folder, backend="triton", pattern="mxfp8_quantize_*")
-        assert results, f"no mxfp8_quantize case in {folder}"
-        failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
-        assert not failed, failed
+    assert_conformance(golden_dirs, "mxfp8_quantize_*")
 
 
 # --------------------------------------------------------------------------------------- dequantize
@@ -319,12 +300,7 @@ def test_dequantize_every_element_written():
 
 # ------------------------------------------------------------------------------- edge cases, errors
 def test_empty_inputs_launch_nothing(monkeypatch):
-    class NoLaunch:
-        def __getitem__(self, grid):
-            raise AssertionError("kernel launched for an empty input")
-
-    monkeypatch.setattr(mk, "_mxfp8_quantize_kernel", NoLaunch())
-    monkeypatch.setattr(mk, "_mxfp8_dequantize_kernel", NoLaunch())
+    forbid_launches(monkeypatch, mk, "_mxfp8_quantize_kernel", "_mxfp8_dequantize_kernel")
     for layout in LAYOUTS:
         cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout=layout)
         for shape in ((0, 64), (32, 0)):
@@ -385,10 +361,6 @@ def test_custom_ops_trace():
 
 
 # ------------------------------------------------------------------------------------------- GPU tier
-def _gpu_golden() -> Path:
-    return Path(os.environ.get("NVFP4LAB_GOLDEN", Path(__file__).resolve().parents[2] / ".gpu" / "golden"))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8_cast", ["soft", "hw"])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
@@ -459,9 +431,4 @@ def test_gpu_cuda_graph_capture():
 
 @pytest.mark.gpu
 def test_gpu_conformance_mxfp8_cases():
-    folders = [default_folder()] + ([_gpu_golden()] if _gpu_golden().is_dir() else [])
-    for folder in folders:
-        results = run_folder(folder, backend="triton", device="cuda", pattern="mxfp8_quantize_*")
-        assert results
-        failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
-        assert not failed, failed
+    assert_conformance(gpu_golden_folders(), "mxfp8_quantize_*", device="cuda")

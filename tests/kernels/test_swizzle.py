@@ -1,13 +1,11 @@
 """Scale swizzle / unswizzle kernels vs nvfp4lab.ref.swizzle, bit for bit (interpreter on CPU, GPU tier)."""
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
 from nvfp4lab import ops, ref
-from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.kernels import swizzle as swz
+
+from .kernel_checks import assert_conformance, forbid_launches, gpu_golden_folders
 
 SHAPES = [(1, 1), (100, 3), (128, 4), (130, 5), (64, 17), (300, 12), (129, 1), (37, 70)]
 
@@ -51,12 +49,7 @@ def test_every_byte_written(rows, cols):
 
 
 def _forbid_launch(monkeypatch):
-    class NoLaunch:
-        def __getitem__(self, grid):
-            raise AssertionError("kernel launched for an empty input")
-
-    monkeypatch.setattr(swz, "_swizzle_kernel", NoLaunch())
-    monkeypatch.setattr(swz, "_unswizzle_kernel", NoLaunch())
+    forbid_launches(monkeypatch, swz, "_swizzle_kernel", "_unswizzle_kernel")
 
 
 @pytest.mark.parametrize("rows,cols", [(0, 5), (5, 0), (0, 0)])
@@ -101,18 +94,10 @@ def test_custom_ops_trace():
 
 
 def test_conformance_swizzle_cases(golden_dirs):
-    for folder in golden_dirs:
-        results = run_folder(folder, backend="triton", pattern="scale_swizzle_*")
-        assert results, f"no scale_swizzle case in {folder}"
-        failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
-        assert not failed, failed
+    assert_conformance(golden_dirs, "scale_swizzle_*")
 
 
 # ------------------------------------------------------------------------------------------- GPU tier
-def _gpu_golden() -> Path:
-    return Path(os.environ.get("NVFP4LAB_GOLDEN", Path(__file__).resolve().parents[2] / ".gpu" / "golden"))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,cols", [(16384, 512), (8191, 1023), (128 * 1024, 4), (3, 40000)])
 def test_gpu_swizzle_round_trip(rows, cols):
@@ -124,9 +109,4 @@ def test_gpu_swizzle_round_trip(rows, cols):
 
 @pytest.mark.gpu
 def test_gpu_conformance_swizzle_cases():
-    folders = [default_folder()] + ([_gpu_golden()] if _gpu_golden().is_dir() else [])
-    for folder in folders:
-        results = run_folder(folder, backend="triton", device="cuda", pattern="scale_swizzle_*")
-        assert results
-        failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
-        assert not failed, failed
+    assert_conformance(gpu_golden_folders(), "scale_swizzle_*", device="cuda")

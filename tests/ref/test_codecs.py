@@ -67,25 +67,23 @@ def all_bf16_as_f32() -> torch.Tensor:
     return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(torch.float32)
 
 
-def test_e4m3_encode_all_bf16_patterns():
+def assert_encodes_all_bf16_like(encode, oracle):
     vals = all_bf16_as_f32()
-    got = codecs.e4m3_encode(vals)
-    want = torch.tensor([oracle_e4m3(v) for v in vals.tolist()], dtype=torch.uint8)
+    got = encode(vals)
+    want = torch.tensor([oracle(v) for v in vals.tolist()], dtype=torch.uint8)
     assert torch.equal(got, want)
+
+
+def test_e4m3_encode_all_bf16_patterns():
+    assert_encodes_all_bf16_like(codecs.e4m3_encode, oracle_e4m3)
 
 
 def test_e2m1_encode_all_bf16_patterns():
-    vals = all_bf16_as_f32()
-    got = codecs.e2m1_encode(vals)
-    want = torch.tensor([oracle_e2m1(v) for v in vals.tolist()], dtype=torch.uint8)
-    assert torch.equal(got, want)
+    assert_encodes_all_bf16_like(codecs.e2m1_encode, oracle_e2m1)
 
 
 def test_e8m0_round_up_all_bf16_patterns():
-    vals = all_bf16_as_f32()
-    got = codecs.e8m0_encode_round_up(vals)
-    want = torch.tensor([oracle_e8m0_round_up(v) for v in vals.tolist()], dtype=torch.uint8)
-    assert torch.equal(got, want)
+    assert_encodes_all_bf16_like(codecs.e8m0_encode_round_up, oracle_e8m0_round_up)
 
 
 def test_e8m0_fp32_edge_patterns():
@@ -108,21 +106,21 @@ def test_e4m3_all_codes_round_trip():
     assert (codecs.e4m3_encode(vals[~finite]) & 0x7F).eq(0x7F).all()
 
 
+def assert_encodes_random_fp32_like_torch(encode, fp8_dtype, seed, exponents, max_finite):
+    # torch 2.13 CPU casts fp32 -> fp8 with RNE; inside the finite range they must agree.
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(200000, generator=g) * torch.exp2(torch.randint(*exponents, (200000,), generator=g).float())
+    v = v.clamp(-max_finite, max_finite)
+    want = v.to(fp8_dtype).view(torch.uint8)
+    assert torch.equal(encode(v), want)
+
+
 def test_e4m3_against_torch_cast_on_random_fp32():
-    # torch 2.13 CPU casts fp32 -> float8_e4m3fn with RNE; inside the finite range they must agree.
-    g = torch.Generator().manual_seed(0)
-    v = torch.randn(200000, generator=g) * torch.exp2(torch.randint(-14, 10, (200000,), generator=g).float())
-    v = v.clamp(-448, 448)
-    want = v.to(torch.float8_e4m3fn).view(torch.uint8)
-    assert torch.equal(codecs.e4m3_encode(v), want)
+    assert_encodes_random_fp32_like_torch(codecs.e4m3_encode, torch.float8_e4m3fn, seed=0, exponents=(-14, 10), max_finite=448)
 
 
 def test_e5m2_against_torch_cast_on_random_fp32():
-    g = torch.Generator().manual_seed(1)
-    v = torch.randn(200000, generator=g) * torch.exp2(torch.randint(-20, 16, (200000,), generator=g).float())
-    v = v.clamp(-57344, 57344)
-    want = v.to(torch.float8_e5m2).view(torch.uint8)
-    assert torch.equal(codecs.e5m2_encode(v), want)
+    assert_encodes_random_fp32_like_torch(codecs.e5m2_encode, torch.float8_e5m2, seed=1, exponents=(-20, 16), max_finite=57344)
 
 
 def test_e2m1_decode_all_codes():

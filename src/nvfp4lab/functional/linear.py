@@ -37,7 +37,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .. import ops
-from ..recipes import RECIPE_TYPES, MXFP8Recipe, NVFP4Recipe, block_multiple
+from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
 from ..tensors import MXFP8Tensor, NVFP4Tensor
 
 QuantizedTensor = Union[NVFP4Tensor, MXFP8Tensor]
@@ -53,14 +53,6 @@ def _pad_rows(x2: torch.Tensor, rows: int) -> torch.Tensor:
     if x2.shape[0] == rows:
         return x2
     return torch.nn.functional.pad(x2, (0, 0, 0, rows - x2.shape[0]))
-
-
-def _check_recipe(recipe):
-    if recipe is None:
-        return NVFP4Recipe.te_default()
-    if not isinstance(recipe, RECIPE_TYPES):
-        raise TypeError(f"recipe must be an NVFP4Recipe, an MXFP8Recipe or None, got {type(recipe).__name__}")
-    return recipe
 
 
 def _check_float(name: str, t) -> None:
@@ -134,7 +126,7 @@ def quantize_weight(weight: torch.Tensor, recipe=None, *, columnwise: bool = Tru
     """Quantize a weight (N, K) with the recipe's weight config: rowwise copy (fprop) and, when
     ``columnwise``, the columnwise copy (dgrad) in the same call. Modules cache the result while the
     parameter is unchanged and pass it to :func:`linear` as ``quantized_weight``."""
-    recipe = _check_recipe(recipe)
+    recipe = resolve_recipe(recipe)
     _check_float("weight", weight)
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
@@ -513,7 +505,7 @@ def linear(
         cache); a copy without the columnwise copy is re-quantized when dgrad needs it.
     backend: passed to every :mod:`nvfp4lab.ops` call (None: Triton on CUDA, the reference otherwise).
     """
-    recipe = _check_recipe(recipe)
+    recipe = resolve_recipe(recipe)
     _check_float("x", x)
     if x.dim() < 1:
         raise ValueError(f"x must have at least 1 dim (..., in_features), got shape {tuple(x.shape)}")
@@ -558,7 +550,7 @@ def grouped_linear(
     GEMM each (:func:`nvfp4lab.nvfp4_grouped_gemm`), wgrad per expert on the bulk columnwise copies;
     the results equal the per-expert loop used otherwise. ``stacked_weights``: a cache of
     :func:`stack_grouped_weights` of ``quantized_weights`` (ignored by the per-expert loop)."""
-    recipe = _check_recipe(recipe)
+    recipe = resolve_recipe(recipe)
     _check_float("x", x)
     if not isinstance(weights, (list, tuple)) or len(weights) == 0:
         raise TypeError("weights must be a non-empty list of tensors")

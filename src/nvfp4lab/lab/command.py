@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Callable, Optional
 
 
 def add_parser(sub) -> None:
@@ -23,6 +24,21 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def run_and_print(run_fn: Callable, print_results: Callable, out_dir, started: Optional[float] = None) -> int:
+    """The lab and train commands' shared ending: print the results table and where the files went.
+    A ValueError from ``run_fn`` is a bad argument: its message and exit status 2, no traceback.
+    The time printed runs from ``started`` when given, else it is the run's own ``meta["seconds"]``."""
+    try:
+        results = run_fn()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_results(results)
+    seconds = results.meta["seconds"] if started is None else time.perf_counter() - started
+    print(f"wrote {', '.join(results.meta['files'])} to {out_dir} ({seconds:.1f} s)")
+    return 0
+
+
 def run(args) -> int:
     from .recipes import catalogue_lines
 
@@ -34,13 +50,8 @@ def run(args) -> int:
 
     start = time.perf_counter()
     sizes = {"tokens": args.tokens} if args.tokens is not None else {}
-    try:
-        lab = run_lab(model=args.model, recipes=args.recipes, out_dir=args.out, device=args.device,
-                      sentences=args.sentences, seed=args.seed, backend=args.backend,
-                      progress=not args.no_progress, **sizes)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print_results(lab)
-    print(f"wrote {', '.join(lab.meta['files'])} to {args.out} ({time.perf_counter() - start:.1f} s)")
-    return 0
+    return run_and_print(
+        lambda: run_lab(model=args.model, recipes=args.recipes, out_dir=args.out, device=args.device,
+                        sentences=args.sentences, seed=args.seed, backend=args.backend,
+                        progress=not args.no_progress, **sizes),
+        print_results, args.out, started=start)

@@ -188,16 +188,22 @@ DEFAULT_RECIPES = (
 )
 
 
+def split_names(names, defaults) -> list[str]:
+    """Recipe names as the CLI and the API take them (one string, or items that may each hold a
+    comma-separated list; None means ``defaults``) -> a flat list of names."""
+    if names is None:
+        names = list(defaults)
+    elif isinstance(names, str):
+        names = [names]
+    return [n.strip() for item in names for n in str(item).split(",") if n.strip()]
+
+
 def resolve_recipes(names=None) -> list[LabRecipe]:
     """Names (or comma-separated lists of names) -> recipes, in the given order, duplicates dropped.
 
     None -> :data:`DEFAULT_RECIPES`; "all" -> the whole catalogue. ValueError names the unknown ones.
     """
-    if names is None:
-        names = list(DEFAULT_RECIPES)
-    elif isinstance(names, str):
-        names = [names]
-    flat = [n.strip() for item in names for n in str(item).split(",") if n.strip()]
+    flat = split_names(names, DEFAULT_RECIPES)
     if not flat:
         raise ValueError("no recipe named; use 'list' to see the catalogue")
     if "all" in flat:

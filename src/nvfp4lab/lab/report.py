@@ -190,13 +190,18 @@ def results_table(lab: LabResults):
     return table
 
 
-def print_results(lab: LabResults, console=None) -> None:
+def default_console():
     from rich.console import Console
 
+    console = Console()
+    if not console.is_terminal:  # a file or pipe: keep whole rows rather than 80 columns
+        console = Console(width=160)
+    return console
+
+
+def print_results(lab: LabResults, console=None) -> None:
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # a file or pipe: keep whole rows rather than 80 columns
-            console = Console(width=160)
+        console = default_console()
     console.print(results_table(lab))
     skipped = lab.meta.get("skipped_layers") or {}
     for name, why in skipped.items():

@@ -72,6 +72,16 @@ def _check_out_dir(out_dir) -> Path:
     return out
 
 
+def run_info(start: float) -> dict:
+    """The entries every lab and train results file ends with: wall time since ``start``, versions."""
+    return {
+        "seconds": round(time.perf_counter() - start, 2),
+        "nvfp4lab": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def _progress(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -159,10 +169,7 @@ def run_lab(
         "metrics": list(METRICS),
         "gemm_metrics": list(GEMM_METRICS),
         "capture_seconds": round(capture_s, 2),
-        "seconds": round(time.perf_counter() - start, 2),
-        "nvfp4lab": __version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        **run_info(start),
     }
     lab = LabResults(meta, results)
     if write:

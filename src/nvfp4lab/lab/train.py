@@ -24,7 +24,6 @@ import difflib
 import hashlib
 import math
 import platform
-import sys
 import sysconfig
 import time
 from dataclasses import dataclass, field
@@ -35,11 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import __version__
 from ..modules import convert
 from ..ops import resolve_backend
 from ..recipes import MXFP8Recipe, NVFP4Recipe
-from .runner import _check_device, _check_out_dir, _progress
+from .command import run_and_print
+from .recipes import split_names
+from .runner import _check_device, _check_out_dir, _progress, run_info
 
 VOCAB = 256  # bytes
 DEFAULT_OUT = "train-out"
@@ -83,11 +83,7 @@ def resolve_train_recipes(names=None) -> list[TrainRecipe]:
     """Names (space- or comma-separated; None = the defaults, "all" = every one) -> recipes in the given
     order, the baseline always first (added when missing: the gap columns are measured against it).
     ValueError lists the valid names."""
-    if names is None:
-        names = list(DEFAULT_TRAIN_RECIPES)
-    elif isinstance(names, str):
-        names = [names]
-    flat = [n.strip() for item in names for n in str(item).split(",") if n.strip()]
+    flat = split_names(names, DEFAULT_TRAIN_RECIPES)
     if not flat:
         raise ValueError(f"no recipe named; valid names: {', '.join(TRAIN_RECIPES)} (or 'all')")
     if "all" in flat:
@@ -487,10 +483,7 @@ def run_train(
         "device": str(dev),
         "backend": backend_name,
         "seed": seed,
-        "seconds": round(time.perf_counter() - start, 2),
-        "nvfp4lab": __version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        **run_info(start),
     }
     results = TrainResults(meta, runs)
     if write:
@@ -525,13 +518,8 @@ def run_command(args) -> int:
         return 0
     from .train_report import print_results
 
-    try:
-        results = run_train(recipes=args.recipes, steps=args.steps, size=args.size, device=args.device,
-                            out_dir=args.out, seed=args.seed, corpus=args.corpus, backend=args.backend,
-                            progress=not args.no_progress)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print_results(results)
-    print(f"wrote {', '.join(results.meta['files'])} to {args.out} ({results.meta['seconds']:.1f} s)")
-    return 0
+    return run_and_print(
+        lambda: run_train(recipes=args.recipes, steps=args.steps, size=args.size, device=args.device,
+                          out_dir=args.out, seed=args.seed, corpus=args.corpus, backend=args.backend,
+                          progress=not args.no_progress),
+        print_results, args.out)

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .report import _finite_or_none
+from .report import _finite_or_none, default_console
 from .train import FINAL_LOSS_WINDOW, TrainResults
 
 FILES = ("train-results.json", "train-loss.png", "train-gap.png")
@@ -168,10 +168,6 @@ def results_table(results: TrainResults):
 
 
 def print_results(results: TrainResults, console=None) -> None:
-    from rich.console import Console
-
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # a file or pipe: keep whole rows rather than 80 columns
-            console = Console(width=160)
+        console = default_console()
     console.print(results_table(results))

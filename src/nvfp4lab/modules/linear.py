@@ -25,15 +25,7 @@ from torch import nn
 
 from .. import functional as F
 from ..fsdp import NVFP4GatheredWeight
-from ..recipes import RECIPE_TYPES, NVFP4Recipe, block_multiple
-
-
-def _resolve_recipe(recipe):
-    if recipe is None:
-        return NVFP4Recipe.te_default()
-    if not isinstance(recipe, RECIPE_TYPES):
-        raise TypeError(f"recipe must be an NVFP4Recipe, an MXFP8Recipe or None, got {type(recipe).__name__}")
-    return recipe
+from ..recipes import NVFP4Recipe, block_multiple, resolve_recipe
 
 
 def _check_features(in_features: int, out_features: int, recipe) -> None:
@@ -100,7 +92,7 @@ class Linear(nn.Linear, _WeightCacheMixin):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  recipe=None, backend: Optional[str] = None):
-        recipe = _resolve_recipe(recipe)
+        recipe = resolve_recipe(recipe)
         _check_features(in_features, out_features, recipe)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = recipe
@@ -147,7 +139,7 @@ class GroupedLinear(nn.Module, _WeightCacheMixin):
         super().__init__()
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"num_gemms must be a positive int, got {num_gemms!r}")
-        recipe = _resolve_recipe(recipe)
+        recipe = resolve_recipe(recipe)
         _check_features(in_features, out_features, recipe)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.recipe, self.backend = recipe, backend
@@ -229,7 +221,7 @@ def convert(model: nn.Module, recipe=None, filter: Optional[Callable[[str, nn.Li
     listed with the reason. A layer shared by several parents is converted once."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    recipe = _resolve_recipe(recipe)
+    recipe = resolve_recipe(recipe)
     if filter is not None and not callable(filter):
         raise TypeError(f"filter must be a callable (name, module) -> bool or None, got {type(filter).__name__}")
     report = ConversionReport()

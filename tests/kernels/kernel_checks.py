@@ -1,0 +1,51 @@
+"""Checks the kernel tests share: bit-exact float comparison, kernels that must not launch, and the
+golden conformance cases run through the Triton backend."""
+import os
+from pathlib import Path
+
+import torch
+
+from nvfp4lab.conformance import default_folder, run_folder
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor, nan_equal: bool = False) -> None:
+    """Bit-exact equality; with ``nan_equal`` any NaN matches any NaN (NaN payloads and signs are not
+    specified the same way by torch's CPU casts and the kernels)."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    same = _bits(got) == _bits(want)
+    if nan_equal:
+        same |= torch.isnan(got) & torch.isnan(want)
+    if not bool(same.all()):
+        idx = tuple((~same).nonzero()[0].tolist())
+        raise AssertionError(f"{int((~same).sum())} mismatches, first at {idx}: got {got[idx].item()!r}, want {want[idx].item()!r}")
+
+
+class _NoLaunch:
+    # a Triton launch is ``kernel[grid](...)``: failing on the indexing catches it before any work
+    def __getitem__(self, grid):
+        raise AssertionError("kernel launched for an empty input")
+
+
+def forbid_launches(monkeypatch, module, *kernel_names: str) -> None:
+    """Replace the named kernels of ``module`` for this test with ones that fail when launched."""
+    for name in kernel_names:
+        monkeypatch.setattr(module, name, _NoLaunch())
+
+
+def gpu_golden_folders() -> list[Path]:
+    """The shipped subset, plus the full golden set staged for the GPU run when it is there."""
+    staged = Path(os.environ.get("NVFP4LAB_GOLDEN", Path(__file__).resolve().parents[2] / ".gpu" / "golden"))
+    return [default_folder()] + ([staged] if staged.is_dir() else [])
+
+
+def assert_conformance(folders, pattern: str, **run_kwargs) -> None:
+    """Every golden case matching ``pattern`` in every folder passes through the Triton backend."""
+    for folder in folders:
+        results = run_folder(folder, backend="triton", pattern=pattern, **run_kwargs)
+        assert results, f"no {pattern.rstrip('*').rstrip('_')} case in {folder}"
+        failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+        assert not failed, failed
