@@ -337,18 +337,18 @@ def legacy_config(m, n, k):
 
 def stream_variant_configs(m):
     bm = G.skinny_block_m(m)
-    if m <= 16:
+    if m <= 32:
         return {
-            "s128st3c4r128": _stream_cfg(bm, 128, reg=128), "s128st4c4r128": _stream_cfg(bm, 128, st=4, reg=128),
-            "s128st3c4": _stream_cfg(bm, 128), "s128st3c2r128": _stream_cfg(bm, 128, cps=2, reg=128),
-            "s256w8st3c2": _stream_cfg(bm, 256, w=8, cps=2), "s64st4c6": _stream_cfg(bm, 64, st=4, cps=6),
-            "s128inA_c4r128": _stream_cfg(bm, 128, pre=False, reg=128),  # Triton 3.6: in-loop A needs M <= 32
-            "s128k256c3": _stream_cfg(bm, 128, bk=256, cps=3),
+            "s128st3c2r128": _stream_cfg(bm, 128, cps=2, reg=128), "s128st3c4r128": _stream_cfg(bm, 128, cps=4, reg=128),
+            "s128st4c3r128": _stream_cfg(bm, 128, st=4, cps=3, reg=128), "s64v2st3c4": _stream_cfg(bm, 64, 256, cps=4),
+            "s128v2st3c2r168": _stream_cfg(bm, 128, 256, cps=2, reg=168),
+            "s128inA_c3r128": _stream_cfg(bm, 128, cps=3, reg=128, pre=False),  # Triton 3.6: in-loop A, M <= 32
+            "s256w8st3c2": _stream_cfg(bm, 256, w=8, cps=2),
         }
     return {
         "s128st3c2": _stream_cfg(bm, 128, cps=2), "s128st3c3r168": _stream_cfg(bm, 128, cps=3, reg=168),
-        "s128st4c3r168": _stream_cfg(bm, 128, st=4, cps=3, reg=168), "s256w8st3c1": _stream_cfg(bm, 256, w=8, cps=1),
-        "s64st4c4": _stream_cfg(bm, 64, st=4, cps=4),
+        "s64st4c4": _stream_cfg(bm, 64, st=4, cps=4), "s64v2st2c2": _stream_cfg(bm, 64, 256, st=2, cps=2),
+        "s256w8st3c1": _stream_cfg(bm, 256, w=8, cps=1),
     }
 
 

@@ -553,62 +553,62 @@ def _f16_halves(p):
 
 
 @triton.jit
-def _stream_decode(w, sc, V: tl.constexpr, ROWS: tl.constexpr, DECODE: tl.constexpr):
-    """Words w int32 [V, ROWS, 4, 4] (word 16v + 4t + u of each row's K tile, 8 codes each) and scales sc
-    uint8 [V, ROWS, 4, 2] (E4M3, blocks 8v + 2t + e) -> FP16 [ROWS, 128 V] holding q * s * 2^-14, K
-    permuted within the tile (both operands alike, so the dot is unchanged).
+def _stream_decode(w, sc, ROWS: tl.constexpr, DECODE: tl.constexpr):
+    """Words w int32 [ROWS, 4, 4] (word 4t + u of each row's 128-wide K sub-tile, 8 codes each) and
+    scales sc uint8 [ROWS, 4, 2] (E4M3, blocks 2t + e) -> FP16 [ROWS, 128] holding q * s * 2^-14, K
+    permuted within the sub-tile (both operands alike, so the dot is unchanged).
 
     An MMA operand fragment gives thread t of a row, in each 16-wide K chunk, the pairs (2t, 2t + 1) and
-    (2t + 8, 2t + 9). Thread t loads words 16v + 4t + u (16 contiguous bytes per v) and each decoded
-    register (codes i, i + 4 of one word) becomes one of its pairs: logical k of code i of word
-    (v, t, u) = 128v + 32u + 16 ph + 8 pl + 2t + e for i = 4e + 2ph + pl. So the decoded registers are the
-    MMA's operand registers as they stand (no shuffles, no shared memory)."""
+    (2t + 8, 2t + 9). Thread t loads words 4t + u (16 contiguous bytes) and each decoded register
+    (codes i, i + 4 of one word) becomes one of its pairs: logical k of code i of word (t, u) =
+    32u + 16 ph + 8 pl + 2t + e for i = 4e + 2ph + pl. So the decoded registers are the MMA's operand
+    registers as they stand (no shuffles, no shared memory)."""
     if DECODE == 1:
         s = tl.inline_asm_elementwise(_E4M3X2_ASM, "=r,r", [sc], dtype=tl.float16, is_pure=True, pack=2)
     else:
         s = _e4m3_to_f32(sc.to(tl.int32)).to(tl.float16)
     # the scale of word u is that of block 2t + u // 2
-    s = tl.reshape(tl.broadcast_to(s[:, :, :, :, None], (V, ROWS, 4, 2, 2)), (V, ROWS, 4, 4))
+    s = tl.reshape(tl.broadcast_to(s[:, :, :, None], (ROWS, 4, 2, 2)), (ROWS, 4, 4))
     if DECODE == 1:
         p0, p1, p2, p3 = tl.inline_asm_elementwise(
             _STREAM_ASM, "=r,=r,=r,=r,r,h", [w, s], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
             is_pure=True, pack=1,
         )
         v = tl.join(tl.join(_f16_halves(p0), _f16_halves(p1)), tl.join(_f16_halves(p2), _f16_halves(p3)))
-        # [V, ROWS, t, u, e, pl, ph]
+        # [ROWS, t, u, e, pl, ph]
     else:
-        codes = (w[:, :, :, :, None] >> (tl.arange(0, 8) * 4)[None, None, None, None, :]) & 15  # [.., u, i]
+        codes = (w[:, :, :, None] >> (tl.arange(0, 8) * 4)[None, None, None, :]) & 15  # [ROWS, t, u, i]
         h = ((codes & 7) << 9) | ((codes & 8) << 12)  # e2m1 * 2^-14 in FP16 bits
-        v = h.to(tl.uint16).to(tl.float16, bitcast=True) * s[:, :, :, :, None]
-        v = tl.permute(tl.reshape(v, (V, ROWS, 4, 4, 2, 2, 2)), (0, 1, 2, 3, 4, 6, 5))  # i = (e, ph, pl)
-    v = tl.permute(v, (1, 0, 3, 6, 5, 2, 4))  # row, v, u, ph, pl, t, e
-    return tl.reshape(v, (ROWS, 128 * V))
+        v = h.to(tl.uint16).to(tl.float16, bitcast=True) * s[:, :, :, None]
+        v = tl.permute(tl.reshape(v, (ROWS, 4, 4, 2, 2, 2)), (0, 1, 2, 3, 5, 4))  # i = (e, ph, pl)
+    v = tl.permute(v, (0, 2, 5, 4, 1, 3))  # row, u, ph, pl, t, e
+    return tl.reshape(v, (ROWS, 128))
 
 
 @triton.jit
-def _stream_load(w_ptr, scale_ptr, rows, k, stride_w, stride_s, cols4, K,
-                 SWIZZLED: tl.constexpr, EVEN_K: tl.constexpr, V: tl.constexpr, ROWS: tl.constexpr):
-    """Code words [V, ROWS, 4, 4] (int32: the packed bytes read 4 at a time) and E4M3 scales
-    [V, ROWS, 4, 2] of K tile ``k`` (128 V wide) for ``rows`` [ROWS] (int64); zeros past K (zero codes
-    and scales decode to exact zeros). Scales are read as runs of 4 bytes (whole 4-column groups of the
-    swizzled layout) so that Triton can pipeline them (cp.async takes 4 bytes or more)."""
-    vv = tl.arange(0, V)[:, None, None]
-    r = rows[None, :, None]
-    wcol = k * (16 * V) + vv * 16 + tl.arange(0, 4)[None, None, :] * 4  # first word of each thread's run
-    ptrs = w_ptr + (r * stride_w + wcol)[:, :, :, None] + tl.arange(0, 4)[None, None, None, :]
-    g4 = k * (2 * V) + vv * 2 + tl.arange(0, 2)[None, None, :]  # 4-block groups: blocks 4 g4 + j
-    j = tl.arange(0, 4)[None, None, None, :]
-    if SWIZZLED:
-        soff = ((r // 128) * (cols4 * 512) + (r % 32) * 16 + ((r % 128) // 32) * 4 + g4 * 512)[:, :, :, None] + j
+def _stream_load(w_ptr, scale_ptr, rows, kk, stride_w, stride_s, cols4, K,
+                 SWIZZLED: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr):
+    """Code words [ROWS, 4, 4] (int32: the packed bytes read 4 at a time) and E4M3 scales [ROWS, 4, 2]
+    of the 128-wide K sub-tile ``kk`` for ``rows`` [ROWS] (int64); zeros past K (zero codes and scales
+    decode to exact zeros). Scales are read as runs of 4 bytes (whole 4-column groups of the swizzled
+    layout) so that Triton can pipeline them (cp.async moves 4 bytes or more)."""
+    # 2-D tiles with one contiguous run per row: Triton's coalescing then gives each row's run to
+    # neighbouring lanes (a warp reads 8 rows x 64 bytes); a 3-D [rows, 4, 4] pointer tensor made it
+    # put 32 rows on the lanes of one 16-byte access (half-used sectors, 4-way bank conflicts).
+    r = rows[:, None]
+    wcol = kk * 16 + tl.arange(0, 16)[None, :]
+    c = tl.arange(0, 8)[None, :]  # scale byte: block 8 kk + c
+    if SWIZZLED:  # 4-column groups are contiguous, groups 512 bytes apart
+        soff = (r // 128) * (cols4 * 512) + (r % 32) * 16 + ((r % 128) // 32) * 4 + (kk * 2 + c // 4) * 512 + c % 4
     else:
-        soff = (r * stride_s + g4 * 4)[:, :, :, None] + j
+        soff = r * stride_s + kk * 8 + c
     if EVEN_K:
-        w = tl.load(ptrs)
+        w = tl.load(w_ptr + r * stride_w + wcol)
         sc = tl.load(scale_ptr + soff)
     else:
-        w = tl.load(ptrs, mask=(wcol < K // 8)[:, :, :, None], other=0)
-        sc = tl.load(scale_ptr + soff, mask=(g4 * 4)[:, :, :, None] + j < K // 16, other=0)
-    return w, tl.reshape(sc, (V, ROWS, 4, 2))
+        w = tl.load(w_ptr + r * stride_w + wcol, mask=wcol < K // 8, other=0)
+        sc = tl.load(scale_ptr + soff, mask=kk * 8 + c < K // 16, other=0)
+    return tl.reshape(w, (ROWS, 4, 4)), tl.reshape(sc, (ROWS, 4, 2))
 
 
 @triton.jit
@@ -654,19 +654,23 @@ def _stream_kernel(
     k_last = tl.minimum(k_first + per_split, k_tiles)  # the host makes every split non-empty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(k_first, k_last):
-        if A_PRE:
-            a_val = tl.load(a_ptr + offs_m[:, None] * stride_a + k * BK + tl.arange(0, BK)[None, :])
-        else:
-            a_w, a_sc = _stream_load(a_ptr, a_scale_ptr, rows_a, k, stride_a, stride_as, a_cols4, K,
-                                     A_SWIZZLED, EVEN_K, V, BLOCK_M)
-        b_w, b_sc = _stream_load(b_ptr, b_scale_ptr, rows_b, k, stride_b, stride_bs, b_cols4, K,
-                                 B_SWIZZLED, EVEN_K, V, BLOCK_N)
-        b_val = _stream_decode(b_w, b_sc, V, BLOCK_N, DECODE)
-        b_val = tl.reshape(tl.permute(tl.reshape(b_val, (BLOCK_N // G16, 2, WARPS, 8, BK)), (0, 2, 1, 3, 4)),
-                           (BLOCK_N, BK))  # rows back to r_mma order
-        if not A_PRE:
-            a_val = _stream_decode(a_w, a_sc, V, BLOCK_M, DECODE)
-        acc = tl.dot(b_val, tl.trans(a_val), acc)
+        # V sub-tiles of 128: all loaded in the same pipeline stage (64 V contiguous bytes of each row per
+        # request burst, which DRAM serves better than 64), decoded and multiplied one after another.
+        for v in tl.static_range(V):
+            kk = k * V + v
+            if A_PRE:
+                a_val = tl.load(a_ptr + offs_m[:, None] * stride_a + kk * 128 + tl.arange(0, 128)[None, :])
+            else:
+                a_w, a_sc = _stream_load(a_ptr, a_scale_ptr, rows_a, kk, stride_a, stride_as, a_cols4, K,
+                                         A_SWIZZLED, EVEN_K, BLOCK_M)
+            b_w, b_sc = _stream_load(b_ptr, b_scale_ptr, rows_b, kk, stride_b, stride_bs, b_cols4, K,
+                                     B_SWIZZLED, EVEN_K, BLOCK_N)
+            b_val = _stream_decode(b_w, b_sc, BLOCK_N, DECODE)
+            b_val = tl.reshape(tl.permute(tl.reshape(b_val, (BLOCK_N // G16, 2, WARPS, 8, 128)), (0, 2, 1, 3, 4)),
+                               (BLOCK_N, 128))  # rows back to r_mma order
+            if not A_PRE:
+                a_val = _stream_decode(a_w, a_sc, BLOCK_M, DECODE)
+            acc = tl.dot(b_val, tl.trans(a_val), acc)
     acc = tl.trans(acc) * 268435456.0  # 2^28 undoes the 2^-14 of both decoded operands (exact)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
@@ -707,17 +711,17 @@ def _stream_kernel(
 
 @triton.jit
 def _stream_expand_kernel(a_ptr, a_scale_ptr, out_ptr, M, K, stride_a, stride_as, a_cols4, stride_o,
-                          A_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr):
-    """A (M rows) -> FP16 q * s * 2^-14 (grid rows x roundup(K, 128 V)) in _stream_decode's order per
-    K tile; rows past M and columns past K are zeros (the stream kernel reads whole tiles)."""
+                          A_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, ROWS: tl.constexpr):
+    """A (M rows) -> FP16 q * s * 2^-14 (grid rows x grid sub-tiles of 128) in _stream_decode's order per
+    sub-tile; rows past M and columns past K are zeros (the stream kernel reads whole tiles)."""
     pid_r = tl.program_id(0)
-    k = tl.program_id(1)
+    kk = tl.program_id(1)
     offs = pid_r * ROWS + tl.arange(0, ROWS)
     rows = tl.where(offs < M, offs, 0).to(tl.int64)
-    w, sc = _stream_load(a_ptr, a_scale_ptr, rows, k, stride_a, stride_as, a_cols4, K, A_SWIZZLED, False, V, ROWS)
-    val = _stream_decode(w, sc, V, ROWS, DECODE)
+    w, sc = _stream_load(a_ptr, a_scale_ptr, rows, kk, stride_a, stride_as, a_cols4, K, A_SWIZZLED, False, ROWS)
+    val = _stream_decode(w, sc, ROWS, DECODE)
     val = tl.where((offs < M)[:, None], val, 0.0)
-    cols = k * (128 * V) + tl.arange(0, 128 * V)
+    cols = kk * 128 + tl.arange(0, 128)
     tl.store(out_ptr + offs.to(tl.int64)[:, None] * stride_o + cols[None, :], val)
 
 
@@ -804,7 +808,8 @@ _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
 #   epilogue kernel: 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
 #   M=128 N=K=4096 135 vs 83 [291]: it beat the fused kernel at every M >= 128 measured.
 _HOPPER_DENSE = dict(
-    stream=((64, GemmConfig(16, 128, 128, 8, 4, 3, stream=True, a_pre=True, split_k=0, ctas_per_sm=4)),),
+    stream=((32, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=4)),
+            (64, GemmConfig(64, 128, 128, 8, 4, 3, maxnreg=168, stream=True, a_pre=True, split_k=0, ctas_per_sm=3))),
     skinny_min_n=8192,
     skinny=((32, GemmConfig(16, 64, 128, 8, 4, 3, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False)),
             (64, GemmConfig(64, 64, 128, 8, 8, 1, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False))),
@@ -1078,9 +1083,9 @@ def _launch_stream(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b
     if config.a_pre:
         a_arg = torch.empty((m_tiles * bm, _roundup(k, bk)), dtype=torch.float16, device=device)
         a_stride = a_arg.stride(0)
-        _stream_expand_kernel[(m_tiles * bm // 16, a_arg.shape[1] // bk)](
+        _stream_expand_kernel[(m_tiles * bm // 16, a_arg.shape[1] // 128)](
             a_w, a_sc, a_arg, m, k, a_w.stride(0), a_ss, a_c4, a_stride,
-            A_SWIZZLED=a_sw, DECODE=decode, ROWS=16, V=v, num_warps=4,
+            A_SWIZZLED=a_sw, DECODE=decode, ROWS=16, num_warps=4,
         )
     _stream_kernel[grid](
         a_arg, a_sc, a_amax, b_w, b_sc, b_amax, bias, out, ws, counts,
