@@ -2,7 +2,10 @@
 
     python benchmarks/gemm.py                 # all shapes (square 2048..16384, LLM shapes, grouped)
     python benchmarks/gemm.py --quick         # 8192^3, 4096^3, M=1/16/64/256 at a few (N,K), grouped
-    python benchmarks/gemm.py --paths         # skinny-kernel variants and dequant+cuBLAS vs fused (sets _DENSE_RULES)
+    python benchmarks/gemm.py --paths         # skinny-kernel variants and dequant+cuBLAS vs fused
+    python benchmarks/gemm.py --variants      # M = 1/16/64, N = 4096/14336: stream-kernel variants, the previous
+                                              # default and cuBLAS BF16 in one run, us and x cuBLAS (sets the
+                                              # stream rows of _DENSE_RULES; compiles in a process pool first)
     python benchmarks/gemm.py --sweep         # also time candidate block configs (prints the best)
     python benchmarks/gemm.py --out res.json  # write every measurement as JSON
 

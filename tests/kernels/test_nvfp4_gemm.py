@@ -548,6 +548,12 @@ def test_stream_layouts_subnormal_scales_and_nan():
     out = poisoned((7, 64), torch.float32, "cpu")
     G.run(a, b, out, config=cfg)
     assert_equal(out, gemm(a, b, "ref", out_dtype=torch.float32))
+    big = torch.zeros(64, 130, dtype=torch.uint8)  # codes at an odd byte offset: no int32 view, a copy
+    big[:, 1:129] = b.rowwise_data
+    b.rowwise_data = big[:, 1:129]
+    out = poisoned((7, 64), torch.float32, "cpu")
+    G.run(a, b, out, config=cfg)
+    assert_equal(out, gemm(a, b, "ref", out_dtype=torch.float32))
     b.rowwise_scale[5, 3] = 0x7F
     want = gemm(a, b, "ref", out_dtype=torch.float32)
     G.run(a, b, out, config=cfg)
@@ -743,9 +749,15 @@ def test_config_table_rows():
             for v in (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps):
                 assert v & (v - 1) == 0
     assert G.choose_config(16, 4096, 4096, torch.device("cpu")).block_k % 64 == 0
+    for rule in G._DENSE_RULES.values():
+        for max_m, cfg in rule["stream"]:
+            assert cfg.stream and cfg.block_m >= max_m and cfg.block_m % 16 == 0 and cfg.block_k % 128 == 0
+            assert cfg.block_n % (16 * cfg.num_warps) == 0
     if torch.cuda.is_available():
-        cfg = G.choose_config(16, 4096, 4096, torch.device("cuda"))
-        assert cfg.split_k > 1 and cfg.block_m == 16
+        for m, bm in ((1, 16), (16, 16), (20, 32), (64, 64)):
+            cfg = G.choose_config(m, 4096, 4096, torch.device("cuda"))
+            assert cfg.stream and cfg.block_m == bm
+        assert G.choose_config(16, 4096, 4096, torch.device("cuda"), grouped=True).split_k > 1
 
 
 _COMPILE_SM90 = r"""
@@ -790,13 +802,37 @@ sig = {name: ptr_e.get(name, "constexpr" if name in ce else ("fp32" if name == "
 src = triton.compiler.ASTSource(fn=fn_e, signature=sig, constexprs={(fn_e.arg_names.index(k),): v for k, v in ce.items()})
 assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
 print("ok split-k epilogue")
+fn_s = G._stream_kernel
+ptr_s = {"a_ptr": "*fp16", "a_scale_ptr": "*u8", "a_amax_ptr": "*fp32", "b_ptr": "*i32", "b_scale_ptr": "*u8",
+         "b_amax_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32"}
+for _, cfg in G._HOPPER_DENSE["stream"]:
+    cs = dict(A_SWIZZLED=False, B_SWIZZLED=True, A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True,
+              OUT_BF16=True, EVEN_K=False, DECODE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, V=cfg.block_k // 128,
+              WARPS=cfg.num_warps, A_PRE=cfg.a_pre, SPLIT=True)
+    sig = {name: ptr_s.get(name, "constexpr" if name in cs else ("fp32" if name == "inv_e" else "i32"))
+           for name in fn_s.arg_names}
+    src = triton.compiler.ASTSource(fn=fn_s, signature=sig, attrs={(fn_s.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_s},
+                                    constexprs={(fn_s.arg_names.index(k),): v for k, v in cs.items()})
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    assert len(c.asm["cubin"]) > 0 and "local_alloc %b_val" not in c.asm["ttgir"]
+    print("ok stream", cfg.block_m)
+fn_x = G._stream_expand_kernel
+ptr_x = {"a_ptr": "*i32", "a_scale_ptr": "*u8", "out_ptr": "*fp16"}
+cx = dict(A_SWIZZLED=True, DECODE=1, ROWS=16)
+sig = {name: ptr_x.get(name, "constexpr" if name in cx else "i32") for name in fn_x.arg_names}
+src = triton.compiler.ASTSource(fn=fn_x, signature=sig, attrs={(fn_x.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_x},
+                                constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})
+assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
+print("ok stream expand")
 """
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tier runs the kernels themselves")
 def test_compiles_for_sm90(tmp_path):
     """The PTX decoder with the smallest (split-K) and largest (B expansion) tiles, the portable one,
-    the expansion and split-K epilogue kernels compile to sm_90 cubins (Triton + ptxas, no GPU)."""
+    the expansion and split-K epilogue kernels, and the stream kernel's table rows (B decoded straight
+    into the wgmma register operand: no shared-memory round trip) compile to sm_90 cubins (no GPU)."""
     import subprocess
     import sys
 
@@ -806,7 +842,7 @@ def test_compiles_for_sm90(tmp_path):
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("no ptxas on this machine")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 5, proc.stdout
+    assert proc.stdout.count("ok") == 5 + len(G._HOPPER_DENSE["stream"]) + 1, proc.stdout
 
 
 # ------------------------------------------------------------------------------------ GPU tier
@@ -866,7 +902,7 @@ def test_gpu_skinny_variants(m):
     want = old.clone()
     gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
     base = G.skinny_config(m, n, k, torch.device("cuda"))
-    assert base.skinny and G.choose_config(m, 16384, k, torch.device("cuda")).skinny
+    assert base.skinny and G.choose_config(m, 16384, k, torch.device("cuda")).stream  # skinny: explicit only
     from dataclasses import replace
     for cfg in (base, replace(base, swap_ab=False), replace(base, prefetch=False), replace(base, fused_reduce=False),
                 replace(base, split_k=1), replace(base, split_k=3)):

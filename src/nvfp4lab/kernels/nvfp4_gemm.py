@@ -43,7 +43,22 @@ A. B's tiles are then plain loads that Triton pipelines into shared memory, whic
 asynchronously under A's decoding; when both operands are decoded in the loop, Triton waits for each
 MMA before decoding the next tile. The expansion costs O(N K) traffic against the GEMM's O(M N K).
 
-Split-K (``GemmConfig.split_k``, dense only; chosen for M <= 64): program_id(1) takes a contiguous
+Weight stream (``GemmConfig.stream``, dense, chosen for M <= 64: :func:`_stream_kernel`): a decode GEMM
+is a read of B (N K / 2 bytes of codes + N K / 16 of scales) plus the decoding of every code, so the kernel
+is built around B. The product is formed as B A^T, so B's rows are the wgmma M side and its decoded
+tile is the *register* operand: each thread reads 16 contiguous bytes per row and 128-wide K sub-tile
+and decodes them (:data:`STREAM_ASM_TEXT`, 19 instructions per 8 codes, plus one cvt per two scales)
+straight into its MMA fragment registers (:func:`_stream_decode` chooses the K permutation that makes
+this so; no shuffles or shared memory on the way). A (at most 64 rows) is decoded once by
+:func:`_stream_expand_kernel` (``a_pre``) or per tile in the loop, and is the shared-memory operand.
+Codes are decoded by bit placement as e2m1 * 2^-14 (exact in FP16 with the scale applied); the fp32 sums
+are multiplied by 2^28 before the epilogue (exact). Words and scales are loaded through Triton's
+cp.async pipeline (``num_stages``), ``block_k / 128`` sub-tiles per stage. K is split over programs for
+about ``ctas_per_sm`` programs per SM; the last program of an output tile to arrive (a counter per tile,
+reset by that program, so no memset per call) sums the fp32 partials in a fixed order and runs the
+epilogue: one launch for the GEMM (two with ``a_pre``).
+
+Split-K (``GemmConfig.split_k``, dense fused kernel, explicit configs only): program_id(1) takes a contiguous
 range of K tiles and stores fp32 partials; :func:`_split_k_epilogue_kernel` sums them in a fixed order
 (deterministic) and applies the epilogue.
 
@@ -798,19 +813,29 @@ _HOPPER = (
     (1 << 62, GemmConfig(128, 256, 64, 8, 8, 4, b_predecode=True)),
 )
 _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
-# Dense GEMMs only (grouped GEMMs use the rows above), checked before them. Measured on an H200
-# (benchmarks/gemm.py --paths, TFLOP/s, cuBLAS BF16 in brackets):
-# * the skinny kernel (weight stream) for M <= 64 where N >= SKINNY_MIN_N: at N=14336 K=4096, M=1 3.6 vs
-#   the fused kernel's 2.3 [3.8], M=16 54 vs 36 [61], M=64 146 vs 96 [220]. At N=4096 it lost (M=16: 20 vs
-#   31 [40]): with few N tiles the splits are long serial load-decode-MMA chains (see the notes).
-#   maxnreg=96: without a cap ptxas takes 220-255 registers (1 CTA per SM); 96 does not spill.
+# Dense GEMMs only (grouped GEMMs use the rows above), checked before them. Measured on an H200:
+# * M <= 64: the stream kernel (_stream_kernel, every N). benchmarks/gemm.py --variants, us per GEMM at
+#   K=4096, cuBLAS BF16 and the previous default (skinny kernel for N >= 8192, else the fused kernel with a
+#   split-K epilogue kernel) in the same run:
+#       M, N        cuBLAS  previous  stream (this row)  best variant
+#       1, 4096     13.2    17.2      10.2               9.9  (A decoded in the loop, one launch)
+#       16, 4096    13.3    17.2      11.5               10.8 (64 x 256 tiles, 4 programs / SM)
+#       1, 14336    30.5    33.0      20.0               -
+#       16, 14336   30.6    34.9      21.4               -
+#       64, 4096    12.1    25.2      16.9               -
+#       64, 14336   33.9    59.3      39.1               37.7 (64 x 128 tiles, 4 stages, 4 / SM)
+#   maxnreg=128 at 16 rows: 4 programs per SM without spills (Triton 3.6); 32 rows spill under that cap,
+#   so that row (not measured on a GPU) has none. At 64 rows a 64 x 256 tile with 2 stages keeps the
+#   pre-decoded A tiles (16 KB each) within shared memory for 2 programs per SM.
+# * the skinny kernel (_skinny_kernel): the previous M <= 64 path for N >= 8192, no longer chosen (its rows
+#   are kept for skinny_config, tests and the benchmark's before/after).
 # * M >= DEQUANT_MIN_M and M*N*K >= DEQUANT_MIN_MNK: expand both operands to FP16 + cuBLAS fp32-output GEMM +
 #   epilogue kernel: 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
-#   M=128 N=K=4096 135 vs 83 [291]: it beat the fused kernel at every M >= 128 measured.
+#   M=128 N=K=4096 135 vs 83 [291] TFLOP/s (cuBLAS BF16 in brackets): it beat the fused kernel at every M >= 128.
 _HOPPER_DENSE = dict(
-    stream=((32, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=4)),
-            (64, GemmConfig(64, 128, 128, 8, 4, 3, maxnreg=168, stream=True, a_pre=True, split_k=0, ctas_per_sm=3))),
-    skinny_min_n=8192,
+    stream=((16, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
+            (32, GemmConfig(32, 128, 128, 8, 4, 3, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
+            (64, GemmConfig(64, 64, 256, 8, 4, 2, stream=True, a_pre=True, split_k=0, ctas_per_sm=2))),
     skinny=((32, GemmConfig(16, 64, 128, 8, 4, 3, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False)),
             (64, GemmConfig(64, 64, 128, 8, 8, 1, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False))),
     dequant_min_m=128,
@@ -848,7 +873,8 @@ def skinny_block_m(m: int) -> int:
 
 
 def skinny_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
-    """K splits for the skinny kernel: about ``ctas_per_sm`` programs per SM, every split non-empty."""
+    """K splits for the skinny and stream kernels: about ``ctas_per_sm`` programs per SM (``split_k`` when
+    positive), every split non-empty."""
     k_tiles = triton.cdiv(k, cfg.block_k)
     split = cfg.split_k
     if split <= 0:
@@ -875,10 +901,6 @@ def choose_config(m: int, n: int, k: int, device: torch.device, grouped: bool = 
         rules = _DENSE_RULES[_gpu_key(device)]
         for max_m, cfg in rules.get("stream", ()):
             if m <= max_m:
-                return replace(cfg, block_m=skinny_block_m(m))
-        if n >= rules["skinny_min_n"]:
-            cfg = skinny_config(m, n, k, device)
-            if cfg is not None:
                 return cfg
         if m >= rules["dequant_min_m"] and m * n * k >= rules["dequant_min_mnk"]:
             return rules["dequant"]
@@ -1031,8 +1053,8 @@ def _words(data: torch.Tensor) -> torch.Tensor:
     word in bits 4i..4i+3 (little-endian bytes). A copy only when the view is impossible (misaligned)."""
     try:
         return data.view(torch.int32)
-    except RuntimeError:
-        return data.clone().view(torch.int32)
+    except RuntimeError:  # a row stride or storage offset that is not a multiple of 4 bytes
+        return data.clone(memory_format=torch.contiguous_format).view(torch.int32)
 
 
 _STREAM_COUNTERS: dict = {}
@@ -1052,17 +1074,6 @@ def _stream_counters(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
-def stream_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
-    """K splits for the stream kernel: about ``ctas_per_sm`` programs per SM, every split non-empty."""
-    k_tiles = triton.cdiv(k, cfg.block_k)
-    split = cfg.split_k
-    if split <= 0:
-        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        split = triton.cdiv(cfg.ctas_per_sm * num_sms, tiles)
-    split = max(1, min(split, k_tiles))
-    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
-
-
 def _launch_stream(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
                    flags, m, n, k, inv_e, config, decode):
     device = a_data.device
@@ -1073,7 +1084,7 @@ def _launch_stream(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b
     v = bk // 128
     a_w, b_w = _words(a_data), _words(b_data)
     num_sms = _num_sms(device) if device.type == "cuda" else 4
-    splits = stream_splits(config, m, n, k, num_sms)
+    splits = skinny_splits(config, m, n, k, num_sms)
     per_split = triton.cdiv(triton.cdiv(k, bk), splits)
     m_tiles = triton.cdiv(m, bm)
     grid = (triton.cdiv(n, bn), splits, m_tiles)
