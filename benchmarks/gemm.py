@@ -2,7 +2,10 @@
 
     python benchmarks/gemm.py                 # all shapes (square 2048..16384, LLM shapes, grouped)
     python benchmarks/gemm.py --quick         # 8192^3, 4096^3, M=1/16/64/256 at a few (N,K), grouped
-    python benchmarks/gemm.py --paths         # skinny-kernel variants and dequant+cuBLAS vs fused (sets _DENSE_RULES)
+    python benchmarks/gemm.py --paths         # skinny-kernel variants and dequant+cuBLAS vs fused
+    python benchmarks/gemm.py --variants      # M = 1/16/64, N = 4096/14336: stream-kernel variants, the previous
+                                              # default and cuBLAS BF16 in one run, us and x cuBLAS (sets the
+                                              # stream rows of _DENSE_RULES; compiles in a process pool first)
     python benchmarks/gemm.py --sweep         # also time candidate block configs (prints the best)
     python benchmarks/gemm.py --out res.json  # write every measurement as JSON
 
@@ -320,6 +323,117 @@ def sweep_paths(gen, out_path=None):
     return rows
 
 
+def _stream_cfg(bm, bn, bk=128, w=4, st=3, cps=4, pre=True, reg=None):
+    return G.GemmConfig(bm, bn, bk, 8, w, st, maxnreg=reg, stream=True, a_pre=pre, split_k=0, ctas_per_sm=cps)
+
+
+def legacy_config(m, n, k):
+    """The dense default before the stream kernel (for before/after in one run): the skinny kernel for
+    N >= 8192, else the fused kernel's row with its split-K (the epilogue in a second kernel)."""
+    C = G.GemmConfig
+    if n >= 8192 and k >= 128:
+        cfg = (C(16, 64, 128, 8, 4, 3, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False) if m <= 32
+               else C(64, 64, 128, 8, 8, 1, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False))
+        return replace_cfg(cfg, block_m=G.skinny_block_m(m))
+    return G.choose_config(m, n, k, torch.device(DEVICE), grouped=True)
+
+
+def stream_variant_configs(m):
+    bm = G.skinny_block_m(m)
+    if m <= 32:
+        return {
+            "s128st3c2r128": _stream_cfg(bm, 128, cps=2, reg=128), "s128st3c4r128": _stream_cfg(bm, 128, cps=4, reg=128),
+            "s128st4c3r128": _stream_cfg(bm, 128, st=4, cps=3, reg=128), "s64v2st3c4": _stream_cfg(bm, 64, 256, cps=4),
+            "s128v2st3c2r168": _stream_cfg(bm, 128, 256, cps=2, reg=168),
+            "s128inA_c3r128": _stream_cfg(bm, 128, cps=3, reg=128, pre=False),  # Triton 3.6: in-loop A, M <= 32
+            "s256w8st3c2": _stream_cfg(bm, 256, w=8, cps=2),
+        }
+    return {
+        "s128st3c2": _stream_cfg(bm, 128, cps=2), "s128st3c3r168": _stream_cfg(bm, 128, cps=3, reg=168),
+        "s64st4c4": _stream_cfg(bm, 64, st=4, cps=4), "s64v2st2c2": _stream_cfg(bm, 64, 256, st=2, cps=2),
+        "s256w8st3c1": _stream_cfg(bm, 256, w=8, cps=1),
+    }
+
+
+VARIANT_SHAPES = [(m, n, 4096) for n in (4096, 14336) for m in (1, 16, 64)]
+
+
+def _warm_one(job):
+    """Compile (and run once) one configuration at one shape: process-pool worker (spawned)."""
+    m, n, k, name, cfg = job
+    os.environ.pop("TRITON_INTERPRET", None)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    a = quantize(torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen))
+    b = quantize(torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen))
+    out = torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16)
+    try:
+        G.run(a, b, out, config=cfg)
+        torch.cuda.synchronize()
+        return name, m, n, None
+    except Exception as exc:  # reported by the main process
+        return name, m, n, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def stream_variants(gen, out_path=None, workers=8):
+    """Stream-kernel variants vs cuBLAS BF16 and the previous default, same run, LLM decode shapes."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import time as _time
+    jobs = []
+    for m, n, k in VARIANT_SHAPES:  # N does not change a compilation: the stream variants once per M
+        variants = list(stream_variant_configs(m).items()) if n == VARIANT_SHAPES[0][1] else []
+        for name, cfg in variants + [("legacy", legacy_config(m, n, k))]:
+            jobs.append((m, n, k, name, cfg))
+    t0 = _time.time()
+    errors = {}
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        for name, m, n, err in pool.map(_warm_one, jobs):
+            if err:
+                errors[(name, m, n)] = err
+    print(f"precompiled {len(jobs)} (shape, config) pairs in {_time.time() - t0:.0f} s; errors: {errors}", flush=True)
+    wait_for = os.environ.get("GEMM_BENCH_WAIT_FOR")  # a file another job (the GPU tests) creates when done
+    while wait_for and not os.path.exists(wait_for) and _time.time() - t0 < 240:
+        _time.sleep(1)
+    rows = []
+    for n, k in sorted({(n, k) for _, n, k in VARIANT_SHAPES}):
+        copies = _copies(n * k * 9 // 16)
+        ws = [torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for _ in range(copies)]
+        bs = [quantize(w) for w in ws]
+        nb = n * k * 9 // 16
+        src = torch.empty(nb * copies, dtype=torch.uint8, device=DEVICE)
+        dst = torch.empty_like(src)
+        copy_us = time_graph([lambda: dst.copy_(src)], replays=10) * 1e3 / copies  # per weight's bytes (read + write)
+        for m in sorted({m for m, n2, _ in VARIANT_SHAPES if n2 == n}):
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+            a = quantize(x)
+            outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in bs]
+            r = dict(m=m, n=n, k=k, copy_us=copy_us)
+            r["cublas_us"] = time_graph([lambda w=w: torch.mm(x, w.t()) for w in ws], replays=10) * 1e3
+            legacy = legacy_config(m, n, k)
+            r["legacy_us"] = time_graph([lambda b=b, o=o: G.run(a, b, o, config=legacy) for b, o in zip(bs, outs)],
+                                        replays=10) * 1e3
+            want = outs[0].clone()
+            for name, cfg in stream_variant_configs(m).items():
+                if (name, m, VARIANT_SHAPES[0][1]) in errors:
+                    r[name] = errors[(name, m, VARIANT_SHAPES[0][1])][:60]
+                    continue
+                t = time_graph([lambda b=b, o=o: G.run(a, b, o, config=cfg) for b, o in zip(bs, outs)], replays=10) * 1e3
+                r[name] = t if _close(outs[0], want) else f"WRONG {t:.1f}"
+            cub = r["cublas_us"]
+            best = min((v, kk) for kk, v in r.items() if isinstance(v, float) and kk.startswith("s"))
+            print(f"M={m:3d} N={n:5d} K={k}: cuBLAS {cub:6.1f} us | legacy {r['legacy_us']:6.1f} us "
+                  f"({cub / r['legacy_us']:.2f}x) | best {best[1]} {best[0]:6.1f} us ({cub / best[0]:.2f}x) | "
+                  f"weight copy {copy_us:.1f} us | " +
+                  " ".join(f"{kk}={v:.1f}({cub / v:.2f}x)" if isinstance(v, float) else f"{kk}={v}"
+                           for kk, v in r.items() if kk.startswith("s")), flush=True)
+            rows.append(r)
+        del ws, bs, src, dst
+        torch.cuda.empty_cache()
+    if out_path:
+        Path(out_path).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def replace_cfg(cfg, **kw):
     from dataclasses import replace
     return replace(cfg, **kw)
@@ -364,6 +478,8 @@ def main(argv=None):
     parser.add_argument("--only", choices=("square", "llm", "grouped"), default=None,
                         help="run one group of shapes (to split a long run)")
     parser.add_argument("--paths", action="store_true", help="compare the dense paths (skinny variants, dequant+cuBLAS)")
+    parser.add_argument("--variants", action="store_true",
+                        help="stream-kernel variants vs cuBLAS BF16 and the previous default at M = 1/16/64 (x times, us)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gemm.py needs a CUDA GPU")
@@ -374,6 +490,9 @@ def main(argv=None):
           flush=True)
     if args.paths:
         sweep_paths(gen, args.out)
+        return
+    if args.variants:
+        stream_variants(gen, args.out)
         return
     results = []
     shapes = dense_shapes(args.quick)

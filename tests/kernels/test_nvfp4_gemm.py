@@ -135,16 +135,52 @@ def _mul_f16x2(a, b):
     return prod[0].astype(np.uint32) | (prod[1].astype(np.uint32) << np.uint32(16))
 
 
+def _lop3(a, b, c, lut):
+    """PTX lop3.b32: bit i of the result is bit (a_i << 2 | b_i << 1 | c_i) of the 8-bit table, with
+    a, b, c read as the table's 0xF0, 0xCC, 0xAA."""
+    out = np.zeros(np.broadcast(a, b, c).shape, dtype=np.uint32)
+    for sel in range(8):
+        if (lut >> sel) & 1:
+            ta = a if sel & 4 else ~a
+            tb = b if sel & 2 else ~b
+            tc = c if sel & 1 else ~c
+            out |= ta & tb & tc
+    return out
+
+
+def _e4m3x2_to_f16x2(v):
+    """PTX cvt.rn.f16x2.e4m3x2: low byte -> low half, high byte -> high half (exact; NaN codes -> NaN)."""
+    e4m3 = ref.codecs.e4m3_decode(torch.arange(256)).numpy().astype(np.float16).view(np.uint16).astype(np.uint32)
+    return e4m3[v & 0xFF] | (e4m3[(v >> 8) & 0xFF] << np.uint32(16))
+
+
 def run_ptx(asm, n_out, inputs):
-    """Run the straight-line PTX of the decoder on numpy uint32 arrays ($n_out.. are the inputs)."""
+    """Run the straight-line PTX of a decoder on numpy uint32 arrays ($n_out.. are the inputs; 16-bit
+    operands sit in the low half)."""
     regs = {f"${n_out + i}": np.asarray(v, dtype=np.uint32) for i, v in enumerate(inputs)}
     for line in asm.strip().splitlines():
         line = line.strip()
         if line in ("{", "}") or line.startswith(".reg") or not line:
             continue
+        m = re.fullmatch(r"mov\.b32\s+\{\s*(\S+)\s*,\s*(\S+)\s*\}\s*,\s*(\S+)\s*;", line)
+        if m:  # unpack a 32-bit register into two 16-bit ones
+            v = _parse_operand(m.group(3), regs)
+            regs[m.group(1)], regs[m.group(2)] = v & np.uint32(0xFFFF), v >> np.uint32(16)
+            continue
+        m = re.fullmatch(r"mov\.b32\s+(\S+)\s*,\s*\{\s*(\S+)\s*,\s*(\S+)\s*\}\s*;", line)
+        if m:  # pack two 16-bit registers (first = low half)
+            lo, hi = (_parse_operand(t, regs) & np.uint32(0xFFFF) for t in m.group(2, 3))
+            regs[m.group(1)] = np.asarray(lo | (hi << np.uint32(16)), dtype=np.uint32)
+            continue
         m = re.fullmatch(r"([a-z0-9.]+)\s+(.*);", line)
         assert m, f"cannot parse PTX line {line!r}"
         op, args = m.group(1), [t.strip() for t in m.group(2).split(",")]
+        if op == "lop3.b32":
+            regs[args[0]] = _lop3(*(_parse_operand(t, regs) for t in args[1:4]), int(args[4], 0))
+            continue
+        if op == "cvt.rn.f16x2.e4m3x2":
+            regs[args[0]] = _e4m3x2_to_f16x2(_parse_operand(args[1], regs))
+            continue
         dst, src = args[0], [_parse_operand(t, regs) for t in args[1:]]
         if op == "prmt.b32":
             val = _prmt(*src)
@@ -213,21 +249,27 @@ def emulated_asm(monkeypatch):
         for v in values:
             flat = np.ascontiguousarray(v.data).reshape(-1, pack)
             width = flat.dtype.itemsize * 8
-            per_reg = max(1, 32 // width)
+            per_reg = min(pack, max(1, 32 // width))  # as Triton packs: elements in order from the low bits
             for r in range(pack // per_reg):
-                chunk = flat[:, r * per_reg:(r + 1) * per_reg]
-                if per_reg == 1:
-                    regs.append(chunk[:, 0].astype(np.int64).astype(np.uint32))
-                else:
-                    regs.append(np.ascontiguousarray(chunk).view(np.uint32)[:, 0])
-        out_regs_per = [pack // max(1, 32 // (t.primitive_bitwidth)) for t in types]
+                chunk = np.ascontiguousarray(flat[:, r * per_reg:(r + 1) * per_reg])
+                bits = chunk.view(f"u{width // 8}").astype(np.uint32)
+                reg = np.zeros(len(chunk), dtype=np.uint32)
+                for e in range(per_reg):
+                    reg |= bits[:, e] << np.uint32(width * e)
+                regs.append(reg)
+        out_regs_per = [max(1, pack // max(1, 32 // (t.primitive_bitwidth))) for t in types]
         outs = run_ptx(asm, sum(out_regs_per), regs)
         results, i = [], 0
         for t, nregs in zip(types, out_regs_per):
+            width = t.primitive_bitwidth
             words = np.stack(outs[i:i + nregs], axis=1)
             i += nregs
+            per_reg = min(pack, max(1, 32 // width))
+            elems = np.stack([(words >> np.uint32(width * e)) & np.uint32((1 << width) - 1 if width < 32 else 0xFFFFFFFF)
+                              for e in range(per_reg)], axis=2).reshape(len(words), -1)
             np_t = interpreter._get_np_dtype(t)
-            results.append(interpreter.TensorHandle(np.ascontiguousarray(words).view(np_t).reshape(shape), t))
+            results.append(interpreter.TensorHandle(
+                np.ascontiguousarray(elems.astype(f"u{width // 8}")).view(np_t).reshape(shape), t))
 
         class _Call:
             def get_result(self, j):
@@ -439,6 +481,112 @@ def test_skinny_ptx_decoder_in_kernel(emulated_asm):
     assert_equal(out, want)
 
 
+def test_stream_ptx_decoder_every_code_and_scale():
+    """The stream decoder's PTX on every code in every nibble of a word, with every E4M3 scale (the
+    cvt included): each FP16 pair (codes i, i + 4) must be e2m1 * s * 2^-14 exactly."""
+    rng = np.random.default_rng(1)
+    e4m3 = ref.codecs.e4m3_decode(torch.arange(256)).numpy()
+    words, scale_bytes = [], []
+    for nib in range(8):
+        for code in range(16):
+            for s in range(256):
+                w = int(rng.integers(0, 1 << 32))
+                w = (w & ~(0xF << (4 * nib))) | (code << (4 * nib))
+                words.append(w)
+                scale_bytes.append(s)
+    words = np.array(words, dtype=np.uint32)
+    scale_bytes = np.array(scale_bytes, dtype=np.uint32)
+    pair = scale_bytes | (np.uint32(0x38) << np.uint32(8))  # the cvt decodes both bytes of its operand
+    s16 = run_ptx(G.E4M3X2_ASM_TEXT, 1, [pair])[0]
+    assert np.array_equal(s16 & np.uint32(0xFFFF), np.array(e4m3[scale_bytes], dtype=np.float16).view(np.uint16))
+    assert np.array_equal(s16 >> np.uint32(16), np.full(len(pair), np.float16(1.0).view(np.uint16)))
+    out = run_ptx(G.STREAM_ASM_TEXT, 4, [words, s16 & np.uint32(0xFFFF)])
+    for p in range(4):
+        for half, i in enumerate((p, p + 4)):
+            got = ((out[p] >> np.uint32(16 * half)) & np.uint32(0xFFFF)).astype(np.uint16)
+            codes = (words >> np.uint32(4 * i)) & np.uint32(0xF)
+            val = np.array(E2M1, dtype=np.float64)[codes & 7] * np.where(codes & 8, -1.0, 1.0)
+            want = (val * e4m3[scale_bytes].astype(np.float64) * 2.0 ** -14).astype(np.float16)
+            nan = np.isnan(want)
+            assert np.array_equal(np.isnan(got.view(np.float16)), nan), f"pair {p}: NaN pattern"
+            assert np.array_equal(got[~nan], want[~nan].view(np.uint16)), f"pair {p}, code {i}"
+
+
+# (block_m from M, block_n, block_k, warps, split_k (0 = auto), a_pre): tile edges in N and K, splits of
+# uneven length, both ways of feeding A, two K tiles at once (V = 2).
+STREAM_VARIANTS = [(64, 128, 4, 1, False), (64, 128, 4, 3, True), (64, 256, 4, 2, False), (128, 128, 8, 0, True)]
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
+def test_stream_kernel(m):
+    """The weight-stream kernel: K = 288 (2.25 tiles of 128), N = 72 (a partial tile), A rows padded to
+    16/32/64, bias + accumulate, per-token A, per-row swizzled B; output NaN-poisoned where not written."""
+    gen = torch.Generator().manual_seed(80 + m)
+    n, k = 72, 288
+    a = exact_operand(m, k, gen, amax="token")
+    b = exact_operand(n, k, gen, amax="token", layout="swizzled")
+    bias = torch.randn(n, generator=gen)
+    old = torch.randn(m, n, generator=gen).to(torch.bfloat16)
+    want = old.clone()
+    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
+    for bn, bk, warps, split, a_pre in STREAM_VARIANTS:
+        cfg = G.GemmConfig(G.skinny_block_m(m), bn, bk, 8, warps, 1, stream=True, split_k=split, a_pre=a_pre)
+        got = old.clone()
+        G.run(a, b, got, bias=bias, accumulate=True, config=cfg)
+        assert_equal(got, want)
+    out = poisoned((m, n), torch.float32, "cpu")
+    G.run(a, b, out, config=G.GemmConfig(16, 64, 128, 8, 4, 1, stream=True, split_k=2))  # M tiles of 16 rows
+    assert_equal(out, gemm(a, b, "ref", out_dtype=torch.float32))
+
+
+def test_stream_layouts_subnormal_scales_and_nan():
+    """Compact / padded scale layouts on both sides, subnormal E4M3 scales, a NaN scale (0x7F)."""
+    gen = torch.Generator().manual_seed(88)
+    a = exact_operand(7, 256, gen, scales=SCALES_SUBNORMAL + (0x38,), layout="padded")
+    b = exact_operand(64, 256, gen, scales=SCALES_SUBNORMAL, layout="compact", amax="token")
+    cfg = G.GemmConfig(16, 64, 128, 8, 4, 1, stream=True, split_k=2)
+    out = poisoned((7, 64), torch.float32, "cpu")
+    G.run(a, b, out, config=cfg)
+    assert_equal(out, gemm(a, b, "ref", out_dtype=torch.float32))
+    big = torch.zeros(64, 130, dtype=torch.uint8)  # codes at an odd byte offset: no int32 view, a copy
+    big[:, 1:129] = b.rowwise_data
+    b.rowwise_data = big[:, 1:129]
+    out = poisoned((7, 64), torch.float32, "cpu")
+    G.run(a, b, out, config=cfg)
+    assert_equal(out, gemm(a, b, "ref", out_dtype=torch.float32))
+    b.rowwise_scale[5, 3] = 0x7F
+    want = gemm(a, b, "ref", out_dtype=torch.float32)
+    G.run(a, b, out, config=cfg)
+    assert torch.equal(torch.isnan(out), torch.isnan(want)) and torch.isnan(want[:, 5]).all()
+    assert_equal(out[~torch.isnan(want)], want[~torch.isnan(want)])
+
+
+def test_stream_counters_reset_and_quantized_data():
+    """Split-K counters are left at zero for the next call (same result twice); quantized random data
+    within the golden tolerance."""
+    gen = torch.Generator().manual_seed(89)
+    x, w = torch.randn(16, 512, generator=gen), torch.randn(192, 512, generator=gen)
+    a, b = quant(x, per_token=True), quant(w)
+    cfg = G.GemmConfig(16, 64, 128, 8, 4, 1, stream=True, split_k=3)
+    first = G.run(a, b, poisoned((16, 192), torch.bfloat16, "cpu"), config=cfg)
+    assert not G._stream_counters(torch.device("cpu"), 1).any()
+    second = G.run(a, b, poisoned((16, 192), torch.bfloat16, "cpu"), config=cfg)
+    assert_equal(second, first)
+    assert_close(first, gemm(a, b, "ref"), atol_bound(a, b))
+
+
+def test_stream_ptx_decoder_in_kernel(emulated_asm):
+    """The stream kernel with DECODE=1 (operand packing, pair order, both A paths) through the emulator."""
+    gen = torch.Generator().manual_seed(90)
+    a = exact_operand(9, 384, gen, amax="token", scales=SCALES_1_2 + (0x00, 0x01))
+    b = exact_operand(64, 384, gen, layout="swizzled")
+    want = gemm(a, b, "ref", out_dtype=torch.float32)
+    for a_pre in (False, True):
+        out = poisoned((9, 64), torch.float32, "cpu")
+        G.run(a, b, out, decode=1, config=G.GemmConfig(16, 64, 128, 8, 4, 1, stream=True, split_k=2, a_pre=a_pre))
+        assert_equal(out, want)
+
+
 @pytest.mark.parametrize("k", [128, 96])  # 96: a partial expansion tile, zero-padded on both sides
 def test_dequant_mm_path(k):
     """Both operands expanded to FP16 q * s, one fp32-output matmul, the epilogue kernel."""
@@ -601,9 +749,15 @@ def test_config_table_rows():
             for v in (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps):
                 assert v & (v - 1) == 0
     assert G.choose_config(16, 4096, 4096, torch.device("cpu")).block_k % 64 == 0
+    for rule in G._DENSE_RULES.values():
+        for max_m, cfg in rule["stream"]:
+            assert cfg.stream and cfg.block_m >= max_m and cfg.block_m % 16 == 0 and cfg.block_k % 128 == 0
+            assert cfg.block_n % (16 * cfg.num_warps) == 0
     if torch.cuda.is_available():
-        cfg = G.choose_config(16, 4096, 4096, torch.device("cuda"))
-        assert cfg.split_k > 1 and cfg.block_m == 16
+        for m, bm in ((1, 16), (16, 16), (20, 32), (64, 64)):
+            cfg = G.choose_config(m, 4096, 4096, torch.device("cuda"))
+            assert cfg.stream and cfg.block_m == bm
+        assert G.choose_config(16, 4096, 4096, torch.device("cuda"), grouped=True).split_k > 1
 
 
 _COMPILE_SM90 = r"""
@@ -648,13 +802,37 @@ sig = {name: ptr_e.get(name, "constexpr" if name in ce else ("fp32" if name == "
 src = triton.compiler.ASTSource(fn=fn_e, signature=sig, constexprs={(fn_e.arg_names.index(k),): v for k, v in ce.items()})
 assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
 print("ok split-k epilogue")
+fn_s = G._stream_kernel
+ptr_s = {"a_ptr": "*fp16", "a_scale_ptr": "*u8", "a_amax_ptr": "*fp32", "b_ptr": "*i32", "b_scale_ptr": "*u8",
+         "b_amax_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32"}
+for _, cfg in G._HOPPER_DENSE["stream"]:
+    cs = dict(A_SWIZZLED=False, B_SWIZZLED=True, A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True,
+              OUT_BF16=True, EVEN_K=False, DECODE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, V=cfg.block_k // 128,
+              WARPS=cfg.num_warps, A_PRE=cfg.a_pre, SPLIT=True)
+    sig = {name: ptr_s.get(name, "constexpr" if name in cs else ("fp32" if name == "inv_e" else "i32"))
+           for name in fn_s.arg_names}
+    src = triton.compiler.ASTSource(fn=fn_s, signature=sig, attrs={(fn_s.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_s},
+                                    constexprs={(fn_s.arg_names.index(k),): v for k, v in cs.items()})
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    assert len(c.asm["cubin"]) > 0 and "local_alloc %b_val" not in c.asm["ttgir"]
+    print("ok stream", cfg.block_m)
+fn_x = G._stream_expand_kernel
+ptr_x = {"a_ptr": "*i32", "a_scale_ptr": "*u8", "out_ptr": "*fp16"}
+cx = dict(A_SWIZZLED=True, DECODE=1, ROWS=16)
+sig = {name: ptr_x.get(name, "constexpr" if name in cx else "i32") for name in fn_x.arg_names}
+src = triton.compiler.ASTSource(fn=fn_x, signature=sig, attrs={(fn_x.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_x},
+                                constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})
+assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
+print("ok stream expand")
 """
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tier runs the kernels themselves")
 def test_compiles_for_sm90(tmp_path):
     """The PTX decoder with the smallest (split-K) and largest (B expansion) tiles, the portable one,
-    the expansion and split-K epilogue kernels compile to sm_90 cubins (Triton + ptxas, no GPU)."""
+    the expansion and split-K epilogue kernels, and the stream kernel's table rows (B decoded straight
+    into the wgmma register operand: no shared-memory round trip) compile to sm_90 cubins (no GPU)."""
     import subprocess
     import sys
 
@@ -664,7 +842,7 @@ def test_compiles_for_sm90(tmp_path):
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("no ptxas on this machine")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 5, proc.stdout
+    assert proc.stdout.count("ok") == 5 + len(G._HOPPER_DENSE["stream"]) + 1, proc.stdout
 
 
 # ------------------------------------------------------------------------------------ GPU tier
@@ -724,7 +902,7 @@ def test_gpu_skinny_variants(m):
     want = old.clone()
     gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
     base = G.skinny_config(m, n, k, torch.device("cuda"))
-    assert base.skinny and G.choose_config(m, 16384, k, torch.device("cuda")).skinny
+    assert base.skinny and G.choose_config(m, 16384, k, torch.device("cuda")).stream  # skinny: explicit only
     from dataclasses import replace
     for cfg in (base, replace(base, swap_ab=False), replace(base, prefetch=False), replace(base, fused_reduce=False),
                 replace(base, split_k=1), replace(base, split_k=3)):
@@ -732,6 +910,50 @@ def test_gpu_skinny_variants(m):
             got = old.clone()
             G.run(a, b, got, bias=bias, accumulate=True, config=cfg, decode=decode)
             assert_equal(got, want)
+
+
+GPU_STREAM_CONFIGS = [  # (block_n, block_k, warps, stages, split_k, a_pre) besides the table's row (PTX decoder)
+    (256, 128, 8, 3, 0, True), (128, 256, 4, 4, 3, True), (128, 128, 4, 3, 0, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 37])
+def test_gpu_stream_kernel(m):
+    """The weight-stream kernel: the table's row with both decoders, other shapes of it with the PTX
+    one; exact operands, K = 8.25 tiles of 128, N = 1000 (partial tiles), bias + accumulate, per-token A,
+    per-row swizzled B; each configuration twice (the second call finds the split-K counters reset)."""
+    gen = torch.Generator().manual_seed(90 + m)
+    n, k = 1000, 1056
+    a = exact_operand(m, k, gen, amax="token", device="cuda")
+    b = exact_operand(n, k, gen, layout="swizzled", amax="token", device="cuda")
+    bias = torch.randn(n, device="cuda")
+    old = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    want = old.clone()
+    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
+    table = G.choose_config(m, n, k, torch.device("cuda"))
+    assert table.stream
+    runs = [(table, 0), (table, 1)]
+    runs += [(G.GemmConfig(G.skinny_block_m(m), bn, bk, 8, w, st, stream=True, split_k=sp, a_pre=pre), 1)
+             for bn, bk, w, st, sp, pre in GPU_STREAM_CONFIGS if pre or m <= 32]  # Triton 3.6: in-loop A, M <= 32
+    for cfg, decode in runs:
+        for _ in range(2):
+            got = old.clone()
+            G.run(a, b, got, bias=bias, accumulate=True, config=cfg, decode=decode)
+            assert_equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(1, 14336), (16, 4096), (64, 14336)])
+def test_gpu_stream_large(m, n):
+    """LLM decode shapes through the default configuration (the stream kernel), exact operands."""
+    gen = torch.Generator().manual_seed(m + n)
+    k = 4096
+    a = exact_operand(m, k, gen, amax="token", device="cuda")
+    b = exact_operand(n, k, gen, device="cuda")
+    out = poisoned((m, n), torch.bfloat16)
+    G.run(a, b, out)
+    assert_equal(out, gemm(a, b, "ref", out_dtype=torch.bfloat16))
 
 
 @pytest.mark.gpu
