@@ -63,7 +63,10 @@ def run_case(results, m, k, *, layout="swizzled", per_token=False, transpose=Fal
     name = f"nvfp4 {'col' if transpose else 'row'} {layout[:4]}{' tok' if per_token else ''} ->{_DT[dtype]}"
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
-    extra = dict(layout=layout, per_token=per_token, transpose=transpose, out_dtype=_DT[dtype])
+    if transpose and dq.T_PAIRS:
+        name += " pairs"
+    extra = dict(layout=layout, per_token=per_token, transpose=transpose, out_dtype=_DT[dtype],
+                 pairs=transpose and dq.T_PAIRS)
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
@@ -86,8 +89,16 @@ def main():
         print(f"tile shapes at {_bench.BASE[0]} x {_bench.BASE[1]} (BLOCK_ROWS x BLOCK_COLS, num_warps)")
         for tile in [(16, 256, 4), (32, 256, 4), (32, 512, 4), (64, 256, 8), (32, 512, 8), (64, 512, 8), (16, 512, 4)]:
             run_case(results, *_bench.BASE, tile=tile)
-        for tile in [(64, 128, 4), (32, 128, 4), (64, 64, 4), (128, 64, 4), (64, 128, 8), (128, 128, 8), (32, 256, 4)]:
-            run_case(results, *_bench.BASE, transpose=True, tile=tile)
+        # transposed tiles: (8-row groups of Q, words of 8 codes per Q row, num_warps), with one word or
+        # (dq.T_PAIRS) one 2-word scale block per thread and Q row
+        for pairs, tiles in ((False, [(4, 32, 4), (4, 64, 8), (2, 64, 4), (8, 16, 4)]),
+                             (True, [(4, 64, 4), (4, 128, 8), (2, 128, 4), (8, 32, 4)])):
+            saved, dq.T_PAIRS = dq.T_PAIRS, pairs
+            try:
+                for tile in tiles:
+                    run_case(results, *_bench.BASE, transpose=True, tile=tile, verify=tile == tiles[0])
+            finally:
+                dq.T_PAIRS = saved
     print("sweep (bf16 output, swizzled scales)")
     for m, k in _bench.shapes(args.quick):
         run_case(results, m, k)

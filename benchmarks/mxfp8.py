@@ -34,7 +34,14 @@ def _outputs(m, k, rowwise, columnwise, layout):
 
 
 def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="compact", in_dtype=torch.bfloat16,
-               fmt="e4m3", verify=False, tile=None, public_op=False):
+               fmt="e4m3", verify=False, tile=None, public_op=False, pack_words=None):
+    if pack_words is not None:  # time the kernel with mk.PACK_WORDS set so, then restore it
+        saved, mk.PACK_WORDS = mk.PACK_WORDS, pack_words
+        try:
+            return quant_case(results, m, k, cast=cast, rowwise=rowwise, columnwise=columnwise, layout=layout,
+                              in_dtype=in_dtype, fmt=fmt, verify=verify, tile=tile, public_op=public_op)
+        finally:
+            mk.PACK_WORDS = saved
     x = torch.randn(m, k, device=_bench.DEVICE).to(in_dtype)
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
     outs = _outputs(m, k, rowwise, columnwise, layout)
@@ -73,7 +80,10 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
         name += " (op)"
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
-    extra = dict(kind="quantize", cast=cast, direction=direction, layout=layout, in_dtype=_DT[in_dtype], fmt=fmt)
+    if mk.PACK_WORDS:
+        name += " packed"
+    extra = dict(kind="quantize", cast=cast, direction=direction, layout=layout, in_dtype=_DT[in_dtype], fmt=fmt,
+                 pack_words=mk.PACK_WORDS)
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
@@ -128,8 +138,10 @@ def main():
         dequant_case(results, *_bench.BASE, which=which, dtype=torch.float32, verify=True)
     if args.tune:
         print(f"tile shapes at {_bench.BASE[0]} x {_bench.BASE[1]} (BLOCK_ROWS x BLOCK_COLS, num_warps)")
+        for direction in ("both", "col"):  # columnwise data stored as uint32 words (mk.PACK_WORDS)
+            quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", pack_words=True, verify=True)
         for cast, direction in [(cast, d) for cast in _CASTS for d in ("both", "row", "col")]:
-            for tile in [(32, 256, 2), (32, 256, 4), (32, 128, 1), (32, 256, 1), (32, 128, 2), (64, 128, 2)]:
+            for tile in [(32, 256, 2), (32, 256, 4), (32, 64, 1), (32, 128, 1), (32, 256, 1), (32, 128, 2), (64, 128, 2)]:
                 quant_case(results, *_bench.BASE, cast=cast, tile=tile, rowwise=direction != "col", columnwise=direction != "row")
         for which in ("rowwise", "columnwise"):
             for tile in [(32, 256, 4), (32, 512, 4), (64, 256, 8), (32, 512, 8), (64, 512, 8), (32, 128, 4)]:

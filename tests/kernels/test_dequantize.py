@@ -131,6 +131,23 @@ def test_random_bytes_match_ref(layout, per_token, e4m3_max, dtype):
     assert_same_bits(got, ref.nvfp4.dequantize(t, dtype, "rowwise"), nan_equal=True)
 
 
+@pytest.mark.parametrize("layout,per_token,dtype", [("compact", False, torch.bfloat16), ("padded", True, torch.float32),
+                                                    ("swizzled", True, torch.bfloat16)])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_transposed_tiles_and_ragged_rows(layout, per_token, dtype, pairs, monkeypatch):
+    """The transposing kernel (columnwise copy -> x's orientation) for every tile override, on random
+    bytes (NaN scales included) whose row count is not a multiple of its 8-row groups and whose word
+    count is not one of its tile: each output element is written once with the reference's bits."""
+    monkeypatch.setattr(dq, "T_PAIRS", pairs)  # one word or one 2-word scale block per thread and Q row
+    t, _ = _random_tensor(44, 96, layout, per_token, 448.0, seed=15)  # Q (44, 96): 12 words per row
+    want = ref.nvfp4.dequantize(t, dtype, "rowwise").t()
+    for tile in [(None, None, None), (1, 4, 1), (2, 8, 2), (4, 16, 1), (2, 1, 1)]:  # WORDS = 1: never pairs
+        out = torch.full((96, 44), float("nan"), dtype=dtype)
+        dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout=layout,
+                                   e4m3_max=448.0, transpose=True, block_rows=tile[0], block_cols=tile[1], num_warps=tile[2])
+        assert_same_bits(out, want, nan_equal=True)
+
+
 def test_layouts_give_identical_outputs():
     x = _x(48, 64, seed=6)
     outs = []

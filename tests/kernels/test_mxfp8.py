@@ -98,6 +98,64 @@ def test_fast_encoder_matches_ref(fmt):
     assert torch.equal(got_nan, want[nan])
 
 
+@triton.jit
+def _finite_kernel(x_ptr, code_ptr, amax_ptr, scale_ptr, mult_ptr, n, max_rcp, E5M2: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n)
+    a, sign_bits = tl.abs(v), v.to(tl.int32, bitcast=True)
+    code = _codecs.e5m2_encode_finite(a, sign_bits) if E5M2 else _codecs.e4m3_encode_finite(a, sign_bits)
+    tl.store(code_ptr + offs, (code >> 24).to(tl.uint8), mask=offs < n)
+    scale, mult = _codecs.e8m0_scale_finite(tl.load(amax_ptr + offs, mask=offs < n), max_rcp)
+    tl.store(scale_ptr + offs, scale, mask=offs < n)
+    tl.store(mult_ptr + offs, mult, mask=offs < n)
+
+
+def _finite_codecs(x: torch.Tensor, amax: torch.Tensor, fmt: str, device: str):
+    x, amax = x.to(device), amax.to(device)
+    code = torch.empty(x.numel(), dtype=torch.uint8, device=device)
+    scale = torch.empty(x.numel(), dtype=torch.int32, device=device)
+    mult = torch.empty(x.numel(), dtype=torch.float32, device=device)
+    rcp = torch.tensor(1.0 / (448.0 if fmt == "e4m3" else 57344.0), dtype=torch.float32).item()
+    _finite_kernel[(triton.cdiv(x.numel(), 1 << 14),)](x, code, amax, scale, mult, x.numel(), rcp, E5M2=fmt == "e5m2", BLOCK=1 << 14)
+    return code.cpu(), scale.cpu(), mult.cpu()
+
+
+def _finite_inputs(fmt):
+    """Encoder inputs: every finite fp32 pattern from :func:`_encoder_inputs` within the format's range
+    (the MXFP8 scale keeps every finite block there). Scale inputs: the same patterns' magnitudes
+    (any finite block maximum: zero, denormals, every binade up to fp32's max)."""
+    x = _encoder_inputs().view(torch.float32)
+    fmax = 448.0 if fmt == "e4m3" else 57344.0
+    amax = x.abs()
+    amax = amax[torch.isfinite(amax)]
+    return x[torch.isfinite(x) & (x.abs() <= fmax)], amax[: x.numel()]
+
+
+def _check_finite_codecs(fmt, device):
+    x, amax = _finite_inputs(fmt)
+    n = min(x.numel(), amax.numel())
+    x, amax = x[:n], amax[:n]
+    code, scale, mult = _finite_codecs(x, amax, fmt, device)
+    want = (ref.codecs.e4m3_encode if fmt == "e4m3" else ref.codecs.e5m2_encode)(x)
+    assert torch.equal(code, want), f"{int((code != want).sum())} codes differ"
+    rcp = torch.tensor(1.0 / (448.0 if fmt == "e4m3" else 57344.0), dtype=torch.float32)
+    want_scale = ref.codecs.e8m0_encode_round_up(amax * rcp).to(torch.int32)
+    assert torch.equal(scale, want_scale), f"{int((scale != want_scale).sum())} scales differ"
+    assert torch.equal(mult.view(torch.int32), ref.codecs.e8m0_quant_multiplier(want_scale).view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_finite_codecs_match_ref(fmt):
+    """The finite-tile encoders and E8M0 scale the band kernel uses give ref.codecs' bits exactly."""
+    _check_finite_codecs(fmt, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_gpu_finite_codecs_match_ref(fmt):
+    _check_finite_codecs(fmt, "cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_gpu_fast_encoder_matches_interpreter(fmt):
@@ -116,6 +174,31 @@ def test_gpu_fast_encoder_matches_interpreter(fmt):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_quantize_layouts(shape, layout):
     _quantize_both(_x(*shape, seed=1), layout=layout)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_quantize_packed_words(fmt, layout, monkeypatch):
+    """PACK_WORDS (columnwise data stored as uint32 words of 4 codes): whole tiles, a partial one
+    (byte stores), an inf tile and a NaN tile (the saturating path), NaN-poisoned outputs."""
+    monkeypatch.setattr(mk, "PACK_WORDS", True)
+    x = _x(96, 192, seed=17)
+    x[40, 70] = float("inf")
+    _quantize_both(x, fmt=fmt, layout=layout)
+    _quantize_both(_x(64, 160, seed=18), fmt=fmt, layout=layout, rowwise=False)  # 160 = 2.5 tiles of 64
+    x = _x(64, 128, seed=19, dtype=torch.float32)
+    x[33, 5] = float("nan")
+    cfg = MXFP8QuantConfig(rowwise=False, columnwise=True, fp8_format=fmt, scale_layout=layout)
+    row_shape, col_shape = mk.scale_shapes(64, 128, layout)
+    col_data = torch.full((64, 128), 0xFF, dtype=torch.uint8)
+    col_scale = torch.zeros(col_shape, dtype=torch.uint8)
+    mk.launch_mxfp8_quantize(x, None, None, col_data, col_scale, fp8_format=fmt, scale_layout=layout)
+    want = ref.mxfp8.quantize(x, cfg)
+    assert torch.equal(col_scale, want.columnwise_scale)
+    keep = torch.ones(64, 128, dtype=torch.bool)
+    keep[32:64, 5] = False  # the NaN block: NaN codes whose sign follows the platform's NaN arithmetic
+    assert torch.equal(col_data[keep], want.columnwise_data[keep])
+    assert bool(((col_data[32:64, 5] & 0x7F) == 0x7F).all())
 
 
 @pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16, torch.float32])

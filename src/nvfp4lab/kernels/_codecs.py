@@ -223,3 +223,59 @@ def e2m1_scale_encode(x, enc):
     binade = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     sb = tl.fma(binade, 5242883.0, a).to(tl.int32, bitcast=True)
     return ((sb + (sb >> 22)) & 7) | tl.where(v < 0, 8, 0)
+
+
+@triton.jit
+def _fp8_encode_finite(a, sign_bits, MANT_BITS: tl.constexpr, BIAS: tl.constexpr, DELTA: tl.constexpr):
+    """fp8 bits, in bits 31..24 of the int32 result, of the value with magnitude ``a`` (fp32, finite,
+    0 <= a <= the format's max) and the sign bit 31 of ``sign_bits`` (int32).
+
+    :func:`_fp8_encode_fast`'s rounding (one fp32 fma onto the fp8 grid of a's binade) without its
+    saturation (MXFP8's power-of-two scale keeps every finite block in range, so callers that checked
+    their block maxima are finite need none), and with the code read by one integer multiply (the
+    multiply-add pipe, not the integer ALU pipe that bounds these kernels on sm_90): the code is
+    bits(s) + (bits(s) >> SHIFT) mod 256, and bits(s) * (2^24 + 2^(24 - SHIFT)) mod 2^32 holds exactly
+    that in its top byte, because the low SHIFT bits of bits(s) are DELTA + n < 2^SHIFT / 16, so the
+    lower product term never carries into it. The sign bit is added in the same multiply-add (the
+    magnitude code's top bit is 0).
+    """
+    SHIFT: tl.constexpr = 23 - MANT_BITS
+    MIN_NORMAL: tl.constexpr = 2.0 ** (1 - BIAS)
+    MAGIC: tl.constexpr = float(2**SHIFT) * (1.5 + DELTA * 2.0**-23)
+    binade = (tl.maximum(a, MIN_NORMAL).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    sb = tl.fma(binade, MAGIC, a).to(tl.int32, bitcast=True)
+    return sb * ((1 << 24) + (1 << (24 - SHIFT))) + (sign_bits & -(2**31))
+
+
+@triton.jit
+def e4m3_encode_finite(a, sign_bits):
+    """:func:`e4m3_encode` of the value with magnitude ``a`` <= 448 (finite) and sign bit 31 of
+    ``sign_bits``, in bits 31..24 of the result. See :func:`_fp8_encode_finite`."""
+    return _fp8_encode_finite(a, sign_bits, 3, 7, 148)
+
+
+@triton.jit
+def e5m2_encode_finite(a, sign_bits):
+    """:func:`e5m2_encode` of the value with magnitude ``a`` <= 57344 (finite) and sign bit 31 of
+    ``sign_bits``, in bits 31..24 of the result."""
+    return _fp8_encode_finite(a, sign_bits, 2, 15, 230)
+
+
+@triton.jit
+def e8m0_scale_finite(amax, max_rcp):
+    """(E8M0 code, quantization multiplier 2^(127 - code)) of a finite block maximum, as
+    :func:`e8m0_encode_round_up` (of fl(amax * max_rcp)) and :func:`e8m0_quant_multiplier` give them,
+    in ~6 instructions instead of ~17.
+
+    With b = bits(y), y = fl(amax * max_rcp) >= 0: bits(2y) = b + min(b, 2^23) (a denormal doubles
+    its mantissa, a normal float adds one to its exponent; y <= 2^120 for finite amax), computed in
+    integers so no fp contraction can touch it. Rounding the exponent of 2y up is rounding y's up
+    plus one, i.e. floor((bits(2y) - 1) / 2^23) + 1 for y > 0, so code = max((bits(2y) - 1) >> 23, 0)
+    (arithmetic shift), which also gives y = 0 -> 0 and every denormal y <= 2^-127 -> 0 and
+    y in (2^-127, 2^-126) -> 1, as the reference. code <= 247 for finite amax, so the multiplier is
+    the normal float (254 - code) << 23.
+    """
+    b = (amax * max_rcp).to(tl.int32, bitcast=True)
+    code = tl.maximum((b + tl.minimum(b, 0x800000) - 1) >> 23, 0)
+    mult = (code * -8388608 + 0x7F000000).to(tl.float32, bitcast=True)
+    return code, mult

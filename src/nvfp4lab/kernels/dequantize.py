@@ -14,14 +14,17 @@ Q = x^T, R = K, C = M):
            cuBLAS' 128x4 order, read through :func:`.swizzle.swizzle_offset` (no unswizzle pass)
     amax   fp32 (1,) per tensor, or (R,) per row (per token)
 
-Output: Q itself (R, C), or with ``TRANSPOSE`` its transpose (C, R) = x's orientation for the
-columnwise copy; the transpose happens in registers before the store, so both sides stay coalesced.
-With RHT the columnwise copy is dequantized by this kernel in fp32 and the inverse RHT is then the
-reference's own ``inverse_rht`` (a torch matmul): the fp32 sum of 16 products depends on summation
-order, so reusing the reference's matmul is what keeps the result identical to it on each device.
+Output: Q itself (R, C), or with ``transpose`` its transpose (C, R) = x's orientation for the
+columnwise copy (``_nvfp4_dequantize_t_kernel``: each thread decodes one 16-code block of 8
+consecutive Q rows and stores it as 16 rows of 8 contiguous outputs, so the transpose is only the
+order in which decoded values are joined, with no shared-memory round trip; loads and stores cover
+whole 32-byte sectors). With RHT the columnwise copy is dequantized by the row kernel in fp32 and
+the inverse RHT is then the reference's own ``inverse_rht`` (a torch matmul): the fp32 sum of 16
+products depends on summation order, so reusing the reference's matmul is what keeps the result
+identical to it on each device.
 
-Tiling: one program per BLOCK_ROWS x BLOCK_COLS output tile (1-D grid, row-major over tiles). The
-packed data is read as int32 words, [BLOCK_ROWS, BLOCK_COLS/16, 2] (8 codes per word, 2 words per
+Row kernel tiling: one program per BLOCK_ROWS x BLOCK_COLS output tile (1-D grid, row-major over
+tiles). The packed data is read as int32 words, [BLOCK_ROWS, BLOCK_COLS/16, 2] (8 codes per word, 2 words per
 block), so one block factor broadcasts over 16 codes held by the same thread and the codes come out of
 each word by shifts, already in element order for 16-byte vector stores. The E2M1 and E4M3 decodes
 are bit placements plus one exact power-of-two multiply (no conversion instructions). bf16 output
@@ -44,6 +47,10 @@ from . import _codecs
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
+# Transposing kernel: each thread decodes 2 words (one 16-code scale block, one 8-byte load) per Q row
+# instead of 1: 8.8 instead of 10.6 SASS instructions per element (tools/sass_kernels.py dq-col,
+# Triton 3.6), not yet timed on a GPU, so off by default (benchmarks/dequantize.py --tune times both).
+T_PAIRS = False
 
 
 def roundup(n: int, m: int) -> int:
@@ -91,7 +98,6 @@ def _nvfp4_dequantize_kernel(
     dequant_rcp,  # fl(1/(6E))
     SWIZZLED: tl.constexpr,
     PER_ROW_AMAX: tl.constexpr,
-    TRANSPOSE: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
     LOCAL_I64: tl.constexpr,
@@ -148,13 +154,160 @@ def _nvfp4_dequantize_kernel(
         col_ok = lc < BLOCK_COLS
     else:
         col_ok = lc < cols - col0
-    if TRANSPOSE:
-        # out is (cols, rows): out[c, r] = Q[r, c]
-        out_base = out_ptr + col0.to(tl.int64) * rows + row0
-        tl.store(out_base + lc[:, None] * rows + lr[None, :], tl.trans(vals), mask=col_ok[:, None] & row_ok[None, :])
+    out_base = out_ptr + row0 * cols + col0
+    tl.store(out_base + lr[:, None] * cols + lc[None, :], vals, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _join8(v0, v1, v2, v3, v4, v5, v6, v7):
+    """[..., 2, 2, 2] whose flat index over the three new dimensions (each held by one thread) reads
+    v0..v7 in order after a reshape: nested joins index their new dimensions innermost-first, so the
+    leaves go in bit-reversed order."""
+    return tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+
+
+@triton.jit
+def _e2m1_nibble_bits(words, NIBBLE: tl.constexpr):
+    """fp32 bits of (E2M1 code NIBBLE of each int32 word) * 2^-126: the 3 magnitude bits at bits
+    24..22 (exact for all 8 magnitudes, 0.5 landing on the subnormal 2^-127) and the sign at bit 31."""
+    MAG_SHIFT: tl.constexpr = 22 - 4 * NIBBLE
+    if MAG_SHIFT >= 0:
+        mag = (words << MAG_SHIFT) & 0x01C00000
     else:
-        out_base = out_ptr + row0 * cols + col0
-        tl.store(out_base + lr[:, None] * cols + lc[None, :], vals, mask=row_ok[:, None] & col_ok[None, :])
+        mag = (words >> -MAG_SHIFT) & 0x01C00000
+    return mag | ((words << (28 - 4 * NIBBLE)) & -(2**31))
+
+
+@triton.jit
+def _decode_word(words, factor, SLOTS: tl.constexpr):
+    """Words [SLOTS] (8 E2M1 codes each) times their block factor, as fp32 [SLOTS, 8] (code n at n)."""
+    v0 = _e2m1_nibble_bits(words, 0).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    v1 = _e2m1_nibble_bits(words, 1).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    v2 = _e2m1_nibble_bits(words, 2).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    v3 = _e2m1_nibble_bits(words, 3).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    v4 = _e2m1_nibble_bits(words, 4).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    v5 = _e2m1_nibble_bits(words, 5).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    v6 = _e2m1_nibble_bits(words, 6).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    v7 = _e2m1_nibble_bits(words, 7).to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    return tl.reshape(_join8(v0, v1, v2, v3, v4, v5, v6, v7), (SLOTS, 8))
+
+
+@triton.jit
+def _decode_q_row(word_ptrs, scale_ptrs, amax_ptr, ok, R: tl.constexpr, row_words, scale_row_step, dequant_rcp,
+                  PER_ROW_AMAX: tl.constexpr, rows_left, EVEN_ROWS: tl.constexpr, SLOTS: tl.constexpr,
+                  PAIRS: tl.constexpr):
+    """Row R of each slot's 8-row group: its word (or, with PAIRS, its 2 words = one 16-code scale
+    block) decoded to fp32 [SLOTS, 8 or 16] in code order. Pointers are those of the group's row 0;
+    a group's 8 rows never cross a 32-row boundary, so row R's scales are R * scale_row_step further
+    on in every layout (16 bytes in the swizzled one)."""
+    if not EVEN_ROWS:
+        ok = ok & (R < rows_left)
+    scale_code = tl.load(scale_ptrs + R * scale_row_step, mask=ok, other=0).to(tl.int32)
+    if PER_ROW_AMAX:
+        amax = tl.load(amax_ptr + R, mask=ok, other=0.0)
+    else:
+        amax = tl.load(amax_ptr)
+    factor = (e4m3_decode_exact(scale_code) * amax) * dequant_rcp
+    if PAIRS:
+        words = tl.load(word_ptrs + R * row_words, mask=ok[:, None], other=0)  # [SLOTS, 2]: one 8-byte load
+        first, second = tl.split(words)
+        both = tl.join(_decode_word(first, factor, SLOTS), _decode_word(second, factor, SLOTS))  # [SLOTS, 8, 2]
+        return tl.reshape(tl.permute(both, (0, 2, 1)), (SLOTS, 16))
+    else:
+        return _decode_word(tl.load(word_ptrs + R * row_words, mask=ok, other=0), factor, SLOTS)
+
+
+@triton.jit
+def _nvfp4_dequantize_t_kernel(
+    words_ptr, scale_ptr, amax_ptr, out_ptr,
+    rows, cols,  # Q is (rows, cols) = x^T; out is (cols, rows) = x; words_ptr holds cols // 8 words per row
+    scale_stride,  # row stride of a compact or padded scale matrix
+    scale_col_tiles,  # roundup(cols // 16, 4) // 4, for the swizzled layout
+    dequant_rcp,  # fl(1/(6E))
+    SWIZZLED: tl.constexpr,
+    PER_ROW_AMAX: tl.constexpr,
+    GROUPS: tl.constexpr,  # groups of 8 Q rows per program
+    WORDS: tl.constexpr,  # words (8 codes each) per Q row per program
+    LOCAL_I64: tl.constexpr,
+    SOFT_BF16: tl.constexpr,
+    EVEN_ROWS: tl.constexpr,  # rows % (8 * GROUPS) == 0
+    EVEN_WORDS: tl.constexpr,  # (cols // 8) % WORDS == 0
+    PAIRS: tl.constexpr,  # each thread takes 2 adjacent words (one scale block) per Q row
+):
+    # Each thread loads one word (8 codes along a Q row; with PAIRS 2 words, one scale block) from
+    # each of 8 consecutive Q rows: that block of codes is 8 (16) output rows of 8 contiguous output
+    # elements (one 16-byte store each), so the transpose is only a choice of which decoded value goes
+    # where (joins of values the thread holds): no shared-memory round trip, no shuffles. The tile is
+    # one dimension of slots, group fastest: adjacent threads take the 8-row groups of one word (pair),
+    # then the next, so a warp's stores cover GROUPS * 16 contiguous bytes of each output row (whole
+    # 32-byte sectors: partial ones would cost the L2 a read-modify-write) and its loads whole sectors
+    # of each Q row. A 1-D tile leaves the compiler no layout to choose: loads and stores share one.
+    WPS: tl.constexpr = 2 if PAIRS else 1  # words per slot
+    SLOTS: tl.constexpr = GROUPS * WORDS // WPS
+    pid = tl.program_id(0)
+    row_words = cols // 8
+    word_tiles = tl.cdiv(row_words, WORDS)
+    row0 = (pid // word_tiles).to(tl.int64) * (8 * GROUPS)
+    word0 = (pid % word_tiles) * WORDS
+
+    t = tl.arange(0, SLOTS)
+    g = t % GROUPS
+    w = t // GROUPS * WPS  # first word of the slot
+    if LOCAL_I64:
+        g = g.to(tl.int64)
+        w = w.to(tl.int64)
+    rows_left = rows - row0 - g * 8  # Q rows from each group's first row to the end of Q
+    if EVEN_WORDS:
+        ok = w < WORDS
+    else:
+        ok = w < row_words - word0
+    if not EVEN_ROWS:
+        ok = ok & (rows_left > 0)
+    q_row = g * 8  # first Q row of each group, within the tile
+    word_ptrs = words_ptr + row0 * row_words + word0 + q_row * row_words + w
+    if PAIRS:
+        word_ptrs = word_ptrs[:, None] + tl.arange(0, 2)[None, :]
+    blk = (word0 + w) // 2  # scale column: a 16-code block is 2 words
+    if SWIZZLED:
+        band = scale_ptr + (row0 // 128) * scale_col_tiles * 512  # the tile's 128-row band
+        scale_ptrs = band + swizzle_offset((row0 % 128).to(tl.int32) + q_row, blk, scale_col_tiles)
+        scale_row_step = 16
+    else:
+        scale_ptrs = scale_ptr + row0 * scale_stride + q_row * scale_stride + blk
+        scale_row_step = scale_stride
+    if PER_ROW_AMAX:
+        amax_ptrs = amax_ptr + row0 + q_row
+    else:
+        amax_ptrs = amax_ptr
+    t0 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 0, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    t1 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 1, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    t2 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 2, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    t3 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 3, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    t4 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 4, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    t5 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 5, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    t6 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 6, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    t7 = _decode_q_row(word_ptrs, scale_ptrs, amax_ptrs, ok, 7, row_words, scale_row_step, dequant_rcp,
+                       PER_ROW_AMAX, rows_left, EVEN_ROWS, SLOTS, PAIRS)
+    # [SLOTS, 8 * WPS (code n of the slot's words: output row), 8 (Q row r: output column)]
+    out = tl.reshape(_join8(t0, t1, t2, t3, t4, t5, t6, t7), (SLOTS, 8 * WPS, 8))
+    out = cast_to_out(out, out_ptr, SOFT_BF16)
+
+    n = tl.arange(0, 8 * WPS)[None, :, None]
+    r = tl.arange(0, 8)[None, None, :]
+    x_row = w[:, None, None] * 8 + n  # output row within the tile
+    x_col = g[:, None, None] * 8 + r  # output column within the tile
+    o_ok = ok[:, None, None]
+    if not EVEN_ROWS:
+        o_ok = o_ok & (r < rows_left[:, None, None])
+    out_base = out_ptr + word0.to(tl.int64) * 8 * rows + row0
+    tl.store(out_base + x_row * rows + x_col, out, mask=o_ok)
 
 
 def soft_bf16_cast(out: torch.Tensor) -> bool:
@@ -162,11 +315,9 @@ def soft_bf16_cast(out: torch.Tensor) -> bool:
     return out.dtype == torch.bfloat16 and out.device.type != "cuda"
 
 
-def _tile_shape(rows: int, cols: int, transpose: bool) -> tuple[int, int, int]:
-    """(BLOCK_ROWS, BLOCK_COLS, num_warps). Transposed tiles are squarer so that both the loads
-    (rows of Q) and the stores (rows of Q^T) cover >= 64 contiguous bytes."""
-    block_cols = 128 if transpose else 256
-    block_rows = 64 if transpose else 32
+def _tile_shape(rows: int, cols: int) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps) of the rowwise kernel."""
+    block_cols, block_rows = 256, 32
     block_cols = max(16, min(block_cols, triton.next_power_of_2(cols)))
     block_rows = max(1, min(block_rows, triton.next_power_of_2(rows)))
     return block_rows, block_cols, 4
@@ -192,6 +343,16 @@ def _as_words(data: torch.Tensor) -> torch.Tensor:
     return data.view(torch.int32)
 
 
+def _t_tile_shape(rows: int, cols: int) -> tuple[int, int, int]:
+    """(GROUPS, WORDS, num_warps) of the transposing kernel: 8 * GROUPS Q rows x WORDS words (8 codes
+    each) per program. 4 groups: a warp covers 32 Q rows x 8 words (16 with :data:`T_PAIRS`), so its
+    loads read >= 32 contiguous bytes of each Q row and its stores write 64 of each output row."""
+    per_thread = 2 if T_PAIRS else 1
+    groups = max(1, min(4, triton.next_power_of_2(triton.cdiv(rows, 8))))
+    words = max(1, min(32 * per_thread, triton.next_power_of_2(cols // 8)))
+    return groups, words, max(1, min(4, groups * words // (32 * per_thread)))
+
+
 def launch_nvfp4_dequantize(
     data: torch.Tensor,
     scale: torch.Tensor,
@@ -207,24 +368,36 @@ def launch_nvfp4_dequantize(
 ) -> None:
     """Dequantize Q (data (R, C/2), scale, amax) into ``out`` ((R, C), or (C, R) with ``transpose``).
 
-    Block sizes may be overridden (benchmark tuning); they must be powers of two, block_rows <= 128
-    and block_cols >= 16.
+    Block sizes may be overridden (benchmark tuning); they must be powers of two. Rowwise:
+    block_rows <= 128 rows and block_cols >= 16 columns per program. With ``transpose`` they count
+    8-row groups of Q (block_rows * 8 <= 128) and 8-code words of Q's rows (block_cols) instead.
     """
     rows, cols = data.shape[0], data.shape[1] * 2
     if rows * cols == 0:
         return
-    d_rows, d_cols, d_warps = _tile_shape(rows, cols, transpose)
-    block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
-    check_tile(block_rows, block_cols, min_cols=16)
     blocks = cols // 16
     scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
-    local_extent = max(block_rows * cols, block_cols * rows if transpose else 0)
+    common = dict(SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=amax.numel() != 1, SOFT_BF16=soft_bf16_cast(out))
+    if transpose:
+        d_groups, d_words, d_warps = _t_tile_shape(rows, cols)
+        groups, words, num_warps = block_rows or d_groups, block_cols or d_words, num_warps or d_warps
+        check_tile(groups * 8, words, min_cols=1)
+        grid = (triton.cdiv(rows, 8 * groups) * triton.cdiv(cols // 8, words),)
+        _nvfp4_dequantize_t_kernel[grid](
+            _as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max),
+            GROUPS=groups, WORDS=words, LOCAL_I64=max(8 * groups * cols // 8, 8 * words * rows) >= _INT32_LIMIT,
+            EVEN_ROWS=rows % (8 * groups) == 0, EVEN_WORDS=(cols // 8) % words == 0, PAIRS=T_PAIRS and words % 2 == 0,
+            num_warps=num_warps, **common,
+        )
+        return
+    d_rows, d_cols, d_warps = _tile_shape(rows, cols)
+    block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
+    check_tile(block_rows, block_cols, min_cols=16)
     grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
     _nvfp4_dequantize_kernel[grid](
         _as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max),
-        SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=amax.numel() != 1, TRANSPOSE=transpose,
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=local_extent >= _INT32_LIMIT,
-        SOFT_BF16=soft_bf16_cast(out), EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps,
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
+        EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps, **common,
     )
 
 
