@@ -137,32 +137,9 @@ def nvfp4_grouped_quantize_cast(
     row_data, row_scale, col_data, col_scale = (kq._uninitialized(s, x.device) for s in shapes)
     if x.numel() == 0:
         return row_data, row_scale, col_data, col_scale
-    if kq.use_cast16(rht_sign_mask >= 0, four_over_six):
-        bk, warps = kq.cast16_tile(k)
-        kernel, grid = kq._cast16_kernel, (triton.cdiv(m, 16) * triton.cdiv(k, bk),)
-        meta = kq.cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
-                              seed_tensor is not None, "compact", bk)
-        meta.update(kq.cast16_launch_options(rowwise, columnwise))
-    else:
-        bm, bk, warps = kq._tile(m, k, rht=rht_sign_mask >= 0 and columnwise, four_over_six=four_over_six != 0,
-                                 kind=kq.cast_kind(rowwise, columnwise, block_2d, per_token, rht_sign_mask >= 0,
-                                                   stochastic_rounding, four_over_six))
-        kernel, grid = kq._quantize_kernel, (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
-        meta = kq._cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
-                             stochastic_rounding, seed_tensor is not None, "compact", bm, bk)
-    meta.update(GROUPED=True, SPLIT_STEPS=_split_steps(n))
-    any_f32 = row_amax if row_amax is not None else col_amax
-    kernel[grid](
-        x,
-        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
-        row_scale if rowwise else col_scale,
-        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
-        col_scale if columnwise else row_scale,
-        row_amax if row_amax is not None else any_f32,
-        col_amax if col_amax is not None else any_f32,
-        seed_tensor if seed_tensor is not None else x,
-        seed, m, k, offsets, n, **meta, num_warps=warps, enable_fp_fusion=False,
-    )
+    kq.launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
+                   columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
+                   "compact", offsets=offsets, num_splits=n, split_steps=_split_steps(n))
     return row_data, row_scale, col_data, col_scale
 
 

@@ -925,6 +925,43 @@ def config_meta(config: NVFP4QuantConfig, m: int = 8192, k: int = 8192) -> dict:
                       config.e4m3_max, config.stochastic_rounding, config.stochastic_rounding, config.scale_layout, bm, bk)
 
 
+def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
+                rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
+                offsets=None, num_splits=0, split_steps=0) -> None:
+    """Launch the cast kernel of a recipe (``use_cast16`` picks which) into ``outputs`` = (row_data,
+    row_scale, col_data, col_scale); ``offsets`` (int64 split row offsets) makes it the grouped cast."""
+    m, k = x.shape
+    rht = rht_sign_mask >= 0
+    if use_cast16(rht, four_over_six):
+        bk, warps = cast16_tile(k)
+        kernel, grid = _cast16_kernel, (triton.cdiv(m, 16) * triton.cdiv(k, bk),)
+        meta = cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
+                           seed_tensor is not None, scale_layout, bk)
+        meta.update(cast16_launch_options(rowwise, columnwise))
+    else:
+        bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
+                              kind=cast_kind(rowwise, columnwise, block_2d, per_token, rht, stochastic_rounding, four_over_six))
+        kernel, grid = _quantize_kernel, (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+        meta = _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+                          stochastic_rounding, seed_tensor is not None, scale_layout, bm, bk)
+    if offsets is not None:
+        meta.update(GROUPED=True, SPLIT_STEPS=split_steps)
+    row_data, row_scale, col_data, col_scale = outputs
+    any_f32 = row_amax if row_amax is not None else col_amax
+    kernel[grid](
+        x,
+        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
+        row_scale if rowwise else col_scale,
+        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
+        col_scale if columnwise else row_scale,
+        row_amax if row_amax is not None else any_f32,
+        col_amax if col_amax is not None else any_f32,
+        seed_tensor if seed_tensor is not None else x,
+        seed,
+        m, k, offsets if offsets is not None else x, num_splits, **meta, num_warps=warps, enable_fp_fusion=False,
+    )
+
+
 @torch.library.custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
 def nvfp4_quantize_cast(
     x: torch.Tensor,
@@ -957,32 +994,9 @@ def nvfp4_quantize_cast(
     col_scale = _scale_buffer(k, m // 16, scale_layout, dev) if columnwise else absent.clone()
     if x.numel() == 0:
         return row_data, row_scale, col_data, col_scale
-    rht = rht_sign_mask >= 0
-    if use_cast16(rht, four_over_six):
-        bk, warps = cast16_tile(k)
-        kernel, grid = _cast16_kernel, (triton.cdiv(m, 16) * triton.cdiv(k, bk),)
-        meta = cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
-                           seed_tensor is not None, scale_layout, bk)
-        meta.update(cast16_launch_options(rowwise, columnwise))
-    else:
-        bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
-                              kind=cast_kind(rowwise, columnwise, block_2d, per_token, rht, stochastic_rounding, four_over_six))
-        kernel, grid = _quantize_kernel, (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
-        meta = _cast_meta(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
-                          stochastic_rounding, seed_tensor is not None, scale_layout, bm, bk)
-    any_f32 = row_amax if row_amax is not None else col_amax
-    kernel[grid](
-        x,
-        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
-        row_scale if rowwise else col_scale,
-        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
-        col_scale if columnwise else row_scale,
-        row_amax if row_amax is not None else any_f32,
-        col_amax if col_amax is not None else any_f32,
-        seed_tensor if seed_tensor is not None else x,
-        seed,
-        m, k, x, 0, **meta, num_warps=warps, enable_fp_fusion=False,
-    )
+    launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
+                columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
+                scale_layout)
     return row_data, row_scale, col_data, col_scale
 
 
