@@ -4,7 +4,8 @@ For total tokens T, K and expert count E (uniform splits, and skewed: sizes ~ 1/
 16), times (median of do_bench, CUDA-graph replay) of quantize_grouped (two launches) vs a Python loop
 of single quantizes per split and vs one single quantize of the whole (T, K) tensor. Recipe: per-tensor
 1x16 rowwise + columnwise (te_default). Targets: grouped/whole <= 1.15; loop/grouped >= 3 at E=32,
-T=4096. ``--quick``: T in (4096, 16384), K 4096, E in (8, 32, 128); ``--out`` .json or .md. Table last.
+T=4096. ``--quick``: T in (4096, 16384), K 4096, E in (8, 32, 128); ``--out`` .json or .md;
+``--parts`` also times the amax pass and the cast pass alone (grouped and whole). Table last.
 """
 from __future__ import annotations
 
@@ -30,6 +31,22 @@ def bench(fn) -> float:
     return quantize_bench.bench(fn) * 1e3
 
 
+def parts_us(x, offsets, config):
+    """(amax us, cast us) of the grouped op (offsets given) or of the whole-tensor op (offsets None)."""
+    modes = (kq.AMAX_TENSOR, kq.AMAX_TENSOR)
+    if offsets is None:
+        amax = lambda: kq.nvfp4_amax(x, *modes, 0)  # noqa: E731
+    else:
+        amax = lambda: gq.nvfp4_grouped_amax(x, offsets, gq.G_SPLIT, gq.G_SPLIT, 0)  # noqa: E731
+    row_amax, col_amax, *group_split = amax()
+    args = (row_amax, col_amax, None, 0, True, True, False, False, -1, 0, config.e4m3_max, False)
+    if offsets is None:
+        cast = lambda: kq.nvfp4_quantize_cast(x, *args, "compact")  # noqa: E731
+    else:
+        cast = lambda: gq.nvfp4_grouped_quantize_cast(x, offsets, group_split[0], *args)  # noqa: E731
+    return bench(graphed(amax)), bench(graphed(cast))
+
+
 def split_sizes(total, experts, skewed):
     blocks = total // 16
     w = [1.0 / (i + 1) for i in range(experts)] if skewed else [1.0] * experts
@@ -42,6 +59,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out")
+    p.add_argument("--parts", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -54,6 +72,7 @@ def main(argv=None) -> int:
         for total in totals:
             x = torch.randn(total, k, device="cuda", dtype=torch.bfloat16)
             whole = bench(graphed(lambda: kq.quantize(x, config)))
+            whole_parts = parts_us(x, None, config) if args.parts else (float("nan"),) * 2
             for experts in (8, 32, 128):
                 for skewed in (False, True):
                     sizes = split_sizes(total, experts, skewed)
@@ -63,13 +82,17 @@ def main(argv=None) -> int:
                     for s in sizes:
                         starts.append(starts[-1] + s)
                     parts = [x[a:b] for a, b in zip(starts[:-1], starts[1:]) if b > a]
+                    g_parts = parts_us(x, offsets, config) if args.parts else (float("nan"),) * 2
                     loop = bench(lambda: [kq.quantize(t, config) for t in parts])  # eager, as a framework would
                     loop_graph = bench(graphed(lambda: [kq.quantize(t, config) for t in parts]))
                     rows.append(dict(T=total, K=k, E=experts, dist="skew" if skewed else "unif", grouped_us=grouped,
                                      whole_us=whole, loop_us=loop, loop_graph_us=loop_graph,
-                                     vs_whole=grouped / whole, loop_speedup=loop / grouped))
+                                     vs_whole=grouped / whole, loop_speedup=loop / grouped,
+                                     grouped_amax_us=g_parts[0], grouped_cast_us=g_parts[1],
+                                     whole_amax_us=whole_parts[0], whole_cast_us=whole_parts[1]))
                     print(f"  T={total} K={k} E={experts} {rows[-1]['dist']}: grouped {grouped:.1f} us, whole {whole:.1f}, "
-                          f"loop {loop:.1f} (graph {loop_graph:.1f})", file=sys.stderr, flush=True)
+                          f"loop {loop:.1f} (graph {loop_graph:.1f}); amax/cast grouped {g_parts[0]:.1f}/{g_parts[1]:.1f} "
+                          f"whole {whole_parts[0]:.1f}/{whole_parts[1]:.1f}", file=sys.stderr, flush=True)
             del x
     if args.out:
         with open(args.out, "w") as f:

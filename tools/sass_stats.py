@@ -4,7 +4,7 @@ Prints registers, spills, instruction count per thread and per element, and an o
 the cast kernel of each named recipe at its default tile (or NVFP4LAB_QUANT_TILE). Instruction count
 per element is the one number that bounds these kernels on Hopper (see kernels/nvfp4_quantize.py).
 
-    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--dump DIR]     (MAXNREG=128: try a register cap)
+    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--cast16] [--grouped STEPS] [--dump DIR]\n    (MAXNREG=128: try a register cap)
 """
 import argparse
 import collections
@@ -35,9 +35,11 @@ MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch op
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_cast(kwargs, tile=None, cast16=False):
+def compile_cast(kwargs, tile=None, cast16=False, split_steps=0):
     cfg = NVFP4QuantConfig(**kwargs)
     meta = kq.config_meta(cfg)
+    if split_steps:
+        meta.update(GROUPED=True, SPLIT_STEPS=split_steps)
     if cast16:
         for k in ("RHT", "RHT_MASK", "FOUR_OVER_SIX", "BLOCK_M", "DOT_BF16"):
             meta.pop(k)
@@ -52,7 +54,8 @@ def compile_cast(kwargs, tile=None, cast16=False):
         meta.update(BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=True)
         fn = kq._quantize_kernel
     pointers = dict(x_ptr="*bf16", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
-                    row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64")
+                    row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64",
+                    group_split_ptr="*i32")
     scalars = dict(seed_value="i64", M="i32", K="i32", num_splits="i32")
     sig = {n: pointers.get(n) or scalars.get(n) or "constexpr" for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers}
@@ -99,6 +102,8 @@ def main():
     p.add_argument("--tile", default=None, help="BMxBKxWARPS")
     p.add_argument("--dump", default=None)
     p.add_argument("--cast16", action="store_true", help="the 16-row-group kernel (_cast16_kernel)")
+    p.add_argument("--grouped", type=int, default=0, metavar="STEPS",
+                   help="the grouped (MoE) cast with 2^STEPS splits (kernels/grouped_quantize.py)")
     p.add_argument("--normal-only", action="store_true",
                    help="compile only the normal-range path (what runs on ordinary data): drops the EXACT branch")
     a = p.parse_args()
@@ -110,7 +115,7 @@ def main():
         kq._normal_range = _always
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:
-        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.cast16)
+        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.cast16, a.grouped)
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))

@@ -60,8 +60,11 @@ SPLITS16 = {
     "zero-front-mid-end": [0, 32, 0, 48, 16, 0],
     "all-zero-but-one": [0, 0, 64, 0],
     "single": [96],
+    # with 32-row tiles the amax pass covers 128 rows a program: rows 128-255 lie in one split (maxima
+    # carried across tiles), the programs around them straddle splits
+    "long": [16, 256, 0, 32],
 }
-SPLITS_ANY = {"uneven-any": [5, 0, 37, 1, 21], "tiny": [1, 2, 3, 0, 10]}
+SPLITS_ANY = {"uneven-any": [5, 0, 37, 1, 21], "tiny": [1, 2, 3, 0, 10], "long-any": [3, 300, 0, 13]}
 
 
 def _needs16(kwargs):
@@ -147,8 +150,9 @@ def test_custom_ops_opcheck():
     x = make_input({}, (48, 32), torch.bfloat16, seed=14)
     offsets = offsets_of([16, 0, 32])
     torch.library.opcheck(gq.nvfp4_grouped_amax, (x, offsets, 1, 2, 0), test_utils=("test_schema", "test_faketensor"))
-    ra, ca = gq.nvfp4_grouped_amax(x, offsets, 1, 1, 0)
-    args = (x, offsets, ra, ca, None, 3, True, True, False, False, -1, 0, 448.0, True)
+    ra, ca, group_split = gq.nvfp4_grouped_amax(x, offsets, 1, 1, 0)
+    assert group_split.tolist() == [0, 2, 2]
+    args = (x, offsets, group_split, ra, ca, None, 3, True, True, False, False, -1, 0, 448.0, True)
     torch.library.opcheck(gq.nvfp4_grouped_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
 
 

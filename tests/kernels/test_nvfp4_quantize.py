@@ -569,10 +569,11 @@ failures = {}
 for name, kwargs in json.loads(sys.argv[1]).items():
     sig = dict(x_ptr="*bf16", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
                row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", seed_value="i64", M="i32", K="i32",
-               offsets_ptr="*i64", num_splits="i32")
+               offsets_ptr="*i64", group_split_ptr="*i32", num_splits="i32")
     cfg = NVFP4QuantConfig(**kwargs)
     try:
         frontend(kq._quantize_kernel, sig, kq.config_meta(cfg), 4)
+        frontend(kq._quantize_kernel, sig, dict(kq.config_meta(cfg), GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 4)
         if kq.use_cast16(cfg.rht, cfg.four_over_six):
             meta16 = kq.cast16_meta(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.e4m3_max,
                                     cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, 128)
@@ -580,12 +581,22 @@ for name, kwargs in json.loads(sys.argv[1]).items():
             frontend(kq._cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
     except Exception as exc:  # report every recipe, not only the first failure
         failures[name] = str(exc).strip().splitlines()[-1][:400]
+from nvfp4lab.kernels import grouped_quantize as gq
+amax_sig = dict(x_ptr="*bf16", row_amax_ptr="*i32", col_amax_ptr="*i32", offsets_ptr="*i64", group_split_ptr="*i32",
+                num_splits="i32", M="i32", K="i32")
+for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0)]:
+    try:
+        frontend(gq._grouped_amax_kernel, amax_sig, dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=0xD7E8, BLOCK_M=64,
+                 BLOCK_K=128, DOT_BF16=True, SPLIT_STEPS=3, STEPS_M=4), 8)
+    except Exception as exc:
+        failures[f"grouped-amax-{row_mode}-{col_mode}"] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))
 """
 
 
 def test_cast_kernels_build_for_sm90():
-    """Every recipe's cast kernel passes Triton's code generator (typing rules the interpreter skips)."""
+    """Every recipe's cast kernel (single and grouped) and the grouped amax kernel pass Triton's code
+    generator (typing rules the interpreter skips)."""
     import json
     import subprocess
     import sys

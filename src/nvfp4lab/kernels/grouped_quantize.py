@@ -1,17 +1,19 @@
 """Grouped (MoE) NVFP4 quantize: x (M, K) split along M into experts, each split quantized alone, in
 two launches whatever the number of splits (an amax pass, then one cast pass).
 
-Both passes tile x exactly as the single-tensor quantize (:mod:`.nvfp4_quantize`) does, so the grid
-depends only on (M, K), never on the split sizes: the offsets (int64 (n + 1,), on the device) are read
-by the kernels (no host sync, CUDA-graph capturable), and every tile looks up the split of each of its
-rows (``_split_of``: binary lifting, log2(n) gathered loads per row or 16-row group).
+The amax pass tiles x as the single-tensor one does (:mod:`.nvfp4_quantize`), the cast pass runs the
+single op's cast kernel, so the grids depend only on (M, K), never on the split sizes: the offsets (int64
+(n + 1,), on the device) are read by the kernels (no host sync, CUDA-graph capturable).
 
-* ``_grouped_amax_kernel``: per-split amaxes. A tile may straddle splits (rowwise-only splits have any
-  size), so it loops over the splits its rows cover and folds one masked max per split by
-  ``atomic_max`` on the int32 view of zeroed fp32 buffers (same NaN handling as the single pass).
-  Per-token row amaxes are per row, as in the single pass; per-token column amaxes are (n, K).
-* the cast is ``_quantize_kernel`` with GROUPED=True: outer amaxes gathered per row (rowwise) or per
-  16-row group (columnwise), columnwise blocks written into the bulk layout of
+* ``_grouped_amax_kernel``: per-split amaxes. A program finds the splits of its first and last row
+  (binary lifting over the offsets, ``_split_of``); within one split it carries maxima across its
+  tiles and folds them once, as the single pass does; a program straddling splits folds each tile's
+  row maxima per split by a segmented scan and one ``atomic_max`` per split on the int32 view of
+  zeroed fp32 buffers (same NaN handling as the single pass). Per-token row amaxes are per row, as in the single pass; per-token column amaxes are
+  (n, K). It also writes the split of every 16-row group (int32 (cdiv(M, 16),)) for the cast.
+* the cast is the single op's cast kernel (``launch_cast``) with GROUPED=True: outer amaxes gathered
+  per 16-row group through that split table (rowwise-only splits, of any size, search the offsets per
+  row), columnwise blocks written into the bulk layout of
   :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`. Same device functions as the single op, so every split
   gets the bits of quantizing it alone; SR block counters are bulk block indices (split 0 and a single
   split reproduce the single op's random bits for the same seed; the others differ, statistically alike).
@@ -34,46 +36,121 @@ G_NONE, G_SPLIT, G_PER_TOKEN, G_SPLIT_RHT = 0, 1, 2, 3
 
 
 @triton.jit
-def _fold_per_split(ptr, r, split, s_lo, s_hi, ok):
-    """atomic_max(ptr[s], max of r over the rows of split s) for s in [s_lo, s_hi] (r int32 [BLOCK_M])."""
-    for s in range(s_lo, s_hi + 1):
-        v = tl.max(tl.where(ok & (split == s), r, 0), axis=0)
-        tl.atomic_max(ptr + s, v, sem="relaxed")
+def _segment_max(split_a, max_a, split_b, max_b):
+    """Combine of a segmented running max over rows sorted by split."""
+    return split_b, tl.where(split_a == split_b, tl.maximum(max_a, max_b), max_b)
+
+
+@triton.jit
+def _fold_rows_per_split(row_ptr, col_ptr, r, rows, split, row_ok, offsets_ptr, s_lo, s_hi,
+                         TO_ROW: tl.constexpr, TO_COL: tl.constexpr):
+    """atomic_max(ptr[s], max of r over this tile's rows of split s) for every split s the tile covers,
+    into row_ptr and/or col_ptr: one segmented scan over the rows (sorted by split), then one atomic
+    per split, from the split's last row in the tile."""
+    _, run_max = tl.associative_scan((split, tl.where(row_ok, r, 0)), 0, _segment_max)
+    next_split = _split_in_range(rows + 1, offsets_ptr, s_lo, s_hi)
+    last = row_ok & ((next_split != split) | (rows + 1 == tl.max(tl.where(row_ok, rows + 1, 0), axis=0)))
+    if TO_ROW:
+        tl.atomic_max(row_ptr + split, run_max, mask=last, sem="relaxed")
+    if TO_COL:
+        tl.atomic_max(col_ptr + split, run_max, mask=last, sem="relaxed")
+
+
+@triton.jit
+def _canonical_nan(bits):
+    """Any NaN's |x| bits -> the canonical NaN's, which compares above +inf as int32."""
+    return tl.where(bits > 0x7F800000, 0x7FC00000, bits)
+
+
+@triton.jit
+def _split_in_range(rows, offsets_ptr, s_lo, s_hi):
+    """Split of each row known to lie in splits [s_lo, s_hi]: s_lo + #{s in (s_lo, s_hi]: offsets[s] <= row}
+    (offsets nondecreasing, so the counted s are a prefix and a zero-row split never owns a row)."""
+    split = tl.zeros_like(rows) + s_lo
+    for s in range(s_lo + 1, s_hi + 1):
+        split += (tl.load(offsets_ptr + s) <= rows).to(split.dtype)
+    return split
 
 
 @triton.jit
 def _grouped_amax_kernel(
-    x_ptr, row_amax_ptr, col_amax_ptr, offsets_ptr, num_splits, M, K,
+    x_ptr, row_amax_ptr, col_amax_ptr, offsets_ptr, group_split_ptr, num_splits, M, K,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT_STEPS: tl.constexpr,
+    STEPS_M: tl.constexpr,
 ):
-    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = _load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K)
-    abs_bits = _abs_bits(xf)
-    split = _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS)
-    s_lo = tl.min(tl.where(row_ok, split, num_splits), axis=0)
-    s_hi = tl.max(tl.where(row_ok, split, 0), axis=0)
-    if (ROW_MODE == 1) or (COL_MODE == 1):
-        r = tl.max(abs_bits, axis=1)
-        r = tl.where(r > 0x7F800000, 0x7FC00000, r)  # any NaN -> the canonical NaN, above +inf
-        if ROW_MODE == 1:
-            _fold_per_split(row_amax_ptr, r, split, s_lo, s_hi, row_ok)
-        if COL_MODE == 1:
-            _fold_per_split(col_amax_ptr, r, split, s_lo, s_hi, row_ok)
-    if ROW_MODE == 2:
-        rt = tl.max(abs_bits, axis=1)
-        rt = tl.where(rt > 0x7F800000, 0x7FC00000, rt)
-        tl.atomic_max(row_amax_ptr + rows, rt, mask=row_ok, sem="relaxed")
-    if COL_MODE == 2:
-        for s in range(s_lo, s_hi + 1):
-            c = tl.max(tl.where((row_ok & (split == s))[:, None], abs_bits, 0), axis=0)
-            c = tl.where(c > 0x7F800000, 0x7FC00000, c)
-            tl.atomic_max(col_amax_ptr + s * K + cols, c, mask=col_ok, sem="relaxed")
-    if COL_MODE == 3:
-        # 16-row groups never straddle splits here (splits are multiples of 16 for columnwise output)
-        y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
-        ry = tl.max(_abs_bits(y), axis=1)
-        ry = tl.where(ry > 0x7F800000, 0x7FC00000, ry)
-        _fold_per_split(col_amax_ptr, ry, split, s_lo, s_hi, row_ok)
+    """Folds the maxima of STEPS_M tiles (consecutive along M) into the amax buffers, and (programs of
+    the first column tile) writes group_split[g] = split of row 16 g, which the cast pass reads instead
+    of searching the offsets.
+
+    The splits a program covers are found from its first and last row (two scalar searches). When
+    they are one split (the usual case: splits of hundreds of rows), maxima are carried elementwise
+    across the tiles and folded once, as in the single pass; otherwise each tile takes the row maxima's
+    running max per split (a segmented scan) and issues one atomic per split it covers.
+    """
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    pid_m = pid // n_k
+    pid_k = pid % n_k
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    col_ok = cols < K
+    first_row = (pid_m * STEPS_M * BLOCK_M).to(tl.int64)
+    last_row = tl.minimum(first_row + STEPS_M * BLOCK_M, M) - 1
+    s_lo = _split_of(first_row, offsets_ptr, num_splits, SPLIT_STEPS)
+    s_hi = _split_of(last_row, offsets_ptr, num_splits, SPLIT_STEPS)
+    PER_SPLIT: tl.constexpr = (ROW_MODE == 1) or (COL_MODE == 1)
+    if s_lo == s_hi:
+        t = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
+        t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
+        for step in tl.static_range(STEPS_M):
+            rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            xf = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            abs_bits = _abs_bits(xf)
+            if PER_SPLIT or COL_MODE == 2:
+                t = tl.maximum(t, abs_bits)
+            if ROW_MODE == 2:
+                tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(abs_bits, axis=1)), mask=row_ok, sem="relaxed")
+            if COL_MODE == 3:
+                y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+                t_rht = tl.maximum(t_rht, _abs_bits(y))
+            if pid_k == 0:
+                tl.store(group_split_ptr + rows // 16, (tl.zeros_like(rows) + s_lo).to(tl.int32), mask=row_ok & (rows % 16 == 0))
+        if PER_SPLIT:
+            v = _canonical_nan(tl.max(tl.max(t, axis=1), axis=0))
+            if ROW_MODE == 1:
+                tl.atomic_max(row_amax_ptr + s_lo, v, sem="relaxed")
+            if COL_MODE == 1:
+                tl.atomic_max(col_amax_ptr + s_lo, v, sem="relaxed")
+        if COL_MODE == 2:
+            tl.atomic_max(col_amax_ptr + s_lo * K + cols, _canonical_nan(tl.max(t, axis=0)), mask=col_ok, sem="relaxed")
+        if COL_MODE == 3:
+            tl.atomic_max(col_amax_ptr + s_lo, _canonical_nan(tl.max(tl.max(t_rht, axis=1), axis=0)), sem="relaxed")
+    else:
+        for step in tl.static_range(STEPS_M):
+            rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            xf = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            abs_bits = _abs_bits(xf)
+            split = _split_in_range(rows, offsets_ptr, s_lo, s_hi)
+            if PER_SPLIT:
+                _fold_rows_per_split(row_amax_ptr, col_amax_ptr, _canonical_nan(tl.max(abs_bits, axis=1)), rows, split,
+                                     row_ok, offsets_ptr, s_lo, s_hi, ROW_MODE == 1, COL_MODE == 1)
+            if ROW_MODE == 2:
+                tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(abs_bits, axis=1)), mask=row_ok, sem="relaxed")
+            if COL_MODE == 2:
+                tile_lo = tl.min(tl.where(row_ok, split, num_splits), axis=0)
+                tile_hi = tl.max(tl.where(row_ok, split, 0), axis=0)
+                for s in range(tile_lo, tile_hi + 1):
+                    c = tl.max(tl.where((row_ok & (split == s))[:, None], abs_bits, 0), axis=0)
+                    tl.atomic_max(col_amax_ptr + s * K + cols, _canonical_nan(c), mask=col_ok, sem="relaxed")
+            if COL_MODE == 3:
+                # 16-row groups never straddle splits here (splits are multiples of 16 for columnwise output)
+                y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+                _fold_rows_per_split(col_amax_ptr, col_amax_ptr, _canonical_nan(tl.max(_abs_bits(y), axis=1)), rows, split,
+                                     row_ok, offsets_ptr, s_lo, s_hi, False, True)
+            if pid_k == 0:
+                tl.store(group_split_ptr + rows // 16, split.to(tl.int32), mask=row_ok & (rows % 16 == 0))
 
 
 def _split_steps(num_splits: int) -> int:
@@ -88,34 +165,40 @@ def _amax_shapes(m, k, n, row_mode, col_mode):
 
 @torch.library.custom_op("nvfp4lab::nvfp4_grouped_amax", mutates_args=())
 def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode: int,
-                       rht_sign_mask: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-split outer amaxes of x (M, K) split at the device int64 offsets (n + 1,)."""
+                       rht_sign_mask: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-split outer amaxes of x (M, K) split at the device int64 offsets (n + 1,), and the int32
+    split of each 16-row group's first row (cdiv(M, 16),), which the cast pass takes."""
     m, k = x.shape
     n = offsets.numel() - 1
     row_shape, col_shape = _amax_shapes(m, k, n, row_mode, col_mode)
     row_amax = torch.zeros(row_shape, dtype=torch.float32, device=x.device)
     col_amax = torch.zeros(col_shape, dtype=torch.float32, device=x.device)
-    if x.numel() == 0 or (row_mode == G_NONE and col_mode == G_NONE):
-        return row_amax, col_amax
+    group_split = torch.empty(triton.cdiv(m, 16), dtype=torch.int32, device=x.device)
+    if kq.POISON_OUTPUTS:
+        group_split.fill_(-1)
+    if x.numel() == 0:
+        return row_amax, col_amax, group_split
     kind = "amax-rht" if col_mode == G_SPLIT_RHT else ("amax-pertoken" if G_PER_TOKEN in (row_mode, col_mode) else "amax")
     bm, bk, warps = kq._tile(m, k, rht=col_mode == G_SPLIT_RHT, four_over_six=False, kind=kind)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(k, bk),)
+    steps = kq.amax_steps(m, bm, per_token=G_PER_TOKEN in (row_mode, col_mode))
+    grid = (triton.cdiv(m, bm * steps) * triton.cdiv(k, bk),)
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
     col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
     _grouped_amax_kernel[grid](
-        x, row_view, col_view, offsets, n, m, k,
+        x, row_view, col_view, offsets, group_split, n, m, k,
         ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask,
-        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not kq._interpreting(), SPLIT_STEPS=_split_steps(n),
+        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not kq._interpreting(), SPLIT_STEPS=_split_steps(n), STEPS_M=steps,
         num_warps=warps, enable_fp_fusion=False,
     )
-    return row_amax, col_amax
+    return row_amax, col_amax, group_split
 
 
 @nvfp4_grouped_amax.register_fake
 def _nvfp4_grouped_amax_fake(x, offsets, row_mode, col_mode, rht_sign_mask):
     m, k = x.shape
     row_shape, col_shape = _amax_shapes(m, k, offsets.shape[0] - 1, row_mode, col_mode)
-    return x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32)
+    return (x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32),
+            x.new_empty((triton.cdiv(m, 16),), dtype=torch.int32))
 
 
 def _cast_shapes(m, k, rowwise, columnwise):
@@ -125,11 +208,12 @@ def _cast_shapes(m, k, rowwise, columnwise):
 
 @torch.library.custom_op("nvfp4lab::nvfp4_grouped_quantize_cast", mutates_args=())
 def nvfp4_grouped_quantize_cast(
-    x: torch.Tensor, offsets: torch.Tensor, row_amax: Optional[torch.Tensor], col_amax: Optional[torch.Tensor],
+    x: torch.Tensor, offsets: torch.Tensor, group_split: torch.Tensor, row_amax: Optional[torch.Tensor], col_amax: Optional[torch.Tensor],
     seed_tensor: Optional[torch.Tensor], seed: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
     rht_sign_mask: int, four_over_six: int, e4m3_max: float, stochastic_rounding: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cast pass of the grouped quantize into the bulk buffers (compact scales); absent outputs are (0,)."""
+    """Cast pass of the grouped quantize into the bulk buffers (compact scales); absent outputs are (0,).
+    group_split: the amax pass's split of each 16-row group."""
     m, k = x.shape
     n = offsets.numel() - 1
     shapes = _cast_shapes(m, k, rowwise, columnwise)
@@ -139,12 +223,12 @@ def nvfp4_grouped_quantize_cast(
         return row_data, row_scale, col_data, col_scale
     kq.launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
                    columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-                   "compact", offsets=offsets, num_splits=n, split_steps=_split_steps(n))
+                   "compact", offsets=offsets, num_splits=n, split_steps=_split_steps(n), group_split=group_split)
     return row_data, row_scale, col_data, col_scale
 
 
 @nvfp4_grouped_quantize_cast.register_fake
-def _nvfp4_grouped_quantize_cast_fake(x, offsets, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d,
+def _nvfp4_grouped_quantize_cast_fake(x, offsets, group_split, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d,
                                       per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding):
     m, k = x.shape
     return tuple(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise))
@@ -176,7 +260,7 @@ def quantize_grouped(
     if config.columnwise:
         col_mode = G_SPLIT_RHT if config.rht else (G_PER_TOKEN if config.per_token else G_SPLIT)
     rht_mask = config.rht_sign_mask if config.rht else 0
-    row_amax, col_amax = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode, rht_mask)
+    row_amax, col_amax, group_split = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode, rht_mask)
 
     seed_tensor, seed_int = None, 0
     if config.stochastic_rounding:
@@ -185,7 +269,7 @@ def quantize_grouped(
         else:
             seed_tensor = kq.draw_seed(x2d.device, generator)
     row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize_cast(
-        x2d, offsets, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
+        x2d, offsets, group_split, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
         seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
         config.rht_sign_mask if config.rht else -1, kq._FOUR_OVER_SIX_CODES[config.four_over_six],
         config.e4m3_max, config.stochastic_rounding,

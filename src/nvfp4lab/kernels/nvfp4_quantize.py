@@ -482,7 +482,7 @@ def _quantize_blocks(
 @triton.jit
 def _quantize_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
-    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, num_splits,
+    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, group_split_ptr, num_splits,
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     RHT: tl.constexpr, RHT_MASK: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
     SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr,
@@ -496,7 +496,9 @@ def _quantize_kernel(
     amaxes per split (row_amax (num_splits,) or per row; col_amax (num_splits,) or (num_splits, K)),
     columnwise blocks in the bulk layout (split s at K * off_s / 16 blocks, viewed (K, m_s / 16)).
     Block counters (SR) are bulk block indices. Compact scales only. Splits are multiples of 16 rows
-    when columnwise or 16x16 output is asked, so no 16-row group straddles two splits.
+    when columnwise or 16x16 output is asked, so no 16-row group straddles two splits, and the split
+    of a row is read from group_split (int32, split of each 16-row group, from the amax pass);
+    rowwise-only splits have any size and each row searches the offsets (``_split_of``).
     """
     G: tl.constexpr = BLOCK_M // 16  # 16-row groups (columnwise blocks) per tile
     KB: tl.constexpr = BLOCK_K // 16  # 16-column groups (rowwise blocks) per tile
@@ -522,7 +524,11 @@ def _quantize_kernel(
         if PER_TOKEN:
             outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
         elif GROUPED:
-            outer = tl.load(row_amax_ptr + _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
+            if COLWISE or BLOCK_2D:
+                row_split = tl.load(group_split_ptr + rows // 16, mask=row_ok, other=0)
+            else:
+                row_split = _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS)
+            outer = tl.load(row_amax_ptr + row_split)[:, None]
         else:
             outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
         counter = rows[:, None] * k_blocks + blks[None, :]
@@ -552,7 +558,7 @@ def _quantize_kernel(
         else:
             bamax = _block_amax(y3)
         if GROUPED:
-            split = _split_of(groups * 16, offsets_ptr, num_splits, SPLIT_STEPS)  # [G]
+            split = tl.load(group_split_ptr + groups, mask=group_ok, other=0)  # [G]
             start = tl.load(offsets_ptr + split)
             split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
             # bulk block index: split base K * start / 16, then (column, 16-row group within the split)
@@ -623,7 +629,7 @@ def _e2m1_codes(x, enc, rbytes, SR: tl.constexpr, EXACT: tl.constexpr):
 @triton.jit
 def _cast16_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
-    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, num_splits,
+    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, group_split_ptr, num_splits,
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0,
@@ -670,7 +676,10 @@ def _cast16_kernel(
         if PER_TOKEN:
             outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [16, 1]
         elif GROUPED:
-            outer = tl.load(row_amax_ptr + _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
+            if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
+                outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + g))
+            else:
+                outer = tl.load(row_amax_ptr + _split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
         else:
             outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
         counter = rows[:, None] * k_blocks + blks[None, :]
@@ -700,7 +709,7 @@ def _cast16_kernel(
         else:
             cbamax = tl.max(ab, axis=0).to(tl.float32, bitcast=True)  # [BLOCK_K]
         if GROUPED:
-            split = _split_of(g * 16, offsets_ptr, num_splits, SPLIT_STEPS)
+            split = tl.load(group_split_ptr + g)
             start = tl.load(offsets_ptr + split)
             split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
             blk2 = start // 16 * K + cols * split_blocks + (g - start // 16)  # bulk layout, [BLOCK_K]
@@ -854,6 +863,14 @@ def _scale_shape(rows: int, cols: int, layout: str) -> tuple[int, int]:
     return (rows, cols) if layout == "compact" else (roundup(rows, 128), roundup(cols, 4))
 
 
+def amax_steps(m: int, block_m: int, *, per_token: bool) -> int:
+    """Tiles (consecutive along M) per program of the amax passes. 4 for per-tensor amaxes, 1 with
+    per-token (H200, 8192^2: 49.5 vs 51.5 us per tensor; 87 vs 70 us per token).
+    NVFP4LAB_AMAX_STEPS overrides (tuning)."""
+    steps = int(os.environ.get("NVFP4LAB_AMAX_STEPS", 1 if per_token else 4))
+    return max(1, min(steps, triton.cdiv(m, block_m)))
+
+
 @torch.library.custom_op("nvfp4lab::nvfp4_amax", mutates_args=())
 def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Outer amax of x (M, K) for the two outputs, as fp32 device tensors (no host sync).
@@ -869,10 +886,7 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
         return row_amax, col_amax
     amax_kind = "amax-rht" if col_mode == AMAX_TENSOR_RHT else ("amax-pertoken" if AMAX_PER_TOKEN in (row_mode, col_mode) else "amax")
     bm, bk, warps = _tile(m, k, rht=col_mode == AMAX_TENSOR_RHT, four_over_six=False, kind=amax_kind)
-    # 4 tiles per program for per-tensor amaxes, 1 with per-token (H200, 8192^2: 49.5 vs 51.5 us per
-    # tensor; 87 vs 70 us per token)
-    default_steps = 1 if AMAX_PER_TOKEN in (row_mode, col_mode) else 4
-    steps = max(1, min(int(os.environ.get("NVFP4LAB_AMAX_STEPS", default_steps)), triton.cdiv(m, bm)))
+    steps = amax_steps(m, bm, per_token=AMAX_PER_TOKEN in (row_mode, col_mode))
     grid = (triton.cdiv(m, bm * steps) * triton.cdiv(k, bk),)
     # absent buffers get a valid int32 pointer that is never touched
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
@@ -927,9 +941,10 @@ def config_meta(config: NVFP4QuantConfig, m: int = 8192, k: int = 8192) -> dict:
 
 def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                 rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
-                offsets=None, num_splits=0, split_steps=0) -> None:
+                offsets=None, num_splits=0, split_steps=0, group_split=None) -> None:
     """Launch the cast kernel of a recipe (``use_cast16`` picks which) into ``outputs`` = (row_data,
-    row_scale, col_data, col_scale); ``offsets`` (int64 split row offsets) makes it the grouped cast."""
+    row_scale, col_data, col_scale); ``offsets`` (int64 split row offsets) with ``group_split`` (the grouped
+    amax pass's int32 split of each 16-row group) makes it the grouped cast."""
     m, k = x.shape
     rht = rht_sign_mask >= 0
     if use_cast16(rht, four_over_six):
@@ -958,7 +973,7 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
         col_amax if col_amax is not None else any_f32,
         seed_tensor if seed_tensor is not None else x,
         seed,
-        m, k, offsets if offsets is not None else x, num_splits, **meta, num_warps=warps, enable_fp_fusion=False,
+        m, k, offsets if offsets is not None else x, group_split if group_split is not None else x, num_splits, **meta, num_warps=warps, enable_fp_fusion=False,
     )
 
 
