@@ -36,6 +36,27 @@ def forbid_launches(monkeypatch, module, *kernel_names: str) -> None:
         monkeypatch.setattr(module, name, _NoLaunch())
 
 
+class _Recorder:
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def record(*args, **kwargs):
+            self.calls.append(kwargs)
+            return launch(*args, **kwargs)
+        return record
+
+
+def record_launches(monkeypatch, module, kernel_name: str) -> list:
+    """Let the named kernel of ``module`` run as usual for this test, recording each launch's keyword
+    arguments (constexprs, num_warps) in the returned list: which path the launcher chose."""
+    calls: list = []
+    monkeypatch.setattr(module, kernel_name, _Recorder(getattr(module, kernel_name), calls))
+    return calls
+
+
 def gpu_golden_folders() -> list[Path]:
     """The shipped subset, plus the full golden set staged for the GPU run when it is there."""
     staged = Path(os.environ.get("NVFP4LAB_GOLDEN", Path(__file__).resolve().parents[2] / ".gpu" / "golden"))

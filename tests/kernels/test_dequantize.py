@@ -14,7 +14,7 @@ from nvfp4lab.config import NVFP4QuantConfig
 from nvfp4lab.kernels import dequantize as dq
 from nvfp4lab.tensors import NVFP4Tensor
 
-from .kernel_checks import assert_same_bits, forbid_launches
+from .kernel_checks import assert_same_bits, forbid_launches, record_launches
 
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 LAYOUTS = ["compact", "padded", "swizzled"]
@@ -67,8 +67,9 @@ def test_recipes_both_copies(recipe, layout):
 
 
 # ------------------------------------------------------------------------------------ columnwise
-# x (128, 64): the columnwise copy Q = x^T (64, 128) fills whole transposed tiles; (48, 80) does not.
-@pytest.mark.parametrize("shape", [(128, 64), (48, 80)])
+# x (128, 64): the columnwise copy Q = x^T (64, 128) fills whole transposed tiles; (48, 80) does not;
+# (48, 128): whole 64-row tiles, 6 of a tile's 8 words (3 pairs); (256, 48): 48 of 64 rows, whole words.
+@pytest.mark.parametrize("shape", [(128, 64), (48, 80), (48, 128), (256, 48)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
 def test_columnwise_matches_ref(shape, layout, dtype):
@@ -146,6 +147,22 @@ def test_transposed_tiles_and_ragged_rows(layout, per_token, dtype, pairs, monke
         dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout=layout,
                                    e4m3_max=448.0, transpose=True, block_rows=tile[0], block_cols=tile[1], num_warps=tile[2])
         assert_same_bits(out, want, nan_equal=True)
+
+
+@pytest.mark.parametrize("layout,per_token,dtype", [("swizzled", False, torch.bfloat16), ("compact", True, torch.float16),
+                                                    ("padded", False, torch.float32)])
+@pytest.mark.parametrize("q_shape", [(128, 512), (72, 528)])
+def test_transposed_default_tile(layout, per_token, dtype, q_shape, monkeypatch):
+    """The default transposed tile (8 groups x 32 words, pairs) on random bytes, outputs poisoned with
+    -inf (which no input can produce: amax is finite): Q (128, 512) is 2 x 2 whole tiles; Q (72, 528)
+    has a last row tile of 8 of 64 rows and a last word tile of 1 pair of 16."""
+    launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_kernel")
+    t, _ = _random_tensor(*q_shape, layout, per_token, 448.0, seed=16)
+    out = torch.full(q_shape[::-1], float("-inf"), dtype=dtype)
+    dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout=layout,
+                               e4m3_max=448.0, transpose=True)
+    assert {k: launches[-1][k] for k in ("GROUPS", "WORDS", "PAIRS", "num_warps")} == dict(GROUPS=8, WORDS=32, PAIRS=True, num_warps=4)
+    assert_same_bits(out, ref.nvfp4.dequantize(t, dtype, "rowwise").t(), nan_equal=True)
 
 
 def test_layouts_give_identical_outputs():

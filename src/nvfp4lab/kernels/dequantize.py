@@ -48,9 +48,11 @@ from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
 # Transposing kernel: each thread decodes 2 words (one 16-code scale block, one 8-byte load) per Q row
-# instead of 1: 8.8 instead of 10.6 SASS instructions per element (tools/sass_kernels.py dq-col,
-# Triton 3.6), not yet timed on a GPU, so off by default (benchmarks/dequantize.py --tune times both).
-T_PAIRS = False
+# instead of 1. H200, Triton 3.6, 8192 x 8192 columnwise -> bf16, swizzled scales (benchmarks/dequantize.py
+# --tune): 8 groups x 32 words, 4 warps, with pairs 54.3 us = 89.7% of a copy, against 56.0 us (87.0%)
+# for 8 x 16 w4 and 58.5 us (83.3%) for 4 x 32 w4 without pairs. False: one word per thread (the
+# launcher also falls back to it for a tile of 1 word).
+T_PAIRS = True
 
 
 def roundup(n: int, m: int) -> int:
@@ -343,14 +345,14 @@ def _as_words(data: torch.Tensor) -> torch.Tensor:
     return data.view(torch.int32)
 
 
-def _t_tile_shape(rows: int, cols: int) -> tuple[int, int, int]:
-    """(GROUPS, WORDS, num_warps) of the transposing kernel: 8 * GROUPS Q rows x WORDS words (8 codes
-    each) per program. 4 groups: a warp covers 32 Q rows x 8 words (16 with :data:`T_PAIRS`), so its
-    loads read >= 32 contiguous bytes of each Q row and its stores write 64 of each output row."""
-    per_thread = 2 if T_PAIRS else 1
-    groups = max(1, min(4, triton.next_power_of_2(triton.cdiv(rows, 8))))
-    words = max(1, min(32 * per_thread, triton.next_power_of_2(cols // 8)))
-    return groups, words, max(1, min(4, groups * words // (32 * per_thread)))
+def _t_tile_shape(rows: int, cols: int) -> tuple[int, int]:
+    """(GROUPS, WORDS) of the transposing kernel: 8 * GROUPS Q rows x WORDS words (8 codes each) per
+    program. 8 x 32 (timed at 8192 x 8192, see :data:`T_PAIRS`): with pairs a warp's 32 slots are the
+    8 groups x 4 pairs, so its loads read 32 contiguous bytes of each of 64 Q rows and its stores write
+    128 contiguous bytes (bf16) of each of 64 output rows: whole sectors both ways."""
+    groups = max(1, min(8, triton.next_power_of_2(triton.cdiv(rows, 8))))
+    words = max(1, min(32, triton.next_power_of_2(cols // 8)))
+    return groups, words
 
 
 def launch_nvfp4_dequantize(
@@ -379,14 +381,17 @@ def launch_nvfp4_dequantize(
     scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
     common = dict(SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=amax.numel() != 1, SOFT_BF16=soft_bf16_cast(out))
     if transpose:
-        d_groups, d_words, d_warps = _t_tile_shape(rows, cols)
-        groups, words, num_warps = block_rows or d_groups, block_cols or d_words, num_warps or d_warps
+        d_groups, d_words = _t_tile_shape(rows, cols)
+        groups, words = block_rows or d_groups, block_cols or d_words
         check_tile(groups * 8, words, min_cols=1)
+        pairs = T_PAIRS and words % 2 == 0  # a 1-word tile cannot hold a pair
+        # one 32-thread warp per 32 slots (a slot = one word, or one pair, of one 8-row group), <= 4 warps
+        num_warps = num_warps or max(1, min(4, groups * words // (64 if pairs else 32)))
         grid = (triton.cdiv(rows, 8 * groups) * triton.cdiv(cols // 8, words),)
         _nvfp4_dequantize_t_kernel[grid](
             _as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max),
             GROUPS=groups, WORDS=words, LOCAL_I64=max(8 * groups * cols // 8, 8 * words * rows) >= _INT32_LIMIT,
-            EVEN_ROWS=rows % (8 * groups) == 0, EVEN_WORDS=(cols // 8) % words == 0, PAIRS=T_PAIRS and words % 2 == 0,
+            EVEN_ROWS=rows % (8 * groups) == 0, EVEN_WORDS=(cols // 8) % words == 0, PAIRS=pairs,
             num_warps=num_warps, **common,
         )
         return
