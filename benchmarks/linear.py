@@ -10,8 +10,10 @@ and the split between quantize time (the step's quantize calls: x, W and dy, bot
 alone) and GEMM time (its three GEMMs on pre-quantized operands, timed alone); "other" is the rest
 (autograd, bias grad, padding, launch gaps). MXFP8 GEMMs are emulated (dequantize + fp32 matmul).
 Parameters and activations are bf16. Target: te_default and per_token <= 1.25x BF16 on H100/H200.
-On CUDA every time is a CUDA-graph replay (GPU time, no host launch cost; ``--eager`` turns that off);
-the step is also timed eagerly, in its own columns, since the MoE case is host-bound when eager.
+On CUDA every time is a CUDA-graph replay (GPU time, no host launch cost; ``--eager`` turns that off),
+the MoE step included (GroupedLinear keeps its split offsets on the device, so the step copies nothing
+from the host; a step that cannot be captured is timed eagerly and says so under its row); the step is
+also timed eagerly, in its own columns, since the MoE case is host-bound when eager.
 
     python benchmarks/linear.py            # full run on CUDA
     python benchmarks/linear.py --quick    # fewer iterations

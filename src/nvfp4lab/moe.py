@@ -11,8 +11,9 @@ from typing import Sequence
 
 import torch
 
+from .ops import host_ints_on_device
 from .ref.swizzle import compact_scales
-from .tensors import NVFP4Tensor
+from .tensors import NVFP4Tensor, cumulative_offsets
 
 
 def check_rowwise(name: str, t) -> None:
@@ -48,11 +49,12 @@ def _concat_rows(ts, amax: torch.Tensor, shape, per_token: bool) -> NVFP4Tensor:
 
 def concat_tokens(tensors: Sequence[NVFP4Tensor]) -> tuple[NVFP4Tensor, torch.Tensor]:
     """Per-expert token splits (M_e, K), each with its own amax ((1,) or (M_e,)) -> one (M, K) tensor
-    with per-row amax (each split's amax repeated over its rows) and ``offs`` (E,) int32 row ends."""
+    with per-row amax (each split's amax repeated over its rows) and ``offs`` (E,) int32 row ends
+    (built from the host sizes: one small host->device copy, fill kernels during CUDA graph capture)."""
     _check_list("a", tensors, same_rows=False)
     amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m) for t in tensors])
     device = tensors[0].rowwise_data.device
-    offs = torch.tensor([t.m for t in tensors], dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
+    offs = host_ints_on_device(cumulative_offsets([t.m for t in tensors])[1:], device, dtype=torch.int32)
     m = sum(t.m for t in tensors)
     return _concat_rows(tensors, amax, (m, tensors[0].k), per_token=True), offs
 

@@ -14,7 +14,7 @@ import torch
 
 from . import ref
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
-from .tensors import MXFP8Tensor, NVFP4Tensor
+from .tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets
 
 BACKENDS = ("ref", "triton")
 HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -40,6 +40,36 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
     if backend == "triton" and not triton_available():
         raise ValueError("backend='triton' needs the triton package (pip install triton)")
     return backend
+
+
+def compiling() -> bool:
+    """True while torch.compile traces (values built then become part of the compiled graph)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+def graph_capturing(device) -> bool:
+    """True while the current CUDA stream is being captured into a CUDA graph (always False when
+    ``device`` is not a CUDA device)."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def host_ints_on_device(values: Sequence[int], device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A small 1-D integer tensor holding the host ``values`` on ``device``.
+
+    Outside CUDA graph capture this is one host->device copy. A copy from pageable memory cannot be
+    captured, so during capture each entry is written by its own fill kernel instead: the values become
+    constants of the graph, which is right because the shapes captured with them are constants too.
+    Callers that repeat the same values keep the result (see :class:`nvfp4lab.functional.SplitLayoutCache`)
+    so that nothing is copied per call.
+    """
+    values = [int(v) for v in values]
+    if not compiling() and graph_capturing(device):
+        out = torch.empty(len(values), dtype=dtype, device=device)
+        for i, v in enumerate(values):
+            out[i].fill_(v)
+        return out
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def _check_tensor(name: str, x, dtypes=HIGH_PRECISION_DTYPES) -> None:
@@ -165,11 +195,35 @@ def _split_offsets(name: str, split_sections, m: int, device) -> torch.Tensor:
         if split_sections.device.type == "cpu":
             _check_sections(name, split_sections.tolist(), m)
         return offsets
+    _check_section_list(name, split_sections)
+    _check_sections(name, split_sections, m)
+    return host_ints_on_device(cumulative_offsets(split_sections), device)
+
+
+def _sections_on_host(split_sections) -> bool:
+    return not isinstance(split_sections, torch.Tensor) or split_sections.device.type == "cpu"
+
+
+def _check_section_list(name: str, split_sections) -> None:
     if not isinstance(split_sections, (list, tuple)) or not all(isinstance(s, int) for s in split_sections):
         raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got {split_sections!r}")
-    _check_sections(name, split_sections, m)
-    sizes = torch.tensor([0] + list(split_sections), dtype=torch.int64)
-    return torch.cumsum(sizes, 0).to(device)
+
+
+def _given_split_offsets(split_offsets, split_sections, m: int, device) -> torch.Tensor:
+    """Checks of a caller's device offsets for host ``split_sections`` (their values are not read: no sync)."""
+    _check_section_list("split_sections (with split_offsets)", split_sections)
+    _check_sections("split_sections", split_sections, m)
+    if not isinstance(split_offsets, torch.Tensor):
+        raise TypeError(f"split_offsets must be a torch.Tensor or None, got {type(split_offsets).__name__}")
+    if split_offsets.dtype != torch.int64:
+        raise TypeError(f"split_offsets must be int64, got {split_offsets.dtype}")
+    expected = (len(split_sections) + 1,)
+    if split_offsets.shape != expected:
+        raise ValueError(f"split_offsets must have shape (n + 1,) = {expected} for {len(split_sections)} split_sections, "
+                         f"got {tuple(split_offsets.shape)}")
+    if split_offsets.device != device:
+        raise ValueError(f"split_offsets must be on x's device {device}, got {split_offsets.device}")
+    return split_offsets
 
 
 def _check_sections(name: str, sections, m: int) -> None:
@@ -185,6 +239,7 @@ def quantize_nvfp4_grouped_bulk(
     x: torch.Tensor,
     split_sections,
     *,
+    split_offsets: Optional[torch.Tensor] = None,
     config: Optional[NVFP4QuantConfig] = None,
     seed: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
@@ -195,8 +250,13 @@ def quantize_nvfp4_grouped_bulk(
 
     ``split_sections``: list of ints, or a 1-D integer tensor (may live on the GPU: the Triton path
     reads the sizes on the device, so the call is CUDA-graph capturable; the sizes must then sum to M,
-    which is not checked without a host sync). Returns a :class:`GroupedNVFP4Tensor`; every split is
-    bit-identical to ``quantize_nvfp4`` of that split alone (stochastic rounding: statistically).
+    which is not checked without a host sync). A host list is copied to the device as offsets (during
+    CUDA graph capture: written by fill kernels instead, see :func:`host_ints_on_device`);
+    ``split_offsets``, the int64 (n + 1,) row offsets of a host ``split_sections`` already on x's device
+    (a caller's cache), is used as given instead: no host->device copy. Its values must equal the
+    offsets of ``split_sections`` (not checked: no host sync).
+    Returns a :class:`GroupedNVFP4Tensor`; every split is bit-identical to ``quantize_nvfp4`` of that split
+    alone (stochastic rounding: statistically).
     Options as :func:`quantize_nvfp4`; scales are compact in the bulk buffers.
     Alignment: K % 16; each split a multiple of 16 when a columnwise or 16x16 output is asked.
     """
@@ -210,9 +270,11 @@ def quantize_nvfp4_grouped_bulk(
     x2 = flatten_2d("x", x)
     m, k = x2.shape
     _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
-    offsets = _split_offsets("split_sections", split_sections, m, x.device)
-    on_host = not isinstance(split_sections, torch.Tensor) or split_sections.device.type == "cpu"
-    if on_host and (config.columnwise or config.block == "16x16"):
+    if split_offsets is None:
+        offsets = _split_offsets("split_sections", split_sections, m, x.device)
+    else:
+        offsets = _given_split_offsets(split_offsets, split_sections, m, x.device)
+    if _sections_on_host(split_sections) and (config.columnwise or config.block == "16x16"):
         bad = [int(s) for s in split_sections if int(s) % 16]
         if bad:
             raise ValueError(f"split_sections must be multiples of 16 when a columnwise or 16x16 output is asked (16-row blocks), got {bad}")
@@ -237,7 +299,8 @@ def quantize_nvfp4_grouped(x: torch.Tensor, split_sections, *, scale_layout: str
     if scale_layout not in ("compact", "padded", "swizzled"):
         raise ValueError(f"scale_layout must be one of ('compact', 'padded', 'swizzled'), got {scale_layout!r}")
     bulk = quantize_nvfp4_grouped_bulk(x, split_sections, **kwargs)
-    parts = bulk.split()
+    # host sections give the views without reading the device offsets back (a sync)
+    parts = bulk.split([int(s) for s in split_sections] if _sections_on_host(split_sections) else None)
     if scale_layout != "compact":
         from dataclasses import replace
 

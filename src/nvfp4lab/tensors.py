@@ -120,8 +120,8 @@ class GroupedNVFP4Tensor:
         columnwise_amax   (num_splits,) per tensor, or (num_splits, K) per token
 
     ``split_offsets`` is an int64 tensor (num_splits + 1,) on the data's device, so a kernel can read
-    the split sizes without a host sync. :meth:`split` makes the per-split views (it reads the offsets
-    on the host).
+    the split sizes without a host sync. :meth:`split` makes the per-split views (from the host split
+    sizes when given, else by reading the offsets back: a sync).
     """
 
     shape: torch.Size
@@ -141,7 +141,7 @@ class GroupedNVFP4Tensor:
 
     def split(self, sections: Optional[list] = None) -> list:
         """Per-split :class:`NVFP4Tensor` views into the bulk buffers (compact scales)."""
-        offsets = [int(v) for v in self.split_offsets.tolist()] if sections is None else _offsets(sections)
+        offsets = [int(v) for v in self.split_offsets.tolist()] if sections is None else cumulative_offsets(sections)
         k = int(self.shape[-1])
         cfg = self.config
         out = []
@@ -160,8 +160,9 @@ class GroupedNVFP4Tensor:
         return out
 
 
-def _offsets(sections) -> list:
+def cumulative_offsets(sizes) -> list:
+    """Host split sizes -> their row offsets [0, s0, s0 + s1, ...] (n + 1 ints)."""
     offsets = [0]
-    for s in sections:
+    for s in sizes:
         offsets.append(offsets[-1] + int(s))
     return offsets

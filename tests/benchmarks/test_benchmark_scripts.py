@@ -11,13 +11,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def run_script(script, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
 @pytest.mark.parametrize("script", ["dequantize.py", "mxfp8.py"])
 def test_benchmark_smoke_run(script, tmp_path):
     out = tmp_path / "results.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--smoke", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_script(script, "--smoke", "--quick", "--out", str(out))
     assert "MISMATCH" not in proc.stdout
     lines = proc.stdout.strip().splitlines()
     results = json.loads(out.read_text())["results"]
@@ -25,3 +30,13 @@ def test_benchmark_smoke_run(script, tmp_path):
     # the summary table comes last: one line per result after its header and rule
     assert lines[-len(results) - 2].lstrip().startswith("op")
     assert [line.split()[0] for line in lines[-len(results):]] == [row["op"].split()[0] for row in results]
+
+
+def test_linear_benchmark_moe_smoke_run(tmp_path):
+    # CPU: eager timing only (the CUDA-graph timer needs a GPU); the MoE step of both target presets runs
+    out = tmp_path / "results.json"
+    run_script("linear.py", "--device", "cpu", "--tiny", "--quick", "--cases", "moe", "--presets", "te_default,per_token",
+               "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["preset"] for row in rows] == ["bf16 nn.Linear", "te_default", "per_token"]
+    assert all("error" not in row and row["step_ms"] > 0 and row["eager_ms"] > 0 for row in rows)

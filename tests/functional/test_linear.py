@@ -5,6 +5,8 @@ multiply in float64 (the reference GEMM), within the GEMM tolerance (rtol 2^-7).
 The expected side never calls the recipe's role mapping or the functional code. Stochastic rounding
 is reproduced by re-seeding before the single gradient quantization (same backend, same bits).
 """
+import itertools
+
 import pytest
 import torch
 
@@ -243,3 +245,76 @@ def test_zero_tokens():
     assert y.shape == (0, 32)
     y.sum().backward()
     assert x.grad.shape == (0, 64) and torch.equal(w.grad, torch.zeros_like(w))
+
+
+# ------------------------------------------------------------------- grouped: split layouts
+def _offsets(sizes):
+    return [0, *itertools.accumulate(sizes)]
+
+
+@pytest.mark.parametrize("splits", [[16, 0, 40, 8], [32, 16], [5], [0, 0, 3]])
+def test_split_layout_holds_offsets_and_the_padded_row_index(splits):
+    layout = F.SplitLayout(splits, "cpu")
+    padded = [(s + 15) // 16 * 16 for s in splits]
+    assert layout.m_splits == tuple(splits) and layout.padded_sizes == tuple(padded)
+    assert layout.offsets.dtype == torch.int64 and layout.offsets.tolist() == _offsets(splits)
+    assert layout.padded_offsets.tolist() == _offsets(padded)
+    assert layout.needs_padding == (padded != splits)
+    if not layout.needs_padding:
+        assert layout.pad_index is None and layout.padded_offsets is layout.offsets
+        return
+    want_index = torch.cat([torch.arange(lo, lo + s) for lo, s in zip(_offsets(padded), splits)])
+    assert torch.equal(layout.pad_index, want_index)
+    x = torch.randn(sum(splits), 32)
+    x_padded = layout.pad(x)
+    assert x_padded.shape == (sum(padded), 32)
+    for lo, lo_padded, s, p in zip(_offsets(splits), _offsets(padded), splits, padded):
+        assert torch.equal(x_padded[lo_padded:lo_padded + s], x[lo:lo + s])
+        assert not x_padded[lo_padded + s:lo_padded + p].any()
+    assert torch.equal(layout.unpad(x_padded), x)
+
+
+def test_split_layout_cache_reuses_layouts_and_drops_the_least_recently_used():
+    cache = F.SplitLayoutCache(max_entries=2)
+    first = cache.get([16, 8], "cpu")
+    assert cache.get((16, 8), torch.device("cpu")) is first  # list or tuple, str or device: one key
+    second = cache.get([8, 16], "cpu")
+    assert cache.get([16, 8], "cpu") is first  # now the most recently used
+    third = cache.get([24], "cpu")  # drops [8, 16]
+    assert len(cache) == 2
+    assert cache.get([16, 8], "cpu") is first and cache.get([24], "cpu") is third
+    assert cache.get([8, 16], "cpu") is not second
+    cache.clear()
+    assert len(cache) == 0
+    with pytest.raises(ValueError, match="max_entries must be a positive int"):
+        F.SplitLayoutCache(max_entries=0)
+
+
+@pytest.mark.parametrize("state", ["capturing", "compiling"])
+def test_split_layout_cache_keeps_no_layout_built_during_capture_or_compile(state, monkeypatch):
+    # capture: the tensors would live in the graph's private pool; compile: the traced graph holds them
+    from nvfp4lab import ops
+
+    monkeypatch.setattr(ops, "graph_capturing" if state == "capturing" else "compiling", lambda *a: True)
+    cache = F.SplitLayoutCache()
+    layout = cache.get([16, 8], "cpu")
+    assert layout.offsets.tolist() == [0, 16, 24] and len(cache) == 0
+    assert cache.get([16, 8], "cpu") is not layout
+
+
+def test_grouped_linear_rejects_a_bad_split_cache():
+    x, w = torch.randn(32, 64), torch.randn(32, 64)
+    with pytest.raises(TypeError, match="split_cache must be a SplitLayoutCache"):
+        F.grouped_linear(x, [16, 16], [w, w], split_cache={})
+
+
+@pytest.mark.parametrize(
+    "m_splits, exc, match",
+    [([16, -8], ValueError, "sizes >= 0"), ([], ValueError, "one or more"), ([16.0, 8.0], TypeError, "list or tuple of ints"),
+     (torch.tensor([16, 8]), TypeError, "list or tuple of ints")],
+)
+def test_split_layouts_reject_bad_splits(m_splits, exc, match):
+    with pytest.raises(exc, match=match):
+        F.SplitLayout(m_splits, "cpu")
+    with pytest.raises(exc, match=match):
+        F.SplitLayoutCache().get(m_splits, "cpu")

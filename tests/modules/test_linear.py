@@ -253,6 +253,49 @@ def test_grouped_linear_takes_the_grouped_path(preset, splits, device_backend, m
     assert "stacked" in grouped._quantized_weights
 
 
+@pytest.mark.parametrize("splits", [[32, 0, 48, 16], [0, 24, 40, 1]], ids=["aligned", "padded"])
+def test_grouped_linear_reuses_its_split_offsets(splits, monkeypatch):
+    # the device offsets (and the padded-row index) are built on the first call with some splits and
+    # then reused: no host->device copy per step. Results equal the functional call, which builds them.
+    from nvfp4lab import ops
+
+    copies, offsets_used = [], []
+    real_copy, real_quantize = ops.host_ints_on_device, ops.quantize_nvfp4_grouped_bulk
+    monkeypatch.setattr(ops, "host_ints_on_device", lambda *a, **kw: copies.append(1) or real_copy(*a, **kw))
+
+    def recording_quantize(x, sections, **kw):
+        offsets_used.append(kw.get("split_offsets"))
+        return real_quantize(x, sections, **kw)
+
+    monkeypatch.setattr(ops, "quantize_nvfp4_grouped_bulk", recording_quantize)
+    recipe = NVFP4Recipe.te_default()  # stochastic rounding on: both runs re-seed before each step
+    grouped = GroupedLinear(4, 64, 32, recipe=recipe)
+    m = sum(splits)
+    dy = torch.randn(m, 32)
+
+    def step(call):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+        for p in grouped.parameters():
+            p.grad = None
+        copies.clear()
+        offsets_used.clear()
+        torch.manual_seed(7)
+        call(x).backward(dy)
+        return [x.grad.clone()] + _grads(grouped), list(copies), list(offsets_used)
+
+    first, first_copies, first_offsets = step(lambda x: grouped(x, splits))
+    second, second_copies, second_offsets = step(lambda x: grouped(x, splits))
+    assert first_copies == [1] and second_copies == []  # one copy for the layout, then none
+    assert len(second_offsets) == 2 and all(o is first_offsets[0] for o in first_offsets + second_offsets)
+    assert len(grouped._split_layouts) == 1
+    grouped.clear_weight_cache()  # keeps the split layouts
+    assert len(grouped._split_layouts) == 1
+    uncached, uncached_copies, _ = step(lambda x: F.grouped_linear(x, splits, grouped.weights, grouped.biases, recipe=recipe))
+    assert uncached_copies == [1]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, uncached))
+
+
 @pytest.mark.parametrize("recipe", [MXFP8Recipe(), NVFP4Recipe.te_default(backward="dequantized")], ids=["mxfp8", "dequantized"])
 def test_grouped_linear_falls_back_to_the_per_expert_loop(recipe, monkeypatch):
     from nvfp4lab import ops
@@ -266,6 +309,7 @@ def test_grouped_linear_falls_back_to_the_per_expert_loop(recipe, monkeypatch):
     y = grouped(x, splits)
     y.sum().backward()
     assert calls == []
+    assert len(grouped._split_layouts) == 0  # no device offsets: the loop splits on the host
     xe = x.detach().clone().requires_grad_(True)
     ye = torch.cat([e(part) for e, part in zip(experts, xe.split(splits))])
     ye.sum().backward()
@@ -360,19 +404,35 @@ def test_torch_compile_fullgraph_linear_stack_cpu():
     aot_eager keeps eager kernels, so results (SR bits included) equal eager ones exactly."""
     torch.manual_seed(0)
     model = nn.Sequential(Linear(64, 64), nn.GELU(), Linear(64, 32, recipe=NVFP4Recipe.per_token()))
-    x = torch.randn(32, 64, requires_grad=True)
+    _assert_aot_eager_compile_equals_eager(model, torch.randn(32, 64, requires_grad=True))
+
+
+def _assert_aot_eager_compile_equals_eager(model, x, *args):
+    """A fwd+bwd step of ``model(x, *args)`` compiled (fullgraph, aot_eager) equals the eager step:
+    output, x.grad and the parameter grads, SR bits included (same seed before each step)."""
     torch.manual_seed(1)
-    y = model(x)
+    y = model(x, *args)
     y.square().sum().backward()
     grads, gx = _grads(model), x.grad.clone()
     model.zero_grad(set_to_none=True)
     x.grad = None
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     torch.manual_seed(1)
-    yc = compiled(x)
+    yc = compiled(x, *args)
     yc.square().sum().backward()
     assert torch.equal(yc, y) and torch.equal(x.grad, gx)
     assert all(torch.equal(a, b) for a, b in zip(_grads(model), grads))
+
+
+def test_torch_compile_fullgraph_grouped_linear():
+    """Dynamo captures GroupedLinear's grouped path in one graph (the split offsets are built inside
+    the traced graph, not kept by the module); aot_eager keeps eager kernels: results equal eager ones."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # Triton kernels (interpreted on CPU)
+    torch.manual_seed(0)
+    grouped = GroupedLinear(3, 64, 32, recipe=NVFP4Recipe.per_token(), device=device, backend="triton")
+    x = torch.randn(64, 64, device=device, requires_grad=True)
+    _assert_aot_eager_compile_equals_eager(grouped, x, [16, 8, 40])  # 8 and 40 need token padding
+    assert len(grouped._split_layouts) == 1  # the eager call's
 
 
 @pytest.mark.gpu
@@ -457,6 +517,104 @@ def test_cuda_graph_capture_with_stochastic_rounding():
     graphed, eager, _, _ = _graphed_training(NVFP4Recipe.te_default())
     assert all(torch.isfinite(torch.tensor(graphed)))
     torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=0.1, atol=0)
+
+
+# MoE: an empty expert, and splits that need token padding for the columnwise copies (sum 256)
+GRAPH_SPLITS = [40, 0, 72, 24, 120]
+GRAPH_PRESETS = {  # stochastic rounding off: replays and eager steps then run the same bits
+    "te_default": NVFP4Recipe.te_default(stochastic_rounding=False),
+    "per_token": NVFP4Recipe.per_token(stochastic_rounding=False),
+    "four_over_six": NVFP4Recipe.four_over_six(stochastic_rounding=False),
+}
+
+
+def _grouped_graph_vs_eager(recipe, caller, monkeypatch, replays=3, k=128, n=64):
+    """Captures one GroupedLinear training step (forward, loss, backward into .grad) after warm-up
+    steps on a side stream, replays it on new data copied into the static input and target, and runs
+    an eager step of an identical module on the same data. Returns (name, replayed, eager) for y, the
+    loss, x.grad and every parameter's grad, per replay. caller: "module" (its split cache) or
+    "functional" (grouped_linear without a cache: the offsets are then built in the capture, by fills)."""
+    from nvfp4lab import ops
+
+    torch.manual_seed(0)
+    model = GroupedLinear(len(GRAPH_SPLITS), k, n, recipe=recipe).cuda()
+    eager = copy.deepcopy(model)
+    names = ["y", "loss", "x.grad"] + [f"{name}.grad" for name, _ in model.named_parameters()]
+    tokens = sum(GRAPH_SPLITS)
+    data = [(torch.randn(tokens, k, device="cuda"), torch.randn(tokens, n, device="cuda")) for _ in range(2 + replays)]
+
+    def step(m, x, t):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            if caller == "module":
+                y = m(x, GRAPH_SPLITS)
+            else:
+                y = F.grouped_linear(x, GRAPH_SPLITS, m.weights, m.biases, recipe=m.recipe)
+        loss = (y.float() - t).square().mean()
+        loss.backward()
+        return y, loss
+
+    def load(x, t):
+        with torch.no_grad():
+            static_x.copy_(x)
+            static_t.copy_(t)
+
+    static_x = data[0][0].clone().requires_grad_(True)
+    static_t = data[0][1].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernel compiles, the module's split and weight caches
+        for x, t in data[:2]:
+            load(x, t)
+            static_x.grad = None
+            model.zero_grad(set_to_none=True)
+            step(model, static_x, static_t)
+    torch.cuda.current_stream().wait_stream(side)
+    static_x.grad = None
+    model.zero_grad(set_to_none=True)  # the captured backward allocates the grads in the graph's pool
+    copies_in_capture = []
+    real_copy = ops.host_ints_on_device
+    monkeypatch.setattr(ops, "host_ints_on_device", lambda *a, **kw: copies_in_capture.append(1) or real_copy(*a, **kw))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y, static_loss = step(model, static_x, static_t)
+    monkeypatch.setattr(ops, "host_ints_on_device", real_copy)
+    if caller == "module":
+        assert copies_in_capture == [] and len(model._split_layouts) == 1  # the warm-up's layout is reused
+    else:
+        assert copies_in_capture, "without a cache the functional call builds its offsets in the capture"
+    results = []
+    for x, t in data[2:]:
+        load(x, t)
+        graph.replay()
+        replayed = [static_y.clone(), static_loss.clone(), static_x.grad.clone()] + _grads(model)
+        x_eager = x.clone().requires_grad_(True)
+        eager.zero_grad(set_to_none=True)
+        y, loss = step(eager, x_eager, t)
+        results.append(list(zip(names, replayed, [y, loss, x_eager.grad] + _grads(eager))))
+    return results
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("caller", ["module", "functional"])
+@pytest.mark.parametrize("preset", list(GRAPH_PRESETS))
+def test_cuda_graph_capture_of_a_grouped_linear_training_step(preset, caller, monkeypatch):
+    for replay in _grouped_graph_vs_eager(GRAPH_PRESETS[preset], caller, monkeypatch):
+        for name, got, want in replay:
+            assert torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_of_a_grouped_linear_step_with_stochastic_rounding(monkeypatch):
+    # te_default rounds dy stochastically with seeds drawn on the device: replays and eager steps draw
+    # different ones, so y, the loss and the bias grads (from dy itself) are exact, while dx and dW
+    # differ by dy's rounding noise (SQNR ~17 dB: ~0.2 relative between two draws)
+    for replay in _grouped_graph_vs_eager(NVFP4Recipe.te_default(), "module", monkeypatch):
+        for name, got, want in replay:
+            if name in ("y", "loss") or name.startswith("bias"):
+                assert torch.equal(got, want), name
+            else:
+                assert torch.isfinite(got).all(), name
+                assert (got - want).norm() <= 0.5 * want.norm(), name
 
 
 # ----------------------------------------------------------------------------------- training

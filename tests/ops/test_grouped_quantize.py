@@ -71,3 +71,60 @@ def test_grouped_rejects_bad_splits():
     assert len(nvfp4lab.quantize_nvfp4_grouped(x, [8, 56])) == 2
     empty = nvfp4lab.quantize_nvfp4_grouped(torch.randn(0, 32), [0, 0, 0], columnwise=True)
     assert [p.rowwise_data.shape for p in empty] == [(0, 16)] * 3
+
+
+def test_given_device_offsets_are_used_without_a_host_copy(monkeypatch):
+    from nvfp4lab import ops
+
+    x = torch.randn(96, 64)
+    sections = [32, 0, 48, 16]
+    want = nvfp4lab.quantize_nvfp4_grouped_bulk(x, sections, rowwise=True, columnwise=True, rht=True)
+    offsets = torch.tensor([0, 32, 32, 80, 96])
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("host->device copy of the offsets although split_offsets was given")
+
+    monkeypatch.setattr(ops, "host_ints_on_device", no_copy)
+    got = nvfp4lab.quantize_nvfp4_grouped_bulk(x, sections, split_offsets=offsets, rowwise=True, columnwise=True, rht=True)
+    assert got.split_offsets is offsets
+    for name in ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@pytest.mark.parametrize(
+    "sections, split_offsets, exc, match",
+    [
+        ([16, 48], torch.tensor([0, 16, 64], dtype=torch.int32), TypeError, "split_offsets must be int64"),
+        ([16, 48], torch.tensor([0, 64]), ValueError, r"split_offsets must have shape \(n \+ 1,\) = \(3,\)"),
+        ([16, 48], torch.zeros(3, dtype=torch.int64, device="meta"), ValueError, "split_offsets must be on x's device"),
+        ([16, 48], [0, 16, 64], TypeError, "split_offsets must be a torch.Tensor"),
+        (torch.tensor([16, 48]), torch.tensor([0, 16, 64]), TypeError, "split_sections .with split_offsets. must be a list"),
+        ([16, 16], torch.tensor([0, 16, 32]), ValueError, "must sum to M = 64"),
+    ],
+)
+def test_bad_split_offsets(sections, split_offsets, exc, match):
+    with pytest.raises(exc, match=match):
+        nvfp4lab.quantize_nvfp4_grouped_bulk(torch.randn(64, 32), sections, split_offsets=split_offsets)
+
+
+@pytest.mark.parametrize("capturing", [False, True], ids=["eager", "capturing"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_host_ints_on_device(capturing, dtype, monkeypatch):
+    from nvfp4lab import ops
+
+    if capturing:  # a pageable copy cannot be captured: the values must be written by fills
+        monkeypatch.setattr(ops, "graph_capturing", lambda device: True)
+        monkeypatch.setattr(torch, "tensor", lambda *a, **kw: pytest.fail("torch.tensor during capture"))
+    got = ops.host_ints_on_device([0, 16, 16, 80], "cpu", dtype=dtype)
+    assert got.dtype == dtype and got.tolist() == [0, 16, 16, 80]
+
+
+def test_per_split_views_use_the_host_sections(monkeypatch):
+    # host split_sections make the views directly: the device offsets are not read back (a sync)
+    from nvfp4lab.tensors import GroupedNVFP4Tensor
+
+    real_split, sections_given = GroupedNVFP4Tensor.split, []
+    monkeypatch.setattr(GroupedNVFP4Tensor, "split", lambda self, sections=None: sections_given.append(sections) or real_split(self, sections))
+    nvfp4lab.quantize_nvfp4_grouped(torch.randn(64, 32), [16, 48])
+    nvfp4lab.quantize_nvfp4_grouped(torch.randn(64, 32), torch.tensor([16, 48]))
+    assert len(sections_given) >= 2 and all(s == [16, 48] for s in sections_given)

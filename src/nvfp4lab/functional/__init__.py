@@ -1,4 +1,14 @@
 """Autograd functions: the differentiable layer math, built on :mod:`nvfp4lab.ops`."""
-from .linear import compute_dtype, grouped_linear, linear, quantize_weight, stack_grouped_weights, transposed_operand
+from .linear import (
+    SplitLayout,
+    SplitLayoutCache,
+    compute_dtype,
+    grouped_linear,
+    linear,
+    quantize_weight,
+    stack_grouped_weights,
+    transposed_operand,
+)
 
-__all__ = ["compute_dtype", "grouped_linear", "linear", "quantize_weight", "stack_grouped_weights", "transposed_operand"]
+__all__ = ["SplitLayout", "SplitLayoutCache", "compute_dtype", "grouped_linear", "linear", "quantize_weight",
+           "stack_grouped_weights", "transposed_operand"]

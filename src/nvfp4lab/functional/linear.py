@@ -32,13 +32,14 @@ it; dx has x's dtype, dW W's dtype, db the bias dtype (bias grad summed in fp32)
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from typing import Optional, Sequence, Union
 
 import torch
 
 from .. import ops
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
-from ..tensors import MXFP8Tensor, NVFP4Tensor
+from ..tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets
 
 QuantizedTensor = Union[NVFP4Tensor, MXFP8Tensor]
 _HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -253,30 +254,108 @@ def _grouped_applies(recipe, m_splits, biases) -> bool:
     return all(b is not None and b.dtype == biases[0].dtype for b in biases)
 
 
-class _RowLayout:
-    """Splits zero-padded to multiples of ``mult`` rows (columnwise copies block 16 tokens), as the
-    per-expert path pads each split: zero rows change no amax and add nothing to dW."""
+_TOKEN_BLOCK = 16  # columnwise NVFP4 copies block 16 tokens
 
-    def __init__(self, splits, mult: int, device):
-        self.sizes = [_roundup(s, mult) for s in splits]
-        parts, off = [], 0
-        for s, p in zip(splits, self.sizes):
-            parts.append(torch.arange(off, off + s, dtype=torch.int64))
-            off += p
-        self.total = off
-        self.index = torch.cat(parts).to(device)
+
+def _split_sizes(m_splits) -> tuple:
+    if not isinstance(m_splits, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in m_splits):
+        raise TypeError(f"m_splits must be a list or tuple of ints, got {m_splits!r}")
+    if len(m_splits) == 0 or any(s < 0 for s in m_splits):
+        raise ValueError(f"m_splits must hold one or more sizes >= 0, got {list(m_splits)}")
+    return tuple(m_splits)
+
+
+class SplitLayout:
+    """One ``m_splits`` on one device, in the forms the grouped path needs: the split sizes on the host
+    (shapes, split views) and their int64 row offsets (n + 1,) on the device (read by the grouped
+    quantize and GEMM kernels).
+
+    Columnwise copies block 16 tokens, so a pass that needs them zero-pads each split to a multiple of
+    16 rows, as the per-expert path pads each split (zero rows change no amax and add nothing to dW):
+    ``padded_sizes`` / ``padded_offsets`` describe the padded tokens and ``pad_index`` (M,) gives each
+    token's padded row (None when every split is a multiple of 16). All device tensors are built here,
+    with at most one host->device copy (see :func:`nvfp4lab.ops.host_ints_on_device`); keep layouts
+    in a :class:`SplitLayoutCache` so that repeated splits copy nothing.
+    """
+
+    def __init__(self, m_splits: Sequence[int], device):
+        self.m_splits = _split_sizes(m_splits)
+        self.device = torch.device(device)
+        self.padded_sizes = tuple(_roundup(s, _TOKEN_BLOCK) for s in self.m_splits)
+        num_offsets = len(self.m_splits) + 1
+        host = cumulative_offsets(self.m_splits)
+        if self.needs_padding:
+            host += cumulative_offsets(self.padded_sizes)
+        both = ops.host_ints_on_device(host, self.device)  # one copy for both offset vectors
+        self.offsets = both[:num_offsets]
+        self.padded_offsets = both[num_offsets:] if self.needs_padding else self.offsets
+        self.pad_index = None
+        if self.needs_padding:
+            m = host[num_offsets - 1]
+            shift = self.padded_offsets[:-1] - self.offsets[:-1]
+            # built from the device offsets: no (M,) host copy, and capturable
+            self.pad_index = torch.arange(m, device=self.device) + torch.repeat_interleave(
+                shift, self.offsets.diff(), output_size=m)
+
+    @property
+    def needs_padding(self) -> bool:
+        return self.padded_sizes != self.m_splits
+
+    def quantized_splits(self, padded: bool) -> tuple:
+        """(host sizes, device offsets) of the splits as quantized: padded to 16 rows each, or not."""
+        return (self.padded_sizes, self.padded_offsets) if padded else (self.m_splits, self.offsets)
 
     def pad(self, t: torch.Tensor) -> torch.Tensor:
-        out = t.new_zeros((self.total, t.shape[1]))
-        return out.index_copy_(0, self.index, t)
+        out = t.new_zeros((sum(self.padded_sizes), t.shape[1]))
+        return out.index_copy_(0, self.pad_index, t)
 
     def unpad(self, t: torch.Tensor) -> torch.Tensor:
-        return t.index_select(0, self.index)
+        return t.index_select(0, self.pad_index)
 
 
-def _grouped_quantize(recipe, tensor: str, x2, sizes, *, rowwise: bool, columnwise: bool, backend):
+class SplitLayoutCache:
+    """The :class:`SplitLayout` of each ``(m_splits, device)`` seen, kept for reuse by its owner (a
+    :class:`~nvfp4lab.GroupedLinear` holds one; pass it to :func:`grouped_linear` as ``split_cache``):
+    after the first call with some splits, later calls copy nothing to the device, so the step can be
+    CUDA-graph captured. At most ``max_entries`` layouts, the least recently used dropped first.
+
+    Layouts made during CUDA graph capture are not kept (their tensors live in the graph's private
+    memory pool), nor while torch.compile traces (its graph holds the tensors it builds).
+    """
+
+    def __init__(self, max_entries: int = 64):
+        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+        self.max_entries = max_entries
+        self._layouts: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._layouts)
+
+    def clear(self) -> None:
+        self._layouts.clear()
+
+    def get(self, m_splits: Sequence[int], device) -> SplitLayout:
+        """The layout of ``m_splits`` (host ints) on ``device``, built on first use."""
+        device = torch.device(device)
+        if ops.compiling():
+            return SplitLayout(m_splits, device)
+        key = (_split_sizes(m_splits), device)
+        layout = self._layouts.get(key)
+        if layout is not None:
+            self._layouts.move_to_end(key)
+            return layout
+        layout = SplitLayout(key[0], device)
+        if not ops.graph_capturing(device):
+            self._layouts[key] = layout
+            if len(self._layouts) > self.max_entries:
+                self._layouts.popitem(last=False)
+        return layout
+
+
+def _grouped_quantize(recipe, tensor: str, x2, sizes, offsets, *, rowwise: bool, columnwise: bool, backend):
     config = dataclasses.replace(recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise), scale_layout="compact")
-    return ops.quantize_nvfp4_grouped_bulk(x2, list(sizes), config=config, backend=backend)
+    return ops.quantize_nvfp4_grouped_bulk(x2, list(sizes), split_offsets=offsets, config=config, backend=backend)
 
 
 def _token_operand(bulk) -> NVFP4Tensor:
@@ -293,18 +372,16 @@ def _token_operand(bulk) -> NVFP4Tensor:
                        rowwise_data=bulk.rowwise_data, rowwise_scale=bulk.rowwise_scale, rowwise_amax=amax)
 
 
-def _grouped_forward(x2, m_splits, weights, biases, qweights, stacked, recipe, cdtype, need_dgrad, need_wgrads, backend):
+def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdtype, need_dgrad, need_wgrads, backend):
     """y of all experts in one grouped quantize + one grouped GEMM. Returns (y, tensors to save, meta)."""
     m, k = x2.shape
     n = weights[0].shape[0]
     any_wgrad = any(need_wgrads)
     x_dtype = x2.dtype
     x2 = x2.to(cdtype)
-    layout = None
-    if any_wgrad and any(s % 16 for s in m_splits):
-        layout = _RowLayout(m_splits, 16, x2.device)
-    sizes = layout.sizes if layout is not None else list(m_splits)
-    qx = _grouped_quantize(recipe, "input", layout.pad(x2) if layout is not None else x2, sizes,
+    padded = any_wgrad and layout.needs_padding  # only columnwise copies need 16-token splits
+    sizes, offsets = layout.quantized_splits(padded)
+    qx = _grouped_quantize(recipe, "input", layout.pad(x2) if padded else x2, sizes, offsets,
                            rowwise=True, columnwise=any_wgrad, backend=backend)
     if stacked is None or (need_dgrad and stacked[1] is None):
         if qweights is None or (need_dgrad and any(q.columnwise_data is None for q in qweights)):
@@ -313,12 +390,11 @@ def _grouped_forward(x2, m_splits, weights, biases, qweights, stacked, recipe, c
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
     y = ops.nvfp4_grouped_gemm(_token_operand(qx), stacked[0], qx.split_offsets[1:], out_dtype=cdtype, bias=bias,
                                backend=backend)
-    if layout is not None:
-        y = y.index_select(0, layout.index)
+    if padded:
+        y = layout.unpad(y)
     meta = dict(m=m, n=n, k=k, x_dtype=x_dtype, w_dtypes=[w.dtype for w in weights],
                 bias_dtype=None if biases[0] is None else biases[0].dtype, need_dgrad=need_dgrad,
-                need_wgrads=list(need_wgrads), m_splits=list(m_splits), sizes=sizes, layout=layout,
-                x_meta=None, w_meta=None)
+                need_wgrads=list(need_wgrads), layout=layout, padded=padded, x_meta=None, w_meta=None)
     saved = [None] * 7
     if any_wgrad:
         saved[0:4] = [qx.split_offsets, qx.columnwise_data, qx.columnwise_scale, qx.columnwise_amax]
@@ -335,18 +411,19 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
     from ..tensors import GroupedNVFP4Tensor
 
     n, k = meta["n"], meta["k"]
-    m_splits, sizes, layout = meta["m_splits"], meta["sizes"], meta["layout"]
+    layout, padded = meta["layout"], meta["padded"]
+    sizes, offsets = layout.quantized_splits(padded)
     need_dgrad, need_wgrads = meta["need_dgrad"], meta["need_wgrads"]
     any_wgrad = any(need_wgrads)
     dy2 = dy2.to(cdtype)
-    num = len(m_splits)
+    num = len(sizes)
     dbs = [None] * num
     if meta["bias_dtype"] is not None:
-        dbs = [part.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) for part in dy2.split(list(m_splits))]
+        dbs = [part.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) for part in dy2.split(list(layout.m_splits))]
     dx, dws = None, [None] * num
     if not (need_dgrad or any_wgrad):
         return dx, dws, dbs
-    qdy = _grouped_quantize(recipe, "grad", layout.pad(dy2) if layout is not None else dy2, sizes,
+    qdy = _grouped_quantize(recipe, "grad", layout.pad(dy2) if padded else dy2, sizes, offsets,
                             rowwise=need_dgrad, columnwise=any_wgrad, backend=backend)
     if need_dgrad:
         shape, dtype, config = meta["w_meta"]
@@ -354,8 +431,8 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
                         rowwise_amax=saved[6])
         dx = ops.nvfp4_grouped_gemm(_token_operand(qdy), w, qdy.split_offsets[1:], out_dtype=meta["x_dtype"],
                                     backend=backend)
-        if layout is not None:
-            dx = dx.index_select(0, layout.index)
+        if padded:
+            dx = layout.unpad(dx)
     if any_wgrad:
         shape, dtype, config = meta["x_meta"]
         qx = GroupedNVFP4Tensor(shape=shape, dtype=dtype, config=config, split_offsets=saved[0],
@@ -401,22 +478,27 @@ class _LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
+_GROUPED_PARAMS_AT = 9  # index of the first weight among _GroupedLinearFunction.forward's inputs
+_NO_GRADS = (None,) * (_GROUPED_PARAMS_AT - 1)  # m_splits .. num_gemms take no gradient
+
+
 class _GroupedLinearFunction(torch.autograd.Function):
     """y[split i] = x[split i] W_i^T (+ b_i). NVFP4 recipes with backward="quantized": one grouped
     quantize + one grouped GEMM per pass (fprop, dgrad) and per-expert wgrad GEMMs on the split views
     (:func:`_grouped_forward`); otherwise a loop of per-split quantize + GEMM calls (the definition)."""
 
     @staticmethod
-    def forward(ctx, x, m_splits, quantized_weights, stacked_weights, recipe, cdtype, backend, num_gemms, *params):
+    def forward(ctx, x, m_splits, layout, quantized_weights, stacked_weights, recipe, cdtype, backend, num_gemms, *params):
+        # layout: the SplitLayout of m_splits when the grouped path applies, else None
         weights, biases = params[:num_gemms], params[num_gemms:]
         in_shape = x.shape
         x2 = x.reshape(-1, in_shape[-1])
         need_dgrad = bool(ctx.needs_input_grad[0])
-        need_wgrads = [bool(ctx.needs_input_grad[8 + i]) for i in range(num_gemms)]
-        ctx.grouped = _grouped_applies(recipe, m_splits, biases)
+        need_wgrads = [bool(ctx.needs_input_grad[_GROUPED_PARAMS_AT + i]) for i in range(num_gemms)]
+        ctx.grouped = layout is not None
         with _no_autocast(x.device):
             if ctx.grouped:
-                y, all_saved, metas = _grouped_forward(x2, m_splits, weights, biases, quantized_weights, stacked_weights,
+                y, all_saved, metas = _grouped_forward(x2, layout, weights, biases, quantized_weights, stacked_weights,
                                                        recipe, cdtype, need_dgrad, need_wgrads, backend)
             else:
                 ys, all_saved, metas = [], [], []
@@ -444,7 +526,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
             with _no_autocast(dy.device):
                 dx, dws, dbs = _grouped_backward(dy.reshape(-1, metas["n"]), saved, metas, ctx.recipe, ctx.cdtype, ctx.backend)
             dx = dx.reshape(ctx.in_shape) if dx is not None else None
-            return (dx, None, None, None, None, None, None, None, *dws, *dbs)
+            return (dx, *_NO_GRADS, *dws, *dbs)
         dy2 = dy.reshape(-1, metas[0]["n"])
         dxs, dws, dbs = [], [], []
         offset = 0
@@ -456,7 +538,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 dbs.append(db)
                 offset += meta["m"]
             dx = torch.cat(dxs, dim=0).reshape(ctx.in_shape) if metas[0]["need_dgrad"] else None
-        return (dx, None, None, None, None, None, None, None, *dws, *dbs)
+        return (dx, *_NO_GRADS, *dws, *dbs)
 
 
 # ---------------------------------------------------------------------------------- public API
@@ -539,6 +621,7 @@ def grouped_linear(
     recipe=None,
     quantized_weights: Optional[Sequence[QuantizedTensor]] = None,
     stacked_weights: Optional[tuple] = None,
+    split_cache: Optional[SplitLayoutCache] = None,
     backend: Optional[str] = None,
 ) -> torch.Tensor:
     """MoE grouped linear: tokens ``x`` (M, in_features) (leading dims flatten into M) are split along M
@@ -549,7 +632,13 @@ def grouped_linear(
     NVFP4 recipes with backward="quantized" run fprop and dgrad as one grouped quantize + one grouped
     GEMM each (:func:`nvfp4lab.nvfp4_grouped_gemm`), wgrad per expert on the bulk columnwise copies;
     the results equal the per-expert loop used otherwise. ``stacked_weights``: a cache of
-    :func:`stack_grouped_weights` of ``quantized_weights`` (ignored by the per-expert loop)."""
+    :func:`stack_grouped_weights` of ``quantized_weights`` (ignored by the per-expert loop).
+
+    The grouped kernels read the split offsets on the device. ``split_cache`` (a
+    :class:`SplitLayoutCache`, kept by the caller) holds them per ``m_splits``, so calls with splits seen
+    before copy nothing to the device and a step can be CUDA-graph captured; without it each call
+    builds them (one small host->device copy; fill kernels during capture). A tensor ``m_splits`` is
+    read on the host (one synchronization, not capturable)."""
     recipe = resolve_recipe(recipe)
     _check_float("x", x)
     if not isinstance(weights, (list, tuple)) or len(weights) == 0:
@@ -574,5 +663,10 @@ def grouped_linear(
         quantized_weights = tuple(quantized_weights)
     if stacked_weights is not None and (not isinstance(stacked_weights, tuple) or len(stacked_weights) != 2):
         raise TypeError("stacked_weights must be the (rowwise, columnwise) pair of stack_grouped_weights or None")
-    return _GroupedLinearFunction.apply(x, splits, quantized_weights, stacked_weights, recipe, compute_dtype(x), backend, num,
-                                        *weights, *biases)
+    if split_cache is not None and not isinstance(split_cache, SplitLayoutCache):
+        raise TypeError(f"split_cache must be a SplitLayoutCache or None, got {type(split_cache).__name__}")
+    layout = None
+    if _grouped_applies(recipe, splits, biases):
+        layout = split_cache.get(splits, x.device) if split_cache is not None else SplitLayout(splits, x.device)
+    return _GroupedLinearFunction.apply(x, splits, layout, quantized_weights, stacked_weights, recipe, compute_dtype(x),
+                                        backend, num, *weights, *biases)

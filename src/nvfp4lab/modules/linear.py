@@ -1,12 +1,12 @@
 """Training modules: :class:`Linear` (drop-in nn.Linear), :class:`GroupedLinear` (MoE) and :func:`convert`.
 
-Weight cache: each module keeps the quantized copies of its weights (the only state besides the
-parameters), keyed on the parameter's storage pointer, ``_version`` counter, shape and dtype, so
-micro-batches between two optimizer steps quantize each weight once per direction. An in-place update
-(optimizer step, ``copy_``) bumps ``_version`` and a ``.data`` swap changes the pointer; both force a
-re-quantization. The cache is bypassed (quantize every call) while torch.compile traces and while a
-CUDA graph is being captured, so a captured step always contains the weight quantization.
-``clear_weight_cache()`` drops it.
+Weight cache: each module keeps the quantized copies of its weights (with GroupedLinear's split layouts,
+the only state besides the parameters), keyed on the parameter's storage pointer, ``_version`` counter,
+shape and dtype, so micro-batches between two optimizer steps quantize each weight once per direction.
+An in-place update (optimizer step, ``copy_``) bumps ``_version`` and a ``.data`` swap changes the
+pointer; both force a re-quantization. The cache is bypassed (quantize every call) while torch.compile
+traces and while a CUDA graph is being captured, so a captured step always contains the weight
+quantization. ``clear_weight_cache()`` drops it.
 
 Distributed: under FSDP (modules it manages carry ``_is_fsdp_managed_module``) the cache is bypassed:
 FSDP refills the gathered weight in place with its version counter preserved, so the key cannot see
@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from .. import ops
 from ..fsdp import NVFP4GatheredWeight
 from ..recipes import NVFP4Recipe, block_multiple, resolve_recipe
 
@@ -36,12 +37,7 @@ def _check_features(in_features: int, out_features: int, recipe) -> None:
 
 
 def _cache_bypassed(weight: torch.Tensor) -> bool:
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
-        return True
-    if weight.is_cuda and torch.cuda.is_current_stream_capturing():
-        return True
-    return False
+    return ops.compiling() or ops.graph_capturing(weight.device)
 
 
 class _WeightCacheMixin:
@@ -121,6 +117,9 @@ class Linear(nn.Linear, _WeightCacheMixin):
         return f"{super().extra_repr()}, recipe={self.recipe}"
 
 
+SPLIT_CACHE_ENTRIES = 64  # split patterns a GroupedLinear keeps device offsets for
+
+
 class GroupedLinear(nn.Module, _WeightCacheMixin):
     """MoE grouped linear: ``num_gemms`` experts, each an (out_features, in_features) weight.
 
@@ -132,6 +131,11 @@ class GroupedLinear(nn.Module, _WeightCacheMixin):
     multiplied by its expert's weight: with an NVFP4 recipe and backward="quantized" through the
     grouped quantize and grouped GEMM ops (the stacked expert weights are cached next to the
     per-expert ones), otherwise a loop of per-split quantize + GEMM calls of :mod:`nvfp4lab.ops`.
+
+    The grouped kernels read the split offsets from device memory; the module keeps them per
+    ``m_splits`` (a :class:`~nvfp4lab.functional.SplitLayoutCache` of the last 64 split patterns,
+    not cleared by :meth:`clear_weight_cache`), so a step with splits seen before copies nothing from
+    the host and can be captured in a CUDA graph (after a warm-up step with the same splits).
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
@@ -149,6 +153,7 @@ class GroupedLinear(nn.Module, _WeightCacheMixin):
             b = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
             self.register_parameter(f"bias{i}", b)
         self._init_weight_cache()
+        self._split_layouts = F.SplitLayoutCache(max_entries=SPLIT_CACHE_ENTRIES)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -178,8 +183,8 @@ class GroupedLinear(nn.Module, _WeightCacheMixin):
             quantized = None
         elif isinstance(self.recipe, NVFP4Recipe) and self.recipe.backward == "quantized":
             stacked = self._stacked_weights(quantized, need_columnwise)
-        return F.grouped_linear(x, m_splits, self.weights, self.biases, recipe=self.recipe,
-                                quantized_weights=quantized, stacked_weights=stacked, backend=self.backend)
+        return F.grouped_linear(x, m_splits, self.weights, self.biases, recipe=self.recipe, quantized_weights=quantized,
+                                stacked_weights=stacked, split_cache=self._split_layouts, backend=self.backend)
 
     def _stacked_weights(self, quantized: list, need_columnwise: bool) -> tuple:
         """The experts' cached quantized weights stacked for the grouped GEMMs ((E, N, K) rowwise,
