@@ -34,17 +34,14 @@ def _outputs(m, k, rowwise, columnwise, layout):
 
 
 def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="compact", in_dtype=torch.bfloat16,
-               fmt="e4m3", verify=False, tile=None, public_op=False, options=None):
-    if options:  # time the kernel with these module options of mk set (PACK_WORDS, ...), then restore them
-        saved = {name: getattr(mk, name) for name in options}
-        for name, value in options.items():
-            setattr(mk, name, value)
+               fmt="e4m3", verify=False, tile=None, public_op=False, pack_words=None):
+    if pack_words is not None:  # time the kernel with mk.PACK_WORDS set so, then restore it
+        saved, mk.PACK_WORDS = mk.PACK_WORDS, pack_words
         try:
             return quant_case(results, m, k, cast=cast, rowwise=rowwise, columnwise=columnwise, layout=layout,
                               in_dtype=in_dtype, fmt=fmt, verify=verify, tile=tile, public_op=public_op)
         finally:
-            for name, value in saved.items():
-                setattr(mk, name, value)
+            mk.PACK_WORDS = saved
     x = torch.randn(m, k, device=_bench.DEVICE).to(in_dtype)
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
     outs = _outputs(m, k, rowwise, columnwise, layout)
@@ -83,15 +80,10 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
         name += " (op)"
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
-    if columnwise and cast == "soft":  # the options that change the soft-cast data stores
-        if not mk.PACK_WORDS:
-            name += " bytes"  # columnwise data stored byte by byte, not the default uint32 words
-        if mk.PRMT_PACK:
-            name += " prmt"
-        if mk.NARROW_COL_STORES and not rowwise:
-            name += " narrow"
+    if not mk.PACK_WORDS and columnwise and cast == "soft":
+        name += " bytes"  # columnwise data stored byte by byte, not the default uint32 words
     extra = dict(kind="quantize", cast=cast, direction=direction, layout=layout, in_dtype=_DT[in_dtype], fmt=fmt,
-                 pack_words=mk.PACK_WORDS, prmt_pack=mk.PRMT_PACK, narrow_col_stores=mk.NARROW_COL_STORES)
+                 pack_words=mk.PACK_WORDS)
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
@@ -146,15 +138,8 @@ def main():
         dequant_case(results, *_bench.BASE, which=which, dtype=torch.float32, verify=True)
     if args.tune:
         print(f"tile shapes at {_bench.BASE[0]} x {_bench.BASE[1]} (BLOCK_ROWS x BLOCK_COLS, num_warps)")
-        # data store options of the soft cast (module options of mk): bytes (PACK_WORDS off, the old default),
-        # prmt.b32 packing (GPU only), 2-word stores for the columnwise copy alone
-        variants = [dict(PACK_WORDS=False), dict(PRMT_PACK=True), dict(NARROW_COL_STORES=True),
-                    dict(PRMT_PACK=True, NARROW_COL_STORES=True)]
-        for options in variants:
-            for direction in ("both", "col"):
-                if direction == "both" and "NARROW_COL_STORES" in options:
-                    continue  # the row+col kernel stores 2 words per thread anyway
-                quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", options=options, verify=True)
+        for direction in ("both", "col"):  # columnwise data stored as bytes (mk.PACK_WORDS off: the default's baseline)
+            quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", pack_words=False, verify=True)
         for cast, direction in [(cast, d) for cast in _CASTS for d in ("both", "row", "col")]:
             for tile in [(32, 256, 2), (32, 256, 4), (32, 64, 1), (32, 128, 1), (32, 256, 1), (32, 128, 2), (64, 128, 2)]:
                 quant_case(results, *_bench.BASE, cast=cast, tile=tile, rowwise=direction != "col", columnwise=direction != "row")

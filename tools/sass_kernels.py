@@ -6,7 +6,7 @@ what is counted is what the launcher would run at that shape. Prints registers, 
 instructions per thread and per element, with the ALU-pipe share (on sm_90 the integer ALU pipe issues
 half as fast as the fp32 pipe).
 
-    python tools/sass_kernels.py [case ...] [--shape 8192x8192] [--tile RxCxW] [--finite-only] [--prmt] [--narrow-col] [--dump DIR]
+    python tools/sass_kernels.py [case ...] [--shape 8192x8192] [--tile RxCxW] [--dump DIR]
     cases: mx-row mx-col mx-both mx-col-hw mx-both-hw dq-row dq-col (default: all)
 """
 import argparse
@@ -144,8 +144,6 @@ def main():
     p.add_argument("--tile", default=None, help="the launcher's block_rows x block_cols x num_warps overrides, e.g. 1x128x4")
     p.add_argument("--finite-only", action="store_true",
                    help="MXFP8: compile only the path for tiles whose maxima are all finite (what ordinary data runs)")
-    p.add_argument("--prmt", action="store_true", help="MXFP8: pack the data words with prmt.b32 (mxfp8.PRMT_PACK)")
-    p.add_argument("--narrow-col", action="store_true", help="MXFP8 columnwise only: 2-word stores (mxfp8.NARROW_COL_STORES)")
     p.add_argument("--dump", default=None, help="write .sass / .ttgir / .ptx per case here")
     a = p.parse_args()
     m, k = (int(v) for v in a.shape.split("x"))
@@ -155,12 +153,9 @@ def main():
             return True
 
         mk._all_finite = _always
-    mk.NARROW_COL_STORES = a.narrow_col
     for name in a.cases:
         tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
         fn, grid, args, kwargs, elements = CASES[name](m, k, tile)
-        if a.prmt and "PRMT" in kwargs:  # the launcher only sets it for CUDA tensors, not these meta ones
-            kwargs = dict(kwargs, PRMT=True)
         c, warps = _compile(fn, args, kwargs)
         cubin = c.asm["cubin"]
         sass = _tool("nvdisasm", cubin, "-c")

@@ -178,20 +178,15 @@ def test_quantize_layouts(shape, layout):
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
-@pytest.mark.parametrize("narrow_col", [False, True])
-def test_quantize_packed_words(fmt, layout, narrow_col, monkeypatch):
-    """PACK_WORDS (the default: data stored as uint32 words of 4 codes, both copies with both, the
-    columnwise one alone with 4 or, NARROW_COL_STORES, 2 words per store): whole tiles, a partial one
-    (byte stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
+def test_quantize_packed_words(fmt, layout, monkeypatch):
+    """PACK_WORDS (the default: columnwise data stored as uint32 words of 4 codes): whole tiles, a
+    partial one (byte stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
     monkeypatch.setattr(mk, "PACK_WORDS", True)
-    monkeypatch.setattr(mk, "NARROW_COL_STORES", narrow_col)
     launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
     x = _x(96, 192, seed=17)
     x[40, 70] = float("inf")
     _quantize_both(x, fmt=fmt, layout=layout)
-    assert launches[-1]["STORE_WORDS"] == 2
-    _quantize_both(_x(128, 192, seed=21), fmt=fmt, layout=layout, rowwise=False)
-    assert launches[-1]["STORE_WORDS"] == (2 if narrow_col else 4)
+    assert launches[-1]["PACK"]
     _quantize_both(_x(64, 160, seed=18), fmt=fmt, layout=layout, rowwise=False)  # 160 = 2.5 tiles of 64
     x = _x(64, 128, seed=19, dtype=torch.float32)
     x[33, 5] = float("nan")
@@ -297,7 +292,7 @@ def test_quantize_every_byte_written(shape, pack_words, monkeypatch):
         row_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format="e4m3", scale_layout=layout)
-        assert launches[-1]["STORE_WORDS"] == (2 if pack_words and cols % 64 == 0 else 0)  # both copies: 2-word stores
+        assert launches[-1]["PACK"] == (pack_words and cols % 64 == 0)
         got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=want.config, rowwise_data=row_data,
                           rowwise_scale=row_scale, columnwise_data=col_data, columnwise_scale=col_scale)
         assert_same_quantization(got, want)
@@ -313,7 +308,7 @@ def test_quantize_unaligned_output_stores_bytes(monkeypatch):
     col_data = buffer[1:-1].view(64, 128)
     col_scale = torch.zeros(mk.scale_shapes(64, 128, "compact")[1], dtype=torch.uint8)
     mk.launch_mxfp8_quantize(x, None, None, col_data, col_scale, fp8_format="e4m3", scale_layout="compact")
-    assert launches[-1]["STORE_WORDS"] == 0
+    assert not launches[-1]["PACK"]
     want = ref.mxfp8.quantize(x, cfg)
     assert torch.equal(col_data, want.columnwise_data) and torch.equal(col_scale, want.columnwise_scale)
     assert int(buffer[0]) == 0xFF and int(buffer[-1]) == 0xFF
@@ -495,21 +490,6 @@ def test_gpu_quantize_odd_shapes(fp8_cast, shape, monkeypatch):
     m, k = shape
     x = _x(m, k, seed=16, device="cuda")
     _quantize_both(x, layout="swizzled", rowwise=k % 32 == 0, columnwise=m % 32 == 0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("narrow_col", [False, True])
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_gpu_quantize_prmt_pack(fmt, narrow_col, monkeypatch):
-    """PRMT_PACK (prmt.b32 word packing, GPU only: the interpreter never runs it) gives the reference's bits."""
-    monkeypatch.setattr(mk, "PRMT_PACK", True)
-    monkeypatch.setattr(mk, "NARROW_COL_STORES", narrow_col)
-    launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
-    x = _x(4096, 3072, seed=22, device="cuda")
-    x[100, 200] = float("inf")
-    for rowwise in (True, False):
-        _quantize_both(x, fmt=fmt, layout="swizzled", rowwise=rowwise)
-        assert launches[-1]["PRMT"] and launches[-1]["STORE_WORDS"] > 0
 
 
 @pytest.mark.gpu

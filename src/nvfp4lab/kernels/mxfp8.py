@@ -27,8 +27,8 @@ identical to the reference's integer encoder; :data:`FP8_CAST` = "hw" selects th
 cvt.rn.satfinite instead (GPU only). With a columnwise copy, a tile whose column block maxima are all
 finite (ordinary data: one reduction of the maxima decides it) skips the saturation and uses the
 6-instruction E8M0 scale (``_codecs.e8m0_scale_finite``); a tile holding an inf or NaN takes the
-general scale and clamps |x * mult| first. With :data:`PACK_WORDS` (default), the data of whole tiles
-is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`; the rowwise copy only when both are made). On sm_90 these kernels are bound by
+general scale and clamps |x * mult| first. With :data:`PACK_WORDS`, columnwise data of whole tiles
+is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`). On sm_90 these kernels are bound by
 instruction issue, the integer ALU pipe (half the fp32 pipe's width) first: ``tools/sass_kernels.py``
 counts their SASS instructions per element.
 
@@ -64,17 +64,6 @@ FP8_CAST = "soft"
 # against 61.9 us (85.1%) with byte stores; row+col 108.4 us (64.2%) against 107.7 us (64.6%), within
 # run-to-run noise. Partial tiles, K % 4 != 0 and outputs not 4-byte aligned store bytes.
 PACK_WORDS = True
-# With both copies the rowwise data is packed too and each thread stores 2 words (8 bytes) per row
-# (see _store_words): 24.1 instead of 24.6 SASS per element on the finite path, 11.3 instead of 12.3
-# on the integer ALU pipe, same allocation (247 vs 241 registers, no spills) (tools/sass_kernels.py
-# --finite-only mx-both, Triton 3.6); not yet timed on a GPU. NARROW_COL_STORES: the same 2-word
-# stores for the columnwise copy alone (14.4 instead of 15.0 SASS per element, 96 registers either
-# way), not yet timed, so off (benchmarks/mxfp8.py --tune times it).
-NARROW_COL_STORES = False
-# Pack the words with prmt.b32 byte selects (inline PTX, so GPU only; the interpreter keeps the
-# shift-and-mask packing): 3 instructions per word instead of 7. Not yet timed and not reachable by
-# the interpreter tests (the GPU tier and benchmarks/mxfp8.py --tune check its bits), so off.
-PRMT_PACK = False
 
 
 @triton.jit
@@ -139,42 +128,15 @@ def _encode_block(x, mult, code, E5M2: tl.constexpr, HW_CAST: tl.constexpr, FINI
 
 
 @triton.jit
-def _pack_top_bytes(codes, ROWS: tl.constexpr, COLS: tl.constexpr, PRMT: tl.constexpr):
+def _pack_top_bytes(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
     """uint32 [ROWS, COLS] with a code in each top byte -> uint32 words [ROWS, COLS // 4], 4 codes
-    each in memory order. Shifts and masks (7 instructions per word under Triton 3.6, the compiler
-    forms no byte selects from them), or with PRMT 3 byte selects (prmt.b32, GPU only: inline PTX)."""
+    each in memory order: byte selects (PRMT) of the top bytes, where a uint8 store would first
+    shift every code down."""
     quads = tl.reshape(codes, (ROWS, COLS // 4, 2, 2))  # [.., j, k] = element 2j + k
     even, odd = tl.split(quads)
     c0, c2 = tl.split(even)
     c1, c3 = tl.split(odd)
-    if PRMT:
-        # bytes 0, 1 = top bytes of c0, c1; bytes 2, 3 = top bytes of c2, c3; then one of each pair
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi; prmt.b32 lo, $1, $2, 0x0073; prmt.b32 hi, $3, $4, 0x7300; prmt.b32 $0, lo, hi, 0x7610; }",
-            "=r,r,r,r,r", [c0, c1, c2, c3], dtype=tl.uint32, is_pure=True, pack=1)
-    else:
-        return (c0 >> 24) | ((c1 >> 16) & 0xFF00) | ((c2 >> 8) & 0xFF0000) | (c3 & 0xFF000000)
-
-
-@triton.jit
-def _store_data(data_ptr, base, offs, mask, r, cols, x_blocks, mult, code, E5M2: tl.constexpr, HW_CAST: tl.constexpr,
-                FINITE: tl.constexpr, STORE_WORDS: tl.constexpr, PRMT: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                BLOCK_COLS: tl.constexpr):
-    """Encode x_blocks (the tile reshaped into one direction's blocks; mult and code broadcast to it)
-    and store the codes at data_ptr + base: with STORE_WORDS > 0 (whole tiles) as uint32 words of 4
-    codes, STORE_WORDS adjacent words per thread and store (the tensor's shape sets the compiler's
-    store width, and so how many columns each thread holds); else bytes."""
-    if STORE_WORDS > 0 and not HW_CAST:
-        q = _encode_block(x_blocks, mult, code, E5M2, HW_CAST, FINITE, True)
-        words = _pack_top_bytes(tl.reshape(q, (BLOCK_ROWS, BLOCK_COLS)), BLOCK_ROWS, BLOCK_COLS, PRMT)
-        GROUPS: tl.constexpr = BLOCK_COLS // (4 * STORE_WORDS)
-        words = tl.reshape(words, (BLOCK_ROWS, GROUPS, STORE_WORDS))
-        w_offs = (r[:, None, None] * (cols // 4) + tl.arange(0, GROUPS)[None, :, None] * STORE_WORDS
-                  + tl.arange(0, STORE_WORDS)[None, None, :])
-        tl.store(data_ptr.to(tl.pointer_type(tl.uint32)) + base // 4 + w_offs, words)
-    else:
-        q = _encode_block(x_blocks, mult, code, E5M2, HW_CAST, FINITE)
-        tl.store(data_ptr + base + offs, tl.reshape(q, (BLOCK_ROWS, BLOCK_COLS)), mask=mask)
+    return (c0 >> 24) | ((c1 >> 16) & 0xFF00) | ((c2 >> 8) & 0xFF0000) | (c3 & 0xFF000000)
 
 
 @triton.jit
@@ -199,7 +161,7 @@ def _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, r
                         col_scale_tiles, max_rcp, ROWWISE: tl.constexpr, COLWISE: tl.constexpr, E5M2: tl.constexpr,
                         SWIZZLED: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
                         LOCAL_I64: tl.constexpr, EVEN: tl.constexpr, HW_CAST: tl.constexpr, FINITE: tl.constexpr,
-                        STORE_WORDS: tl.constexpr, PRMT: tl.constexpr):
+                        PACK: tl.constexpr):
     """Encode and store a loaded tile (x fp32 [BLOCK_ROWS, BLOCK_COLS]) in the wanted directions;
     col_amax: its columnwise block maxima [RB, C] (when COLWISE). FINITE: all of them are finite."""
     RB: tl.constexpr = BLOCK_ROWS // 32
@@ -209,9 +171,8 @@ def _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, r
         xr = tl.reshape(x, (BLOCK_ROWS, CB, 32))
         amax = _block_amax(tl.reshape(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, (BLOCK_ROWS, CB, 32)), 2)  # [R, CB]
         code, mult = _block_scale(amax, max_rcp, FINITE)
-        # rowwise-only tiles keep byte stores (words cost it SASS: tools/sass_kernels.py mx-row)
-        _store_data(row_data_ptr, base, offs, mask, r, cols, xr, mult[:, :, None], code[:, :, None], E5M2, HW_CAST,
-                    FINITE, STORE_WORDS if COLWISE else 0, PRMT, BLOCK_ROWS, BLOCK_COLS)
+        q = _encode_block(xr, mult[:, :, None], code[:, :, None], E5M2, HW_CAST, FINITE)
+        tl.store(row_data_ptr + base + offs, tl.reshape(q, (BLOCK_ROWS, BLOCK_COLS)), mask=mask)
         cb = tl.arange(0, CB)
         blk = col0 // 32 + cb  # scale column
         if EVEN:
@@ -229,8 +190,16 @@ def _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, r
 
     if COLWISE:
         code, mult = _block_scale(col_amax, max_rcp, FINITE)
-        _store_data(col_data_ptr, base, offs, mask, r, cols, tl.reshape(x, (RB, 32, BLOCK_COLS)), mult[:, None, :],
-                    code[:, None, :], E5M2, HW_CAST, FINITE, STORE_WORDS, PRMT, BLOCK_ROWS, BLOCK_COLS)
+        if PACK and not HW_CAST:
+            q = _encode_block(tl.reshape(x, (RB, 32, BLOCK_COLS)), mult[:, None, :], code[:, None, :], E5M2, HW_CAST,
+                              FINITE, True)
+            words = _pack_top_bytes(tl.reshape(q, (BLOCK_ROWS, BLOCK_COLS)), BLOCK_ROWS, BLOCK_COLS)
+            w_offs = r[:, None] * (cols // 4) + tl.arange(0, BLOCK_COLS // 4)[None, :]
+            tl.store(col_data_ptr.to(tl.pointer_type(tl.uint32)) + base // 4 + w_offs, words)
+        else:
+            q = _encode_block(tl.reshape(x, (RB, 32, BLOCK_COLS)), mult[:, None, :], code[:, None, :], E5M2, HW_CAST,
+                              FINITE)
+            tl.store(col_data_ptr + base + offs, tl.reshape(q, (BLOCK_ROWS, BLOCK_COLS)), mask=mask)
         rb = tl.arange(0, RB)
         if LOCAL_I64:
             rb = rb.to(tl.int64)
@@ -268,8 +237,7 @@ def _mxfp8_quantize_kernel(
     LOCAL_I64: tl.constexpr,
     EVEN: tl.constexpr,
     HW_CAST: tl.constexpr,
-    STORE_WORDS: tl.constexpr,  # > 0: store the data as uint32 words of 4 codes, this many per store (EVEN tiles)
-    PRMT: tl.constexpr,  # pack those words with prmt.b32 (inline PTX: GPU only)
+    PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
 ):
     RB: tl.constexpr = BLOCK_ROWS // 32
     CB: tl.constexpr = BLOCK_COLS // 32
@@ -305,22 +273,22 @@ def _mxfp8_quantize_kernel(
             _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                 col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                                BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, STORE_WORDS, PRMT)
+                                BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
         elif _all_finite(col_amax.to(tl.int32, bitcast=True)):
             _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                 col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                                BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, True, STORE_WORDS, PRMT)
+                                BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, True, PACK)
         else:  # a tile holding an inf or NaN: the saturating encoder and the general scale
             _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                 col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                                BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, STORE_WORDS, PRMT)
+                                BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
     else:
         _quantize_tile_body(x, abs_bits, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                             row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                             col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                            BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, STORE_WORDS, PRMT)
+                            BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
 
 
 @triton.jit
@@ -435,18 +403,6 @@ def scale_shapes(rows: int, cols: int, layout: str) -> tuple[tuple[int, int], tu
     return (roundup(rows, 128), roundup(cols // 32, 4)), (roundup(cols, 128), roundup(rows // 32, 4))
 
 
-def _store_words(x, row_data, col_data, even: bool, fp8_cast: str) -> int:
-    """The kernel's STORE_WORDS: 0 = byte stores; else uint32 words of 4 codes, this many per thread
-    and store: 2 with both copies (the tile then holds 8 columns per thread, as its 16-byte loads
-    do: no layout conversion, cheaper block maxima), 4 for the columnwise copy alone unless
-    :data:`NARROW_COL_STORES`."""
-    if not (PACK_WORDS and even and x.shape[1] % 4 == 0 and fp8_cast == "soft"):
-        return 0
-    if any(t is not None and t.data_ptr() % 4 != 0 for t in (row_data, col_data)):
-        return 0
-    return 2 if NARROW_COL_STORES or (row_data is not None and col_data is not None) else 4
-
-
 def launch_mxfp8_quantize(
     x: torch.Tensor,
     row_data, row_scale, col_data, col_scale,
@@ -487,8 +443,8 @@ def launch_mxfp8_quantize(
         rcp_f32(FP8_MAX[fp8_format]),
         ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
-        EVEN=even, HW_CAST=fp8_cast == "hw", STORE_WORDS=_store_words(x, row_data, col_data, even, fp8_cast),
-        PRMT=PRMT_PACK and x.device.type == "cuda", num_warps=num_warps,
+        EVEN=even, HW_CAST=fp8_cast == "hw", PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
+        and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)), num_warps=num_warps,
     )
 
 
