@@ -5,7 +5,8 @@ For total tokens T, K and expert count E (uniform splits, and skewed: sizes ~ 1/
 of single quantizes per split and vs one single quantize of the whole (T, K) tensor. Recipe: per-tensor
 1x16 rowwise + columnwise (te_default). Targets: grouped/whole <= 1.15; loop/grouped >= 3 at E=32,
 T=4096. ``--quick``: T in (4096, 16384), K 4096, E in (8, 32, 128); ``--out`` .json or .md;
-``--parts`` also times the amax pass and the cast pass alone (grouped and whole). Table last.
+``--parts`` also times the amax pass and the cast pass alone (grouped and whole); ``--totals``,
+``--ks``: comma lists replacing the sweep's. Table last.
 """
 from __future__ import annotations
 
@@ -60,12 +61,18 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out")
     p.add_argument("--parts", action="store_true")
+    p.add_argument("--totals", help="comma list of total tokens (overrides the sweep's)")
+    p.add_argument("--ks", help="comma list of K (overrides the sweep's)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 1
     totals = (4096, 16384) if args.quick else (4096, 16384, 65536)
     ks = (4096,) if args.quick else (2048, 4096, 7168)
+    if args.totals:
+        totals = tuple(int(v) for v in args.totals.split(","))
+    if args.ks:
+        ks = tuple(int(v) for v in args.ks.split(","))
     config = NVFP4QuantConfig(rowwise=True, columnwise=True)
     rows = []
     for k in ks:
