@@ -2,9 +2,9 @@
 
     python benchmarks/gemm.py                 # all shapes (square 2048..16384, LLM shapes, grouped)
     python benchmarks/gemm.py --quick         # 8192^3, 4096^3, M=1/16/64/256 at a few (N,K), grouped
-    python benchmarks/gemm.py --paths         # skinny-kernel variants and dequant+cuBLAS vs fused
-    python benchmarks/gemm.py --variants      # M = 1/16/64, N = 4096/14336: stream-kernel variants, the previous
-                                              # default and cuBLAS BF16 in one run, us and x cuBLAS (sets the
+    python benchmarks/gemm.py --paths         # dequant+cuBLAS vs the fused kernel at M >= 128
+    python benchmarks/gemm.py --variants      # M = 1/16/64, N = 4096/14336: stream-kernel variants, the fused
+                                              # kernel's row and cuBLAS BF16 in one run, us and x cuBLAS (sets the
                                               # stream rows of _DENSE_RULES; compiles in a process pool first)
     python benchmarks/gemm.py --sweep         # also time candidate block configs (prints the best)
     python benchmarks/gemm.py --out res.json  # write every measurement as JSON
@@ -230,8 +230,8 @@ def _close(got, want):
 
 
 def sweep_paths(gen, out_path=None):
-    """One-call comparison of the dense paths: skinny kernel variants for small M, fused vs dequant + cuBLAS
-    for large shapes (TFLOP/s; x = ratio to cuBLAS BF16). Used to set _DENSE_RULES."""
+    """One-call comparison of the dense paths for M >= 128: fused vs dequant + cuBLAS (TFLOP/s; x = ratio to
+    cuBLAS BF16). Used to set _DENSE_RULES."""
     C = G.GemmConfig
     rows = []
     dev = torch.device(DEVICE)
@@ -239,50 +239,6 @@ def sweep_paths(gen, out_path=None):
     def tflops(m, n, k, ms):
         return 2.0 * m * n * k / (ms * 1e-3) / 1e12
 
-    def S(bn, bk, w, mr, **kw):
-        return C(16, bn, bk, 8, w, kw.pop("st", 1), maxnreg=mr, skinny=True, prefetch=kw.pop("pf", False), **kw)
-
-    skinny = {
-        "s64x128w4r96": S(64, 128, 4, 96), "s64x128w4r64": S(64, 128, 4, 64),
-        "s64x128w8r96": S(64, 128, 8, 96), "s64x128w8r64": S(64, 128, 8, 64),
-        "s64x256w8r128": S(64, 256, 8, 128), "s64x256w8r96": S(64, 256, 8, 96),
-        "s32x128w4r96": S(32, 128, 4, 96), "s64x128w8r96pf": S(64, 128, 8, 96, pf=True),
-        "s128x128w8r96": S(128, 128, 8, 96), "s64x128w4r96st3": S(64, 128, 4, 96, st=3),
-        "s64x128w8r96_noswap": S(64, 128, 8, 96, swap_ab=False),
-    }
-    for n, k in [(4096, 4096), (14336, 4096), (4096, 14336)]:
-        copies = _copies(n * k * 9 // 16)
-        ws = [torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for _ in range(copies)]
-        bs = [quantize(w) for w in ws]
-        for m in (1, 16, 64):
-            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
-            a = quantize(x)
-            outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in bs]
-            r = dict(m=m, n=n, k=k)
-            r["cublas"] = tflops(m, n, k, time_graph([lambda w=w: torch.mm(x, w.t()) for w in ws], replays=10))
-            old = G.choose_config(m, n, k, dev, grouped=True)  # the fused kernel's table row (the previous default)
-            r["fused_old"] = tflops(m, n, k, time_graph([lambda b=b, o=o: G.run(a, b, o, config=old)
-                                                         for b, o in zip(bs, outs)], replays=10))
-            want = outs[0].clone()
-            for name, cfg in skinny.items():
-                cfg = replace_cfg(cfg, block_m=G.skinny_block_m(min(m, 64)))
-                for cps in ((4, 8) if name in ("s64x128w4r96", "s64x128w8r96") else (4,)):
-                    c = replace_cfg(cfg, ctas_per_sm=cps)
-                    key = f"{name}_c{cps}"
-                    try:
-                        t = tflops(m, n, k, time_graph([lambda b=b, o=o: G.run(a, b, o, config=c)
-                                                        for b, o in zip(bs, outs)], replays=10))
-                        r[key] = t if _close(outs[0], want) else f"WRONG {t:.1f}"
-                    except Exception as exc:
-                        r[key] = f"{type(exc).__name__}: {str(exc)[:100]}"
-            best = max((v, kk) for kk, v in r.items() if isinstance(v, float) and kk.startswith("s"))
-            print(f"paths M={m} N={n} K={k}: cuBLAS {r['cublas']:.1f} fused_old {r['fused_old']:.1f} best {best[1]} "
-                  f"{best[0]:.1f} ({best[0] / r['cublas']:.2f}x cuBLAS) | " +
-                  " ".join(f"{kk}={v:.1f}" if isinstance(v, float) else f"{kk}={v}" for kk, v in r.items()
-                           if kk.startswith("s")), flush=True)
-            rows.append(r)
-        del ws, bs
-        torch.cuda.empty_cache()
     for m, n, k in [(256, 4096, 4096), (512, 4096, 4096), (256, 14336, 4096), (128, 4096, 4096)]:
         sets = make_operands(m, n, k, _copies((m * k + n * k) * 9 // 16, limit=4), gen)
         outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in sets]
@@ -327,19 +283,14 @@ def _stream_cfg(bm, bn, bk=128, w=4, st=3, cps=4, pre=True, reg=None):
     return G.GemmConfig(bm, bn, bk, 8, w, st, maxnreg=reg, stream=True, a_pre=pre, split_k=0, ctas_per_sm=cps)
 
 
-def legacy_config(m, n, k):
-    """The dense default before the stream kernel (for before/after in one run): the skinny kernel for
-    N >= 8192, else the fused kernel's row with its split-K (the epilogue in a second kernel)."""
-    C = G.GemmConfig
-    if n >= 8192 and k >= 128:
-        cfg = (C(16, 64, 128, 8, 4, 3, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False) if m <= 32
-               else C(64, 64, 128, 8, 8, 1, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False))
-        return replace_cfg(cfg, block_m=G.skinny_block_m(m))
+def fused_config(m, n, k):
+    """The fused kernel's table row with its split-K (the epilogue in a second kernel): the dense default for
+    M <= 64 before the stream kernel at N < 8192 (at N >= 8192 it was the skinny kernel, since removed)."""
     return G.choose_config(m, n, k, torch.device(DEVICE), grouped=True)
 
 
 def stream_variant_configs(m):
-    bm = G.skinny_block_m(m)
+    bm = G.stream_block_m(m)
     if m <= 32:
         return {
             "s128st3c2r128": _stream_cfg(bm, 128, cps=2, reg=128), "s128st3c4r128": _stream_cfg(bm, 128, cps=4, reg=128),
@@ -375,14 +326,14 @@ def _warm_one(job):
 
 
 def stream_variants(gen, out_path=None, workers=8):
-    """Stream-kernel variants vs cuBLAS BF16 and the previous default, same run, LLM decode shapes."""
+    """Stream-kernel variants vs cuBLAS BF16 and the fused kernel's row, same run, LLM decode shapes."""
     import concurrent.futures as cf
     import multiprocessing as mp
     import time as _time
     jobs = []
     for m, n, k in VARIANT_SHAPES:  # N does not change a compilation: the stream variants once per M
         variants = list(stream_variant_configs(m).items()) if n == VARIANT_SHAPES[0][1] else []
-        for name, cfg in variants + [("legacy", legacy_config(m, n, k))]:
+        for name, cfg in variants + [("fused", fused_config(m, n, k))]:
             jobs.append((m, n, k, name, cfg))
     t0 = _time.time()
     errors = {}
@@ -409,9 +360,9 @@ def stream_variants(gen, out_path=None, workers=8):
             outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in bs]
             r = dict(m=m, n=n, k=k, copy_us=copy_us)
             r["cublas_us"] = time_graph([lambda w=w: torch.mm(x, w.t()) for w in ws], replays=10) * 1e3
-            legacy = legacy_config(m, n, k)
-            r["legacy_us"] = time_graph([lambda b=b, o=o: G.run(a, b, o, config=legacy) for b, o in zip(bs, outs)],
-                                        replays=10) * 1e3
+            fused = fused_config(m, n, k)
+            r["fused_us"] = time_graph([lambda b=b, o=o: G.run(a, b, o, config=fused) for b, o in zip(bs, outs)],
+                                       replays=10) * 1e3
             want = outs[0].clone()
             for name, cfg in stream_variant_configs(m).items():
                 if (name, m, VARIANT_SHAPES[0][1]) in errors:
@@ -421,8 +372,8 @@ def stream_variants(gen, out_path=None, workers=8):
                 r[name] = t if _close(outs[0], want) else f"WRONG {t:.1f}"
             cub = r["cublas_us"]
             best = min((v, kk) for kk, v in r.items() if isinstance(v, float) and kk.startswith("s"))
-            print(f"M={m:3d} N={n:5d} K={k}: cuBLAS {cub:6.1f} us | legacy {r['legacy_us']:6.1f} us "
-                  f"({cub / r['legacy_us']:.2f}x) | best {best[1]} {best[0]:6.1f} us ({cub / best[0]:.2f}x) | "
+            print(f"M={m:3d} N={n:5d} K={k}: cuBLAS {cub:6.1f} us | fused {r['fused_us']:6.1f} us "
+                  f"({cub / r['fused_us']:.2f}x) | best {best[1]} {best[0]:6.1f} us ({cub / best[0]:.2f}x) | "
                   f"weight copy {copy_us:.1f} us | " +
                   " ".join(f"{kk}={v:.1f}({cub / v:.2f}x)" if isinstance(v, float) else f"{kk}={v}"
                            for kk, v in r.items() if kk.startswith("s")), flush=True)
@@ -432,11 +383,6 @@ def stream_variants(gen, out_path=None, workers=8):
     if out_path:
         Path(out_path).write_text(json.dumps(rows, indent=1))
     return rows
-
-
-def replace_cfg(cfg, **kw):
-    from dataclasses import replace
-    return replace(cfg, **kw)
 
 
 def dense_shapes(quick):
@@ -477,9 +423,9 @@ def main(argv=None):
     parser.add_argument("--out", type=str, default=None, help="write results as JSON to this file")
     parser.add_argument("--only", choices=("square", "llm", "grouped"), default=None,
                         help="run one group of shapes (to split a long run)")
-    parser.add_argument("--paths", action="store_true", help="compare the dense paths (skinny variants, dequant+cuBLAS)")
+    parser.add_argument("--paths", action="store_true", help="compare the dense paths at M >= 128 (fused, dequant+cuBLAS)")
     parser.add_argument("--variants", action="store_true",
-                        help="stream-kernel variants vs cuBLAS BF16 and the previous default at M = 1/16/64 (x times, us)")
+                        help="stream-kernel variants vs cuBLAS BF16 and the fused kernel at M = 1/16/64 (x times, us)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gemm.py needs a CUDA GPU")

@@ -42,7 +42,7 @@ def S(bm, bn, bk=128, w=4, st=3, cps=2, reg=None, pre=True):
 
 def configs(m):
     """The table's rows and a few neighbours (names: block_n, V sub-tiles, stages, programs per SM)."""
-    bm = G.skinny_block_m(m)
+    bm = G.stream_block_m(m)
     if m <= 32:
         return {"table": G.choose_config(m, 4096, 4096, torch.device("cuda")), "n64v2st3c4": S(bm, 64, 256, cps=4),
                 "inA": S(bm, 128, reg=128 if bm == 16 else None, pre=False)}

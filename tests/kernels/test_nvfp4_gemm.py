@@ -447,40 +447,6 @@ def test_split_k(split_k):
         assert_equal(got, want)
 
 
-SKINNY_VARIANTS = [  # (split_k, swap_ab, prefetch, fused_reduce): every switch of the skinny kernel
-    (1, True, True, True), (3, True, True, True), (2, False, False, False), (5, True, False, True),
-    (4, False, True, False),
-]
-
-
-@pytest.mark.parametrize("m", [1, 5, 16, 33])
-def test_skinny_kernel(m):
-    """The skinny (weight-streaming) kernel: 288 = 4.5 K tiles of 64 (a partial tile; splits of uneven
-    length), row padding of A to 16/32/64, bias + accumulate, per-token A, per-channel swizzled B."""
-    gen = torch.Generator().manual_seed(40 + m)
-    a = exact_operand(m, 288, gen, amax="token")
-    b = exact_operand(40, 288, gen, amax="token", layout="swizzled")
-    bias = torch.randn(40, generator=gen)
-    old = torch.randn(m, 40, generator=gen).to(torch.bfloat16)
-    want = old.clone()
-    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
-    for split_k, swap_ab, prefetch, fused in SKINNY_VARIANTS:
-        cfg = G.GemmConfig(G.skinny_block_m(m), 32, 64, 8, 4, 1, skinny=True, split_k=split_k, swap_ab=swap_ab,
-                           prefetch=prefetch, fused_reduce=fused)
-        got = old.clone()
-        G.run(a, b, got, bias=bias, accumulate=True, config=cfg)
-        assert_equal(got, want)
-
-
-def test_skinny_ptx_decoder_in_kernel(emulated_asm):
-    gen = torch.Generator().manual_seed(47)
-    a, b = exact_operand(3, 256, gen), exact_operand(48, 256, gen, amax="token")
-    want = gemm(a, b, "ref", out_dtype=torch.float32)
-    out = poisoned((3, 48), torch.float32, "cpu")
-    G.run(a, b, out, decode=1, config=G.GemmConfig(16, 16, 128, 8, 4, 1, skinny=True, split_k=2))
-    assert_equal(out, want)
-
-
 def test_stream_ptx_decoder_every_code_and_scale():
     """The stream decoder's PTX on every code in every nibble of a word, with every E4M3 scale (the
     cvt included): each FP16 pair (codes i, i + 4) must be e2m1 * s * 2^-14 exactly."""
@@ -530,7 +496,7 @@ def test_stream_kernel(m):
     want = old.clone()
     gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
     for bn, bk, warps, split, a_pre in STREAM_VARIANTS:
-        cfg = G.GemmConfig(G.skinny_block_m(m), bn, bk, 8, warps, 1, stream=True, split_k=split, a_pre=a_pre)
+        cfg = G.GemmConfig(G.stream_block_m(m), bn, bk, 8, warps, 1, stream=True, split_k=split, a_pre=a_pre)
         got = old.clone()
         G.run(a, b, got, bias=bias, accumulate=True, config=cfg)
         assert_equal(got, want)
@@ -575,16 +541,52 @@ def test_stream_counters_reset_and_quantized_data():
     assert_close(first, gemm(a, b, "ref"), atol_bound(a, b))
 
 
-def test_stream_ptx_decoder_in_kernel(emulated_asm):
-    """The stream kernel with DECODE=1 (operand packing, pair order, both A paths) through the emulator."""
-    gen = torch.Generator().manual_seed(90)
-    a = exact_operand(9, 384, gen, amax="token", scales=SCALES_1_2 + (0x00, 0x01))
-    b = exact_operand(64, 384, gen, layout="swizzled")
+@pytest.mark.parametrize("m,k,amax_a,amax_b,layout_b", [(9, 384, "token", "tensor", "swizzled"),
+                                                        (3, 256, "tensor", "token", "compact")])
+def test_stream_ptx_decoder_in_kernel(emulated_asm, m, k, amax_a, amax_b, layout_b):
+    """The stream kernel with DECODE=1 (operand packing, pair order, both A paths) through the emulator;
+    per-token A with swizzled B, and per-row B amax with compact scales."""
+    gen = torch.Generator().manual_seed(90 + m)
+    a = exact_operand(m, k, gen, amax=amax_a, scales=SCALES_1_2 + (0x00, 0x01))
+    b = exact_operand(64, k, gen, amax=amax_b, layout=layout_b)
     want = gemm(a, b, "ref", out_dtype=torch.float32)
     for a_pre in (False, True):
-        out = poisoned((9, 64), torch.float32, "cpu")
+        out = poisoned((m, 64), torch.float32, "cpu")
         G.run(a, b, out, decode=1, config=G.GemmConfig(16, 64, 128, 8, 4, 1, stream=True, split_k=2, a_pre=a_pre))
         assert_equal(out, want)
+
+
+@pytest.mark.parametrize("m", [5, 24, 40])  # one M per stream row of the dense rules (up to 16, 32, 64 rows)
+def test_stream_rule_rows_default_dispatch(m, monkeypatch):
+    """The GPU's default path for few rows, run by the interpreter: nvfp4lab.nvfp4_gemm with no config,
+    choose_config answering as on an H200 (on CPU it picks the interpreter's tiles), so each stream row of
+    the dense rules (M 17..32 included) runs as the GPU runs it. N = 200 (a partial tile), K = 544 (4.25
+    tiles of 128: splits of uneven length), bias, per-token A, per-row swizzled B, bf16 accumulate."""
+    choose, launch, used = G.choose_config, G._launch_stream, []
+
+    def as_on_h200(m_, n_, k_, device, grouped=False):
+        with monkeypatch.context() as mp:
+            mp.setattr(G, "_interpreting", lambda: False)
+            mp.setattr(G, "_gpu_key", lambda dev: "H200")
+            return choose(m_, n_, k_, torch.device("cuda"), grouped)
+
+    monkeypatch.setattr(G, "choose_config", as_on_h200)
+    monkeypatch.setattr(G, "_launch_stream", lambda *args: used.append(args[-2]) or launch(*args))
+    row = next(cfg for max_m, cfg in G._DENSE_RULES["H200"]["stream"] if m <= max_m)
+    assert row.block_m == G.stream_block_m(m)
+    gen = torch.Generator().manual_seed(95 + m)
+    n, k = 200, 544
+    a = exact_operand(m, k, gen, amax="token")
+    b = exact_operand(n, k, gen, amax="token", layout="swizzled")
+    bias = torch.randn(n, generator=gen)
+    assert_equal(gemm(a, b, "triton", bias=bias, out_dtype=torch.float32),
+                 gemm(a, b, "ref", bias=bias, out_dtype=torch.float32))
+    old = torch.randn(m, n, generator=gen).to(torch.bfloat16)
+    got, want = old.clone(), old.clone()
+    gemm(a, b, "triton", bias=bias, out=got, accumulate=True)
+    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
+    assert_equal(got, want)
+    assert used == [row, row]
 
 
 @pytest.mark.parametrize("k", [128, 96])  # 96: a partial expansion tile, zero-padded on both sides
@@ -604,13 +606,13 @@ def test_dequant_mm_path(k):
 
 
 def test_dense_only_configs_fall_back_for_grouped():
-    """A skinny / dequant_mm config given to a grouped GEMM runs the grouped kernel instead."""
+    """A stream / dequant_mm config given to a grouped GEMM runs the grouped kernel instead."""
     gen = torch.Generator().manual_seed(55)
     sizes = [3, 0, 5]
     a = exact_operand(sum(sizes), 128, gen, amax="token")
     b_list = [exact_operand(16, 128, gen) for _ in sizes]
     want = _per_expert_reference(a, b_list, sizes)
-    for cfg in (G.GemmConfig(16, 32, 64, skinny=True, split_k=2), G.GemmConfig(32, 32, 64, dequant_mm=True)):
+    for cfg in (G.GemmConfig(16, 64, 128, stream=True, split_k=2), G.GemmConfig(32, 32, 64, dequant_mm=True)):
         out = poisoned((sum(sizes), 16), torch.float32, "cpu")
         G.run(a, moe.stack_weights(b_list), out, offs=torch.tensor(sizes).cumsum(0), num_experts=3, config=cfg)
         assert_equal(out, want)
@@ -889,36 +891,13 @@ def test_gpu_every_table_config(m):
             assert_equal(out, want)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 37, 64])
-def test_gpu_skinny_variants(m):
-    """The dense rule's skinny config and each of its switches, exact operands, K = 4.125 tiles."""
-    gen = torch.Generator().manual_seed(60 + m)
-    n, k = 1000, 1056
-    a = exact_operand(m, k, gen, amax="token", device="cuda")
-    b = exact_operand(n, k, gen, layout="swizzled", device="cuda")
-    bias = torch.randn(n, device="cuda")
-    old = torch.randn(m, n, device="cuda").to(torch.bfloat16)
-    want = old.clone()
-    gemm(a, b, "ref", bias=bias, out=want, accumulate=True)
-    base = G.skinny_config(m, n, k, torch.device("cuda"))
-    assert base.skinny and G.choose_config(m, 16384, k, torch.device("cuda")).stream  # skinny: explicit only
-    from dataclasses import replace
-    for cfg in (base, replace(base, swap_ab=False), replace(base, prefetch=False), replace(base, fused_reduce=False),
-                replace(base, split_k=1), replace(base, split_k=3)):
-        for decode in (0, 1):
-            got = old.clone()
-            G.run(a, b, got, bias=bias, accumulate=True, config=cfg, decode=decode)
-            assert_equal(got, want)
-
-
 GPU_STREAM_CONFIGS = [  # (block_n, block_k, warps, stages, split_k, a_pre) besides the table's row (PTX decoder)
     (256, 128, 8, 3, 0, True), (128, 256, 4, 4, 3, True), (128, 128, 4, 3, 0, False),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 37])
+@pytest.mark.parametrize("m", [1, 24, 37])  # one M per stream row of the dense rules
 def test_gpu_stream_kernel(m):
     """The weight-stream kernel: the table's row with both decoders, other shapes of it with the PTX
     one; exact operands, K = 8.25 tiles of 128, N = 1000 (partial tiles), bias + accumulate, per-token A,
@@ -934,7 +913,7 @@ def test_gpu_stream_kernel(m):
     table = G.choose_config(m, n, k, torch.device("cuda"))
     assert table.stream
     runs = [(table, 0), (table, 1)]
-    runs += [(G.GemmConfig(G.skinny_block_m(m), bn, bk, 8, w, st, stream=True, split_k=sp, a_pre=pre), 1)
+    runs += [(G.GemmConfig(G.stream_block_m(m), bn, bk, 8, w, st, stream=True, split_k=sp, a_pre=pre), 1)
              for bn, bk, w, st, sp, pre in GPU_STREAM_CONFIGS if pre or m <= 32]  # Triton 3.6: in-loop A, M <= 32
     for cfg, decode in runs:
         for _ in range(2):
@@ -944,13 +923,16 @@ def test_gpu_stream_kernel(m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n", [(1, 14336), (16, 4096), (64, 14336)])
+@pytest.mark.parametrize("m,n", [(1, 14336), (16, 4096), (32, 14336), (64, 14336)])
 def test_gpu_stream_large(m, n):
-    """LLM decode shapes through the default configuration (the stream kernel), exact operands."""
+    """LLM decode shapes through the default configuration (the stream kernel: every row of its rules),
+    exact operands."""
     gen = torch.Generator().manual_seed(m + n)
     k = 4096
     a = exact_operand(m, k, gen, amax="token", device="cuda")
     b = exact_operand(n, k, gen, device="cuda")
+    cfg = G.choose_config(m, n, k, torch.device("cuda"))
+    assert cfg.stream and cfg.block_m == G.stream_block_m(m)
     out = poisoned((m, n), torch.bfloat16)
     G.run(a, b, out)
     assert_equal(out, gemm(a, b, "ref", out_dtype=torch.bfloat16))

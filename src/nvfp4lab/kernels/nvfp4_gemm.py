@@ -399,117 +399,6 @@ def _split_k_epilogue_kernel(
               OUT_BF16, BLOCK_M, BLOCK_N)
 
 
-@triton.jit
-def _load_codes(ptr, scale_ptr, rows, k, stride, stride_s, cols4, K,
-                SWIZZLED: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Packed codes [rows, BLOCK_K/2] and E4M3 scales [rows, BLOCK_K/16] of K tile ``k``; zeros past K
-    (zero codes and zero scales both decode to exact zeros)."""
-    kk2 = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    kb = k * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
-    ptrs = ptr + rows[:, None] * stride + kk2[None, :]
-    sptrs = scale_ptr + _scale_offsets(rows, kb, stride_s, cols4, SWIZZLED)
-    if EVEN_K:
-        raw = tl.load(ptrs)
-        sc = tl.load(sptrs)
-    else:
-        raw = tl.load(ptrs, mask=(kk2 < K // 2)[None, :], other=0)
-        sc = tl.load(sptrs, mask=(kb < K // 16)[None, :], other=0)
-    return raw, sc
-
-
-@triton.jit
-def _skinny_kernel(
-    a_ptr, a_scale_ptr, a_amax_ptr,
-    b_ptr, b_scale_ptr, b_amax_ptr,
-    bias_ptr, out_ptr, ws_ptr, count_ptr,
-    M, N, K, per_split, num_splits,
-    stride_a, stride_as, a_cols4,
-    stride_b, stride_bs, b_cols4,
-    stride_om, stride_on,
-    inv_e, tab_lo,
-    A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr,
-    A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
-    ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr, DECODE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,  # num_splits > 1: fp32 partials to ws_ptr (num_splits, M, N)
-    FUSED_REDUCE: tl.constexpr,  # the last split of an output tile to arrive sums the partials (one launch)
-    SWAP_AB: tl.constexpr,  # acc^T = B A^T: N is the MMA's M dimension (wgmma from registers)
-    PREFETCH: tl.constexpr,  # load B's next K tile before decoding this one (register double buffer)
-):
-    """Dense GEMM for few rows of A (decode / memory-bound regime): a weight stream.
-
-    Grid (N tiles, K splits, M tiles). Each program owns BLOCK_N rows of B and a contiguous range of
-    ``per_split`` K tiles; B's rows are K-major, so every row's BLOCK_K/2 bytes are one contiguous run
-    (wide coalesced loads). A (at most a few tiles of rows, L2-resident) is re-read per program. With
-    SWAP_AB the product is formed as B A^T so that the large N side is the MMA's M dimension: the
-    decoded B tile can be the register operand of wgmma and A pads only to 16 columns.
-    Partials are summed in split order 0..S-1 (deterministic, whoever sums them)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)  # padding rows read row 0; never stored
-    rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    k_first = pid_k * per_split
-    k_last = tl.minimum(k_first + per_split, k_tiles)  # the host makes every split non-empty
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if PREFETCH:
-        b_raw, b_sc = _load_codes(b_ptr, b_scale_ptr, rows_b, k_first, stride_b, stride_bs, b_cols4, K,
-                                  B_SWIZZLED, EVEN_K, BLOCK_K)
-    for k in range(k_first, k_last):
-        if PREFETCH:
-            # The next tile (the last one again at the end: always in range, an L2 hit) is in flight
-            # while this one is decoded and multiplied.
-            b_raw_n, b_sc_n = _load_codes(b_ptr, b_scale_ptr, rows_b, tl.minimum(k + 1, k_last - 1), stride_b,
-                                          stride_bs, b_cols4, K, B_SWIZZLED, EVEN_K, BLOCK_K)
-        else:
-            b_raw, b_sc = _load_codes(b_ptr, b_scale_ptr, rows_b, k, stride_b, stride_bs, b_cols4, K,
-                                      B_SWIZZLED, EVEN_K, BLOCK_K)
-        a_raw, a_sc = _load_codes(a_ptr, a_scale_ptr, rows_a, k, stride_a, stride_as, a_cols4, K,
-                                  A_SWIZZLED, EVEN_K, BLOCK_K)
-        a_val = _decode_tile(a_raw, a_sc, tab_lo, BLOCK_M, BLOCK_K, DECODE)
-        b_val = _decode_tile(b_raw, b_sc, tab_lo, BLOCK_N, BLOCK_K, DECODE)
-        if SWAP_AB:
-            acc = tl.dot(b_val, tl.trans(a_val), acc)
-        else:
-            acc = tl.dot(a_val, tl.trans(b_val), acc)
-        if PREFETCH:
-            b_raw = b_raw_n
-            b_sc = b_sc_n
-    if SWAP_AB:
-        acc = tl.trans(acc)
-    if SPLIT:
-        tile_off = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        omask = mask_m[:, None] & mask_n[None, :]
-        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + tile_off, acc, mask=omask)
-        if FUSED_REDUCE:
-            # Every thread's partial is stored before the counter is raised (barrier, then a gpu-scope
-            # release); the program that raises it last sums all partials in split order through L2
-            # (.cg: never a stale L1 line) and finishes. The counters start at zero (one per tile, per call).
-            tl.debug_barrier()
-            prev = tl.atomic_add(count_ptr + pid_m * tl.num_programs(0) + pid_n, 1, sem="acq_rel", scope="gpu")
-            if prev == num_splits - 1:
-                part_ptrs = ws_ptr + tile_off
-                tot = tl.load(part_ptrs, mask=omask, other=0.0, cache_modifier=".cg")
-                for _ in range(1, num_splits):
-                    part_ptrs += M * N  # M <= a few tiles of rows: no int32 overflow
-                    tot += tl.load(part_ptrs, mask=omask, other=0.0, cache_modifier=".cg")
-                _epilogue(tot, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
-                          out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-                          OUT_BF16, BLOCK_M, BLOCK_N)
-    else:
-        _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
-                  out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-                  OUT_BF16, BLOCK_M, BLOCK_N)
-
-
 # ------------------------------------------------------------------ weight-stream kernel (M <= 64)
 # PTX for the stream decoder (DECODE=1), one invocation per 32-bit word of 8 codes n0..n7 (code i in
 # bits 4i..4i+3): $4 = the word, $5 = its FP16 block scale; $0..$3 = the FP16 pairs (n0, n4), (n1, n5),
@@ -776,13 +665,6 @@ class GemmConfig:
     maxnreg: Optional[int] = None  # cap registers (ptxas .maxnreg), e.g. for 2 CTAs per SM
     b_predecode: bool = False  # expand B to fp16 once (one extra pass), then decode only A per tile
     split_k: int = 1  # dense GEMMs: K split over this many CTAs, fp32 partials summed by a second kernel
-    # Dense only, the skinny kernel (_skinny_kernel; few rows of A): split_k = 0 lets choose_config pick
-    # the split from ctas_per_sm; swap_ab / prefetch / fused_reduce are its constexpr switches.
-    skinny: bool = False
-    ctas_per_sm: int = 4
-    swap_ab: bool = True
-    prefetch: bool = True
-    fused_reduce: bool = True
     # Dense only: expand both operands to FP16 q * s (exact) with _expand_kernel (block_k = its tile),
     # cuBLAS FP16 GEMM with fp32 output, then the epilogue kernel. Temporary memory 2MK + 2NK + 4MN bytes.
     dequant_mm: bool = False
@@ -790,6 +672,7 @@ class GemmConfig:
     # the launcher split K for about ctas_per_sm programs per SM; a_pre decodes A once up front
     # (_stream_expand_kernel) instead of in every program's loop.
     stream: bool = False
+    ctas_per_sm: int = 4
     a_pre: bool = False
 
 
@@ -827,8 +710,9 @@ _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
 #   maxnreg=128 at 16 rows: 4 programs per SM without spills (Triton 3.6); 32 rows spill under that cap,
 #   so that row (not measured on a GPU) has none. At 64 rows a 64 x 256 tile with 2 stages keeps the
 #   pre-decoded A tiles (16 KB each) within shared memory for 2 programs per SM.
-# * the skinny kernel (_skinny_kernel): the previous M <= 64 path for N >= 8192, no longer chosen (its rows
-#   are kept for skinny_config, tests and the benchmark's before/after).
+# * the old skinny kernel (the previous M <= 64 path for N >= 8192) was removed after the stream kernel replaced
+#   it; its last H200 us per GEMM, skinny vs stream: 1x14336x4096 33.0 vs 20.0, 16x14336 34.9 vs 21.4, 64x14336
+#   59.3 vs 39.1.
 # * M >= DEQUANT_MIN_M and M*N*K >= DEQUANT_MIN_MNK: expand both operands to FP16 + cuBLAS fp32-output GEMM +
 #   epilogue kernel: 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
 #   M=128 N=K=4096 135 vs 83 [291] TFLOP/s (cuBLAS BF16 in brackets): it beat the fused kernel at every M >= 128.
@@ -836,8 +720,6 @@ _HOPPER_DENSE = dict(
     stream=((16, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
             (32, GemmConfig(32, 128, 128, 8, 4, 3, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
             (64, GemmConfig(64, 64, 256, 8, 4, 2, stream=True, a_pre=True, split_k=0, ctas_per_sm=2))),
-    skinny=((32, GemmConfig(16, 64, 128, 8, 4, 3, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False)),
-            (64, GemmConfig(64, 64, 128, 8, 8, 1, maxnreg=96, skinny=True, split_k=0, ctas_per_sm=4, prefetch=False))),
     dequant_min_m=128,
     dequant_min_mnk=1 << 30,
     dequant=GemmConfig(128, 128, 128, 8, 4, 1, dequant_mm=True),
@@ -868,12 +750,13 @@ def _gpu_key(device: torch.device) -> str:
     return _gpu_key_cached(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def skinny_block_m(m: int) -> int:
+def stream_block_m(m: int) -> int:
+    """The stream kernel's BLOCK_M for M rows of A (a multiple of 16, at most 64)."""
     return 16 if m <= 16 else (32 if m <= 32 else 64)
 
 
-def skinny_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
-    """K splits for the skinny and stream kernels: about ``ctas_per_sm`` programs per SM (``split_k`` when
+def stream_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
+    """K splits for the stream kernel: about ``ctas_per_sm`` programs per SM (``split_k`` when
     positive), every split non-empty."""
     k_tiles = triton.cdiv(k, cfg.block_k)
     split = cfg.split_k
@@ -882,15 +765,6 @@ def skinny_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
         split = triton.cdiv(cfg.ctas_per_sm * num_sms, tiles)
     split = max(1, min(split, k_tiles))
     return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
-
-
-def skinny_config(m: int, n: int, k: int, device: torch.device) -> Optional[GemmConfig]:
-    """The skinny-kernel row for M (None past its rows or for K below one tile), splits filled in."""
-    for max_m, cfg in _DENSE_RULES[_gpu_key(device)]["skinny"]:
-        if m <= max_m and k >= cfg.block_k:
-            cfg = replace(cfg, block_m=skinny_block_m(m))
-            return replace(cfg, split_k=skinny_splits(cfg, m, n, k, _num_sms(device)))
-    return None
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device, grouped: bool = False) -> GemmConfig:
@@ -985,7 +859,7 @@ def _launch(
         config = choose_config(per_expert_m, n, k, device, grouped=grouped)
     if decode is None:
         decode = default_decode(device)
-    if (config.skinny or config.dequant_mm or config.stream) and (grouped or k == 0 or m == 0 or n == 0):
+    if (config.dequant_mm or config.stream) and (grouped or k == 0 or m == 0 or n == 0):
         config = choose_config(max(1, m // max(num_experts, 1)), n, k, device, grouped=True)  # dense-only paths
     flags = dict(A_AMAX_ROWS=a_amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
                  ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16)
@@ -994,9 +868,6 @@ def _launch(
     inv_e = gemm_inv(e_max_a, e_max_b)
     if config.stream:
         return _launch_stream(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
-                              bias_arg, out, flags, m, n, k, inv_e, config, decode)
-    if config.skinny:
-        return _launch_skinny(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
                               bias_arg, out, flags, m, n, k, inv_e, config, decode)
     if config.dequant_mm:
         return _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
@@ -1084,7 +955,7 @@ def _launch_stream(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b
     v = bk // 128
     a_w, b_w = _words(a_data), _words(b_data)
     num_sms = _num_sms(device) if device.type == "cuda" else 4
-    splits = skinny_splits(config, m, n, k, num_sms)
+    splits = stream_splits(config, m, n, k, num_sms)
     per_split = triton.cdiv(triton.cdiv(k, bk), splits)
     m_tiles = triton.cdiv(m, bm)
     grid = (triton.cdiv(n, bn), splits, m_tiles)
@@ -1108,38 +979,6 @@ def _launch_stream(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b
         num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=False,
         **({} if config.maxnreg is None or _interpreting() else {"maxnreg": config.maxnreg}),
     )
-    return out
-
-
-def _launch_skinny(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
-                   flags, m, n, k, inv_e, config, decode):
-    device = a_data.device
-    bm, bn, bk = config.block_m, config.block_n, config.block_k
-    if decode == 1 and not (_asm_fits(bm, bk, config.num_warps) and _asm_fits(bn, bk, config.num_warps)):
-        decode = 0
-    num_sms = _num_sms(device) if device.type == "cuda" else 4
-    splits = skinny_splits(config, m, n, k, num_sms)
-    per_split = triton.cdiv(triton.cdiv(k, bk), splits)
-    grid = (triton.cdiv(n, bn), splits, triton.cdiv(m, bm))
-    fused = config.fused_reduce and splits > 1
-    ws = torch.empty((splits, m, n), dtype=torch.float32, device=device) if splits > 1 else a_amax
-    counts = torch.zeros(grid[0] * grid[2], dtype=torch.int32, device=device) if fused else a_amax
-    _skinny_kernel[grid](
-        a_data, a_sc, a_amax, b_data, b_sc, b_amax, bias, out, ws, counts,
-        m, n, k, per_split, splits,
-        a_data.stride(0), a_ss, a_c4, b_data.stride(0), b_ss, b_c4, out.stride(0), out.stride(1),
-        inv_e, _TAB_LO,
-        A_SWIZZLED=a_sw, B_SWIZZLED=b_sw, **flags, EVEN_K=k % bk == 0, DECODE=decode,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=splits > 1, FUSED_REDUCE=fused,
-        SWAP_AB=config.swap_ab, PREFETCH=config.prefetch,
-        num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=False,
-        **({} if config.maxnreg is None or _interpreting() else {"maxnreg": config.maxnreg}),
-    )
-    if splits > 1 and not fused:
-        _split_k_epilogue_kernel[(triton.cdiv(m, 32), triton.cdiv(n, 32))](
-            ws, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e,
-            SPLIT_K=splits, **flags, BLOCK_M=32, BLOCK_N=32, num_warps=4, enable_fp_fusion=False,
-        )
     return out
 
 
