@@ -29,7 +29,7 @@ import triton.language as tl
 from ..config import NVFP4QuantConfig
 from ..tensors import GroupedNVFP4Tensor
 from . import nvfp4_quantize as kq
-from .nvfp4_quantize import _abs_bits, _load_tile, _rht_tile, _split_of
+from .nvfp4_quantize import _abs_bits, _program_columns, _rht_tile, _split_of
 
 # amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output
 G_NONE, G_SPLIT, G_PER_TOKEN, G_SPLIT_RHT = 0, 1, 2, 3
@@ -88,12 +88,7 @@ def _grouped_amax_kernel(
     across the tiles and folded once, as in the single pass; otherwise each tile takes the row maxima's
     running max per split (a segmented scan) and issues one atomic per split it covers.
     """
-    pid = tl.program_id(0)
-    n_k = tl.cdiv(K, BLOCK_K)
-    pid_m = pid // n_k
-    pid_k = pid % n_k
-    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
-    col_ok = cols < K
+    pid_m, pid_k, cols, col_ok = _program_columns(K, BLOCK_K)
     first_row = (pid_m * STEPS_M * BLOCK_M).to(tl.int64)
     last_row = tl.minimum(first_row + STEPS_M * BLOCK_M, M) - 1
     s_lo = _split_of(first_row, offsets_ptr, num_splits, SPLIT_STEPS)

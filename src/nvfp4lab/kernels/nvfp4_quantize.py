@@ -367,17 +367,23 @@ def _rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.con
 
 
 @triton.jit
-def _load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """This program's [BLOCK_M, BLOCK_K] tile of x (M, K) as fp32 (zeros outside), programs ordered
-    K-fastest; returns (rows, cols, row_ok, col_ok, pid_m, pid_k, xf) with int64 row/column indices."""
+def _program_columns(K, BLOCK_K: tl.constexpr):
+    """(pid_m, pid_k, cols, col_ok) of this program over tiles ordered K-fastest (int64 columns)."""
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
     pid_m = pid // n_k
     pid_k = pid % n_k
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    return pid_m, pid_k, cols, cols < K
+
+
+@triton.jit
+def _load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's [BLOCK_M, BLOCK_K] tile of x (M, K) as fp32 (zeros outside), programs ordered
+    K-fastest; returns (rows, cols, row_ok, col_ok, pid_m, pid_k, xf) with int64 row/column indices."""
+    pid_m, pid_k, cols, col_ok = _program_columns(K, BLOCK_K)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     row_ok = rows < M
-    col_ok = cols < K
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     xf = x.to(tl.float32)
     return rows, cols, row_ok, col_ok, pid_m, pid_k, xf
@@ -393,12 +399,7 @@ def _amax_kernel(
     """Folds max |x| of STEPS_M tiles (consecutive along M) into the int32 views of the amax buffers
     (zeroed by the caller). Per-tensor and per-column maxima are carried across the steps in
     registers, so one program issues one atomic per output (same-address atomics serialize in L2)."""
-    pid = tl.program_id(0)
-    n_k = tl.cdiv(K, BLOCK_K)
-    pid_m = pid // n_k
-    pid_k = pid % n_k
-    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
-    col_ok = cols < K
+    pid_m, pid_k, cols, col_ok = _program_columns(K, BLOCK_K)
     # maxima are carried elementwise across the steps and reduced once at the end (a reduction along
     # M crosses warps through shared memory)
     t = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
