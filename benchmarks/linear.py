@@ -19,12 +19,19 @@ also timed eagerly, in its own columns, since the MoE case is host-bound when ea
     python benchmarks/linear.py --quick    # fewer iterations
     python benchmarks/linear.py --out results.json
     python benchmarks/linear.py --device cpu --tiny --quick   # smoke run of the script on CPU
+    python benchmarks/linear.py --quick --breakdown 12         # + each preset's top kernels (one eager step)
+
+``--breakdown N`` profiles one eager step per preset (torch.profiler; CUDA kernels on a GPU, CPU ops
+otherwise) and prints its N costliest kernels and the kernel time per kind (quantize: amax/cast/quantize
+kernels; GEMM: Triton GEMM kernels and cuBLAS; other): the split of the step as it runs, where the
+quantize / GEMM columns of the table time the same calls alone.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -113,6 +120,40 @@ def step_fn(module, x, dy, params, splits=None, fresh_weights=True):
     return step
 
 
+# kernel (CUDA) or op (CPU, reference backend) names -> kind; the GEMM ops' own expand/epilogue kernels are GEMM
+_KINDS = (("quantize", re.compile(r"amax|cast16|(?<!de)quantiz", re.I)),
+          ("GEMM", re.compile(r"gemm|expand_kernel|stream_kernel|::(b|add)?mm$|matmul|sm90|cutlass|nvjet|xmma", re.I)))
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in _KINDS if pattern.search(name)), "other")
+
+
+def kernel_breakdown(step, device: torch.device, top: int) -> dict:
+    """Self time of each kernel (CUDA) or op (CPU) of one eager ``step``: the ``top`` costliest, and the
+    totals per kind, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    step()  # compiled and cached before the profiled step
+    if cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    kernels = []
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", 0) if cuda else event.self_cpu_time_total
+        if us > 0 and (not cuda or str(event.device_type).endswith("CUDA")):
+            kernels.append((event.key, event.count, us / 1e3))
+    kernels.sort(key=lambda k: -k[2])
+    totals = {kind: 0.0 for kind, _ in _KINDS} | {"other": 0.0}
+    for name, _, ms in kernels:
+        totals[kernel_kind(name)] += ms
+    return dict(top=kernels[:top], totals=totals)
+
+
 def bf16_grouped(weights, splits):
     class Loop(torch.nn.Module):
         def forward(self, x, m_splits):
@@ -189,6 +230,8 @@ def run_case(case, args, device, time_ms, eager_ms):
             q_ms, g_ms = split_quantize_gemm(recipe, xs, weights, dys, args.backend, time_ms, warmup, iters)
             row.update(step_ms=step_ms, ratio=step_ms / bf16_ms, quantize_ms=q_ms, gemm_ms=g_ms,
                        eager_ms=step_eager_ms, eager_ratio=step_eager_ms / bf16_eager_ms)
+            if args.breakdown:
+                row["breakdown"] = kernel_breakdown(step, device, args.breakdown)
         except Exception as err:  # keep going: one missing kernel should not hide the other rows
             row.update(error=f"{type(err).__name__}: {err}"[:160])
         rows.append(row)
@@ -221,6 +264,19 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def breakdown_text(rows) -> str:
+    lines = []
+    for r in rows:
+        if "breakdown" not in r:
+            continue
+        totals = r["breakdown"]["totals"]
+        lines.append(f"{r['case']} / {r['preset']}: kernel ms per kind (one eager step) "
+                     + ", ".join(f"{kind} {ms:.3f}" for kind, ms in totals.items()))
+        for name, count, ms in r["breakdown"]["top"]:
+            lines.append(f"    {ms:8.3f} ms  {count:4d}x  [{kernel_kind(name)}] {name[:90]}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer warm-up and timed iterations")
@@ -232,6 +288,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (to smoke-test the script on CPU)")
     parser.add_argument("--cached-weights", action="store_true", help="keep quantized weights cached across steps")
     parser.add_argument("--eager", action="store_true", help="time eager launches only (no CUDA graphs)")
+    parser.add_argument("--breakdown", type=int, default=0, metavar="N",
+                        help="profile one eager step per preset and print its N costliest kernels and the time per kind")
     args = parser.parse_args(argv)
     unknown = [p for p in args.presets.split(",") if p and p not in PRESETS]
     if unknown:
@@ -263,6 +321,8 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
     print(f"# {meta['device']} | torch {meta['torch']} | triton {meta.get('triton', '-')} | backend {meta['backend']} | "
           f"weights {meta['weights']} | timing {meta['timing']} | target: {', '.join(TARGET_PRESETS)} <= {TARGET}x bf16")
+    if args.breakdown:
+        print(breakdown_text(rows))
     print(table(rows))
     return 0
 

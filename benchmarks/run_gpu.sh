@@ -31,7 +31,8 @@ step conf 150 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --back
 step tests ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
-  [ -f "$script" ] && step "$b" "$BENCH_LIMIT" python3 "$script" $QUICK --out "$OUT/$b.json"
+  extra=""; [ "$b" = linear ] && extra="--breakdown 12"  # + each preset's costliest kernels
+  [ -f "$script" ] && step "$b" "$BENCH_LIMIT" python3 "$script" $QUICK $extra --out "$OUT/$b.json"
 done
 
 # the accuracy lab on the GPU (model folder carried as .gpu/minilm when the package is not installed there)

@@ -35,8 +35,15 @@ def test_benchmark_smoke_run(script, tmp_path):
 def test_linear_benchmark_moe_smoke_run(tmp_path):
     # CPU: eager timing only (the CUDA-graph timer needs a GPU); the MoE step of both target presets runs
     out = tmp_path / "results.json"
-    run_script("linear.py", "--device", "cpu", "--tiny", "--quick", "--cases", "moe", "--presets", "te_default,per_token",
-               "--out", str(out))
+    proc = run_script("linear.py", "--device", "cpu", "--tiny", "--quick", "--cases", "moe", "--presets", "te_default,per_token",
+                      "--breakdown", "4", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [row["preset"] for row in rows] == ["bf16 nn.Linear", "te_default", "per_token"]
     assert all("error" not in row and row["step_ms"] > 0 and row["eager_ms"] > 0 for row in rows)
+    # --breakdown: one profiled step per preset, its costliest ops and the time per kind (CPU: reference ops,
+    # whose GEMMs are aten matmuls and whose quantize functions are not separate ops)
+    for row in rows[1:]:
+        top, totals = row["breakdown"]["top"], row["breakdown"]["totals"]
+        assert len(top) == 4 and all(ms > 0 for _, _, ms in top)
+        assert set(totals) == {"quantize", "GEMM", "other"} and totals["GEMM"] > 0
+        assert f"MoE 8x 224->64, 256 tok / {row['preset']}: kernel ms per kind" in proc.stdout
