@@ -29,6 +29,7 @@ RECIPES = {
     "pertoken": dict(rowwise=True, columnwise=True, per_token=True),
     "rht": dict(rowwise=True, columnwise=True, rht=True),
     "sr": dict(rowwise=True, columnwise=True, stochastic_rounding=True),
+    "rht-sr": dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True),
     "4over6": dict(rowwise=True, columnwise=True, four_over_six="mae", e4m3_max=256.0),
 }
 MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch option maxnreg) to try; 0: the launcher's
@@ -40,11 +41,12 @@ def compile_cast(kwargs, tile=None, cast16=False, split_steps=0):
     meta = kq.config_meta(cfg)
     if split_steps:
         meta.update(GROUPED=True, SPLIT_STEPS=split_steps)
-    if cast16:
-        for k in ("RHT", "RHT_MASK", "FOUR_OVER_SIX", "BLOCK_M", "DOT_BF16"):
-            meta.pop(k)
+    if cast16:  # RHT recipes build the kernel's opt-in RHT path (NVFP4LAB_CAST16_RHT)
         bk, warps = (tile[1], tile[2]) if tile else kq.cast16_tile(8192)
-        meta["BLOCK_K"] = bk
+        meta = dict(kq.cast16_meta(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.e4m3_max,
+                                   cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, bk,
+                                   cfg.rht_sign_mask if cfg.rht else -1),
+                    **{k: v for k, v in meta.items() if k in ("GROUPED", "SPLIT_STEPS")})
         fn = kq._cast16_kernel
         bm = 16
     else:

@@ -12,6 +12,7 @@ from nvfp4lab.kernels import grouped_quantize as gq
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
+from .kernel_checks import record_launches
 from .test_nvfp4_quantize import DEV, make_input
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -83,6 +84,15 @@ def test_matches_reference(recipe, splits, monkeypatch):
     x = make_input(kwargs, (sum(sizes), 48), torch.bfloat16, seed=zlib.crc32(f"{recipe}/{splits}".encode()) % 1000)
     offsets = offsets_of(sizes)
     assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), f"{recipe} {splits}")
+
+
+@pytest.mark.parametrize("splits", ["uneven", "zero-front-mid-end", "long"])
+def test_cast16_rht_grouped(splits, monkeypatch):
+    """The opt-in RHT path of _cast16_kernel (NVFP4LAB_CAST16_RHT=1) in the grouped cast."""
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
+    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+    test_matches_reference("rht-rowcol", splits, monkeypatch)
+    assert launches and all(call["RHT"] and call["GROUPED"] for call in launches)
 
 
 @pytest.mark.parametrize("recipe", ["1x16-rowcol", "pertoken-rowcol", "1x16-row"])

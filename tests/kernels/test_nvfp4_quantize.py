@@ -22,7 +22,7 @@ from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode
 from nvfp4lab.kernels.nvfp4_quantize import _dequant_4over6_fast, _seq_sum16, _tree_sum16
 
-from .kernel_checks import forbid_launches
+from .kernel_checks import forbid_launches, record_launches
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -119,6 +119,29 @@ def test_matches_reference(name, case, monkeypatch):
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, shape, dtype, seed=zlib.crc32(f"{name}/{case}".encode()) % 1000)
     assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {case}")
+
+
+RHT_CONFIGS = [name for name in CONFIGS if name.startswith("rht")]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", RHT_CONFIGS)
+def test_cast16_rht_matches_reference(name, case, monkeypatch):
+    """The opt-in RHT path of _cast16_kernel (butterflies in registers) gives the reference's bits."""
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
+    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+    test_matches_reference(name, case, monkeypatch)
+    assert launches and all(call["RHT"] and call["RHT_MASK"] == CONFIGS[name].get("rht_sign_mask", 0xD7E8)
+                            for call in launches)
+
+
+def test_cast16_rht_special_values_and_sr(monkeypatch):
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
+    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+    test_special_values_rht()
+    test_sr_rounds_to_a_neighbour_and_keeps_scales("rht")
+    test_sr_mean_has_lower_error_than_rn("rht")
+    assert len(launches) >= 4 and all(call["RHT"] for call in launches)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -574,9 +597,10 @@ for name, kwargs in json.loads(sys.argv[1]).items():
     try:
         frontend(kq._quantize_kernel, sig, kq.config_meta(cfg), 4)
         frontend(kq._quantize_kernel, sig, dict(kq.config_meta(cfg), GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 4)
-        if kq.use_cast16(cfg.rht, cfg.four_over_six):
+        if kq.use_cast16(cfg.rht, cfg.four_over_six, cfg.block == "16x16"):
             meta16 = kq.cast16_meta(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.e4m3_max,
-                                    cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, 128)
+                                    cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, 128,
+                                    cfg.rht_sign_mask if cfg.rht else -1)
             frontend(kq._cast16_kernel, sig, meta16, 1)
             frontend(kq._cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
     except Exception as exc:  # report every recipe, not only the first failure
@@ -601,7 +625,8 @@ def test_cast_kernels_build_for_sm90():
     import subprocess
     import sys
 
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"))
+    # NVFP4LAB_CAST16_RHT: RHT recipes build _cast16_kernel's opt-in RHT path as well
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"), NVFP4LAB_CAST16_RHT="1")
     configs = dict(CONFIGS, **{f"sr-{k}": dict(v, stochastic_rounding=True) for k, v in CONFIGS.items() if not v.get("four_over_six")})
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(configs)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -632,6 +657,17 @@ def test_gpu_matches_reference(name, shape):
     for dtype in (torch.bfloat16, torch.float32):
         x = make_input(kwargs, shape, dtype, seed=41, device="cuda")
         assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape} {dtype}")
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(4096, 4096), (2064, 3088)])
+@pytest.mark.parametrize("name", RHT_CONFIGS)
+def test_gpu_cast16_rht_matches_reference(name, shape, monkeypatch):
+    """The opt-in RHT path of _cast16_kernel on the GPU (the reference's bf16 RHT on rht-safe inputs)."""
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
+    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+    test_gpu_matches_reference(name, shape)
+    assert launches and all(call["RHT"] for call in launches)
 
 
 @gpu

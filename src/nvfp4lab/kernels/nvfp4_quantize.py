@@ -3,7 +3,7 @@
 Passes over x (M, K). Environment overrides, for tuning and comparison only: NVFP4LAB_QUANT_TILE=
 "BMxBKxWARPS" (amax and generic cast tiles), NVFP4LAB_CAST16_TILE="BKxWARPS", NVFP4LAB_CAST16_MAXNREG
 (``cast16_launch_options``), NVFP4LAB_AMAX_STEPS (tiles per amax program), NVFP4LAB_QUANT_KERNEL=generic
-(no ``_cast16_kernel``).
+(no ``_cast16_kernel``), NVFP4LAB_CAST16_RHT=1 (RHT recipes on ``_cast16_kernel``, see ``use_cast16``).
 
 1. ``_amax_kernel``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
    column (K,), or per tensor of the bf16 RHT output; folded into zeroed fp32 buffers by ``atomic_max``
@@ -40,6 +40,9 @@ Numerics: those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32.
 * RHT: ``tl.dot`` of blockdiag(T^T) [BLOCK_M, BLOCK_M] (entries +-0.25) with the tile rounded to bf16,
   fp32 accumulation, result rounded to bf16 by integer RNE. (The interpreter truncates casts to bf16
   and its bf16 ``tl.dot`` is wrong, so there the same exact values go through an fp32 dot.)
+  Opt-in (NVFP4LAB_CAST16_RHT=1, not yet timed on a GPU): ``_cast16_kernel`` with the RHT as
+  butterflies in registers (``_rht16_cast16``): 57.6 SASS instructions per element for RHT(col)+row
+  at 137 registers, against 108.6 at 76 for the generic kernel (sm_90, ``tools/sass_stats.py``).
 * Stochastic rounding: Philox4x32-10 (``tl.philox``), key = seed, counter = (block index lo, hi,
   stream, 0), stream 0 rowwise / 1 columnwise; word w of a block feeds elements 4w..4w+3, byte b to
   element 4w+b (TE's mapping). The seed is an int, or an int64 device tensor read by the kernel.
@@ -367,6 +370,44 @@ def _rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.con
 
 
 @triton.jit
+def _butterfly_pairs(t):
+    """[..., 2] -> (a + b, a - b) of each pair on the last axis: one stage of a Hadamard transform."""
+    a, b = tl.split(t)
+    return tl.join(a + b, a - b)
+
+
+@triton.jit
+def _rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """bf16(v @ T) for the 16 rows v of each column of a ``_cast16_kernel`` tile (fp32 values of bf16
+    x; tile row i holds row 8 (i % 2) + i // 2), fp32 out: the RHT of x^T's rows, as ``_rht_tile``.
+
+    Done in registers, no dot: with row r = 8 h + j, Sylvester's H16 = H2 x H8 and each thread holds
+    the 8 rows j of one half h of a column, so T = diag(s) H16 / 4 is the sign flip and 1/4 (exact),
+    H8 over j as three butterfly stages inside the thread, then H2 across the two threads of the
+    column (one exchange). fp32 sums, rounded to bf16 once; the summation order differs from an MMA's,
+    which only matters where a 16-term sum is inexact (spec: unspecified order).
+    """
+    i = tl.arange(0, 16)
+    sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -0.25, 0.25)
+    # [16, BK] -> [8 (j), 2 (h), BK] -> [2 (h), BK, 8 (j)]: a thread's 8 rows on the last axis
+    t = tl.permute(tl.reshape(xb * sign[:, None], [8, 2, BLOCK_K]), (1, 2, 0))
+    PAIRS: tl.constexpr = 2 * BLOCK_K * 4
+    # one stage per bit of j: bit 0, bit 1, bit 2 (each pairs j with j ^ bit, the pair on the last axis)
+    t = tl.reshape(_butterfly_pairs(tl.reshape(t, [PAIRS, 2])), [2, BLOCK_K, 2, 2, 2])       # (h, c, b2, b1, b0)
+    t = tl.permute(t, (0, 1, 2, 4, 3))                                                      # (h, c, b2, b0, b1)
+    t = tl.reshape(_butterfly_pairs(tl.reshape(t, [PAIRS, 2])), [2, BLOCK_K, 2, 2, 2])
+    t = tl.permute(t, (0, 1, 3, 4, 2))                                                      # (h, c, b0, b1, b2)
+    t = tl.reshape(_butterfly_pairs(tl.reshape(t, [PAIRS, 2])), [2, BLOCK_K, 2, 2, 2])
+    t = tl.reshape(tl.permute(t, (0, 1, 4, 3, 2)), [2, BLOCK_K, 8])                          # (h, c, j')
+    # H2 across h: y_h' = u_0 + (-1)^h' u_1
+    first = (tl.arange(0, 2) == 0)[:, None, None]
+    total = tl.sum(t, axis=0)
+    diff = tl.sum(tl.where(first, t, -t), axis=0)
+    y = tl.where(first, total[None, :, :], diff[None, :, :])
+    return _bf16_rne(tl.reshape(tl.permute(y, (2, 0, 1)), [16, BLOCK_K]))
+
+
+@triton.jit
 def _program_columns(K, BLOCK_K: tl.constexpr):
     """(pid_m, pid_k, cols, col_ok) of this program over tiles ordered K-fastest (int64 columns)."""
     pid = tl.program_id(0)
@@ -633,10 +674,10 @@ def _cast16_kernel(
     row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, group_split_ptr, num_splits,
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0,
+    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
 ):
-    """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without RHT
-    or 4over6; see ``use_cast16``).
+    """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
+    4over6; RHT only where ``use_cast16`` says so: ``_rht16_cast16`` on the columnwise side).
 
     The same results as ``_quantize_kernel`` (same arguments), laid out for the instruction count:
     with bf16 input, BLOCK_K = 128 and one warp, each thread loads 16 bytes of 8 of the 16 rows (see
@@ -705,6 +746,12 @@ def _cast16_kernel(
 
     # ---------------------------------------------------- columnwise: the 16 rows are one block per column
     if COLWISE:
+        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (no 16x16 blocks with RHT: see use_cast16)
+            if x_ptr.dtype.element_ty == tl.bfloat16:
+                xf = _rht16_cast16(xf, RHT_MASK, BLOCK_K)
+            else:
+                xf = _rht16_cast16(_bf16_rne(xf), RHT_MASK, BLOCK_K)
+            ab = _abs_bits(xf)
         if BLOCK_2D:
             cbamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None], [KB, 16]), [BLOCK_K])
         else:
@@ -766,15 +813,19 @@ _TILES = {
 _CAST16_ROW_MAXNREG = 128
 
 
-def use_cast16(rht: bool, four_over_six) -> bool:
-    """Whether the cast runs ``_cast16_kernel`` (recipes without RHT or 4over6) rather than the generic
-    ``_quantize_kernel``. NVFP4LAB_QUANT_KERNEL=generic forces the generic kernel (comparison).
+def use_cast16(rht: bool, four_over_six, block_2d: bool = False) -> bool:
+    """Whether the cast runs ``_cast16_kernel`` rather than the generic ``_quantize_kernel``: recipes
+    without 4over6, and RHT recipes (1x16 blocks) only when NVFP4LAB_CAST16_RHT=1.
+    NVFP4LAB_QUANT_KERNEL=generic forces the generic kernel (comparison).
 
-    RHT stays on the generic kernel: a version of _cast16_kernel with the RHT as a [16, 16] x
-    [16, BLOCK_K] dot measured slower on an H200 at 8192^2 (RHT+row cast 357 us against 300 us
-    generic, RHT+SR 1200 against 632: the dot's result layout turns the columnwise reductions into
-    shuffles)."""
-    return not rht and not four_over_six and os.environ.get("NVFP4LAB_QUANT_KERNEL", "auto") != "generic"
+    RHT in ``_cast16_kernel`` is ``_rht16_cast16`` (butterflies in registers: 21.6 SASS instructions
+    per element for load + RHT + bf16 rounding + store in a probe kernel, no shared memory), opt-in
+    until timed on a GPU. An earlier version with the RHT as a [16, 16] x [16, BLOCK_K] dot measured
+    slower than the generic kernel on an H200 at 8192^2 (RHT+row cast 357 us against 300 us generic,
+    RHT+SR 1200 against 632: the dot's result layout turns the columnwise reductions into shuffles)."""
+    if four_over_six or os.environ.get("NVFP4LAB_QUANT_KERNEL", "auto") == "generic":
+        return False
+    return not rht or (not block_2d and os.environ.get("NVFP4LAB_CAST16_RHT", "0") == "1")
 
 
 def cast16_tile(k: int, kind: str = "cast16") -> tuple[int, int]:
@@ -801,12 +852,12 @@ def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
 
 
 def cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding, seed_from_ptr,
-                scale_layout, bk) -> dict:
-    """The constexpr arguments of ``_cast16_kernel``."""
+                scale_layout, bk, rht_sign_mask: int = -1) -> dict:
+    """The constexpr arguments of ``_cast16_kernel`` (rht_sign_mask < 0: no RHT)."""
     return dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
         SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=_LAYOUT_CODES[scale_layout], BLOCK_K=bk,
-        GROUPED=False, SPLIT_STEPS=0,
+        GROUPED=False, SPLIT_STEPS=0, RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
     )
 
 
@@ -948,11 +999,11 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
     amax pass's int32 split of each 16-row group) makes it the grouped cast."""
     m, k = x.shape
     rht = rht_sign_mask >= 0
-    if use_cast16(rht, four_over_six):
+    if use_cast16(rht, four_over_six, block_2d):
         bk, warps = cast16_tile(k)
         kernel, grid = _cast16_kernel, (triton.cdiv(m, 16) * triton.cdiv(k, bk),)
         meta = cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
-                           seed_tensor is not None, scale_layout, bk)
+                           seed_tensor is not None, scale_layout, bk, rht_sign_mask)
         meta.update(cast16_launch_options(rowwise, columnwise))
     else:
         bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
