@@ -11,7 +11,8 @@ For each recipe and shape (bf16 x of M x K) it reports, all medians of ``triton.
 * ref_*      torch.compile(ref.nvfp4.quantize) eager and CUDA-graph replay, and our speed-up over each
 
 Usage (from the repo root):  PYTHONPATH=src python benchmarks/quantize.py [--quick] [--out FILE]
-``--quick`` runs 8192x8192 only; ``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` overrides the
+``--quick`` runs 8192x8192 only, ``--shapes MxK,...`` the given shapes (to split the sweep across runs);
+``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` overrides the
 kernel tile (same as env NVFP4LAB_QUANT_TILE); ``--no-baseline`` skips the torch.compile reference;
 ``--tile-sweep [LIST]`` times every recipe at 8192x8192 for each tile of LIST (default: a grid of
 common tiles) instead of the sweep, to pick the kernels' defaults. The table is printed last.
@@ -162,6 +163,7 @@ def markdown_table(rows) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="8192x8192 only")
+    parser.add_argument("--shapes", help="comma-separated MxK shapes replacing the sweep (to split it across runs)")
     parser.add_argument("--out", help="write results to this .json or .md file")
     parser.add_argument("--tile", help="BMxBKxWARPS tile override for every kernel (NVFP4LAB_QUANT_TILE)")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated subset of: " + ", ".join(RECIPES))
@@ -178,6 +180,13 @@ def main(argv=None) -> int:
     if args.tile:
         os.environ["NVFP4LAB_QUANT_TILE"] = args.tile
     shapes = [QUICK_SHAPE] if args.quick else [(m, k) for m in MS for k in KS]
+    if args.shapes:
+        try:
+            shapes = [tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes.split(",") if shape.strip()]
+        except ValueError:
+            parser.error(f"--shapes takes MxK,MxK,...; got {args.shapes!r}")
+        if any(len(shape) != 2 for shape in shapes):
+            parser.error(f"--shapes takes MxK,MxK,...; got {args.shapes!r}")
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
