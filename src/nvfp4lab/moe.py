@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .ops import host_ints_on_device
+from .ops import host_ints_on_device, unswizzle_scales
 from .ref.swizzle import compact_scales
 from .tensors import NVFP4Tensor, cumulative_offsets
 
@@ -35,9 +35,18 @@ def _check_list(name: str, ts, same_rows: bool) -> None:
             raise ValueError(f"{name}[{i}] has e4m3_max {t.e4m3_max}, {name}[0] {ts[0].e4m3_max}: all need the same E")
 
 
+def _compact_rowwise_scales(t: NVFP4Tensor) -> torch.Tensor:
+    """t's rowwise scales as a compact (M, K/16) matrix. Swizzled ones go through
+    :func:`nvfp4lab.ops.unswizzle_scales` (one kernel on CUDA; the reference's gather builds its int64
+    offsets in a dozen elementwise passes, which per expert weight and step cost more than the gather)."""
+    if t.scale_layout == "swizzled":
+        return unswizzle_scales(t.rowwise_scale, t.m, t.k // 16)
+    return compact_scales(t.rowwise_scale, t.scale_layout, t.m, t.k // 16)
+
+
 def _concat_rows(ts, amax: torch.Tensor, shape, per_token: bool) -> NVFP4Tensor:
     t0 = ts[0]
-    scales = [compact_scales(t.rowwise_scale, t.scale_layout, t.m, t.k // 16) for t in ts]
+    scales = [_compact_rowwise_scales(t) for t in ts]
     config = replace(t0.config, scale_layout="compact", columnwise=False, rowwise=True)
     if per_token:
         config = replace(config, per_token=True, rht=False, block="1x16")
