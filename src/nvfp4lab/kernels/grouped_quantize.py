@@ -29,7 +29,7 @@ import triton.language as tl
 from ..config import NVFP4QuantConfig
 from ..tensors import GroupedNVFP4Tensor
 from . import nvfp4_quantize as kq
-from .nvfp4_quantize import _abs_bits, _program_columns, _rht_tile, _split_of
+from .nvfp4_quantize import _abs_bits, _load_rows, _program_columns, _rht_tile, _split_of
 
 # amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output
 G_NONE, G_SPLIT, G_PER_TOKEN, G_SPLIT_RHT = 0, 1, 2, 3
@@ -99,8 +99,7 @@ def _grouped_amax_kernel(
         t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < M
-            xf = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            row_ok, xf = _load_rows(x_ptr, rows, cols, col_ok, M, K)
             abs_bits = _abs_bits(xf)
             if PER_SPLIT or COL_MODE == 2:
                 t = tl.maximum(t, abs_bits)
@@ -124,8 +123,7 @@ def _grouped_amax_kernel(
     else:
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < M
-            xf = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            row_ok, xf = _load_rows(x_ptr, rows, cols, col_ok, M, K)
             abs_bits = _abs_bits(xf)
             split = _split_in_range(rows, offsets_ptr, s_lo, s_hi)
             if PER_SPLIT:

@@ -419,14 +419,20 @@ def _program_columns(K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(x_ptr, rows, cols, col_ok, M, K):
+    """(row_ok, fp32 tile) of x (M, K) at int64 rows x cols, zeros outside."""
+    row_ok = rows < M
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    return row_ok, x.to(tl.float32)
+
+
+@triton.jit
 def _load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """This program's [BLOCK_M, BLOCK_K] tile of x (M, K) as fp32 (zeros outside), programs ordered
     K-fastest; returns (rows, cols, row_ok, col_ok, pid_m, pid_k, xf) with int64 row/column indices."""
     pid_m, pid_k, cols, col_ok = _program_columns(K, BLOCK_K)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    row_ok = rows < M
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    xf = x.to(tl.float32)
+    row_ok, xf = _load_rows(x_ptr, rows, cols, col_ok, M, K)
     return rows, cols, row_ok, col_ok, pid_m, pid_k, xf
 
 
@@ -447,10 +453,7 @@ def _amax_kernel(
     t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
     for step in tl.static_range(STEPS_M):
         rows = ((pid_m * STEPS_M + step) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
-        xf = x.to(tl.float32)
+        row_ok, xf = _load_rows(x_ptr, rows, cols, col_ok, M, K)
         abs_bits = _abs_bits(xf)
         if TENSOR_AMAX or COL_MODE == 2:
             t = tl.maximum(t, abs_bits)
