@@ -54,7 +54,7 @@ KS = (2048, 4096, 8192)
 
 def bench(fn) -> float:
     """Median milliseconds."""
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
 def graphed(fn):
@@ -160,6 +160,16 @@ def markdown_table(rows) -> str:
     return "\n".join(out)
 
 
+def run_meta(args, t0: float) -> dict:
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                tile=args.tile or "default", seconds=round(time.time() - t0, 1))
+
+
+def write_json(path: str, rows: list, args, t0: float) -> None:
+    with open(path, "w") as f:
+        json.dump(dict(meta=run_meta(args, t0), rows=rows), f, indent=1)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="8192x8192 only")
@@ -217,16 +227,16 @@ def main(argv=None) -> int:
                 if tile:
                     row["tile"] = tile.replace("NVFP4LAB_", "")
                 rows.append(row)
+                if args.out and args.out.endswith(".json"):  # after every row: a run cut short keeps its rows
+                    write_json(args.out, rows, args, t0)
                 print(f"  {name} {m}x{k} tile {tile or args.tile or 'default'}: full {row['full_us']:.1f} us "
                       f"({row['pct_copy_full']:.0f}% of copy), cast {row['cast_us']:.1f} us, amax {row['amax_us']:.1f} us",
                       file=sys.stderr, flush=True)
     device = torch.cuda.get_device_name()
-    meta = dict(device=device, torch=torch.__version__, triton=triton.__version__, tile=args.tile or "default",
-                seconds=round(time.time() - t0, 1))
+    meta = run_meta(args, t0)
     if args.out:
         if args.out.endswith(".json"):
-            with open(args.out, "w") as f:
-                json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            write_json(args.out, rows, args, t0)
         else:
             with open(args.out, "w") as f:
                 f.write(f"# NVFP4 quantize benchmark\n\n{json.dumps(meta)}\n\n{markdown_table(rows)}\n")

@@ -41,7 +41,7 @@ def compile_cast(kwargs, tile=None, cast16=False, split_steps=0):
     meta = kq.config_meta(cfg)
     if split_steps:
         meta.update(GROUPED=True, SPLIT_STEPS=split_steps)
-    if cast16:  # RHT recipes build the kernel's opt-in RHT path (NVFP4LAB_CAST16_RHT)
+    if cast16:  # RHT recipes build the kernel's RHT path (the default; NVFP4LAB_CAST16_RHT=0: generic)
         bk, warps = (tile[1], tile[2]) if tile else kq.cast16_tile(8192)
         meta = dict(kq.cast16_meta(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.e4m3_max,
                                    cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, bk,

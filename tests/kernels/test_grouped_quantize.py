@@ -87,10 +87,11 @@ def test_matches_reference(recipe, splits, monkeypatch):
 
 
 @pytest.mark.parametrize("splits", ["uneven", "zero-front-mid-end", "long"])
-def test_cast16_rht_grouped(splits, monkeypatch):
-    """The opt-in RHT path of _cast16_kernel (NVFP4LAB_CAST16_RHT=1) in the grouped cast."""
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
-    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+def test_generic_rht_grouped(splits, monkeypatch):
+    """The generic kernel's RHT (NVFP4LAB_CAST16_RHT=0) in the grouped cast (the default, _cast16_kernel,
+    runs in test_matches_reference)."""
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "0")
+    launches = record_launches(monkeypatch, kq, "_quantize_kernel")
     test_matches_reference("rht-rowcol", splits, monkeypatch)
     assert launches and all(call["RHT"] and call["GROUPED"] for call in launches)
 

@@ -124,20 +124,39 @@ def test_matches_reference(name, case, monkeypatch):
 RHT_CONFIGS = [name for name in CONFIGS if name.startswith("rht")]
 
 
+# RHT recipes run on _cast16_kernel by default (the butterfly RHT, which test_matches_reference checks);
+# NVFP4LAB_CAST16_RHT=0 sends them to the generic kernel's dot-based RHT, checked here.
+RHT_PATHS = {"cast16": ("1", "_cast16_kernel"), "generic": ("0", "_quantize_kernel")}
+
+
+@pytest.mark.parametrize("path", list(RHT_PATHS))
+def test_rht_recipes_take_the_chosen_kernel(path, monkeypatch):
+    env, kernel = RHT_PATHS[path]
+    if env == "1":
+        monkeypatch.delenv("NVFP4LAB_CAST16_RHT", raising=False)  # the default
+    else:
+        monkeypatch.setenv("NVFP4LAB_CAST16_RHT", env)
+    launches = record_launches(monkeypatch, kq, kernel)
+    test_matches_reference("rht-d7e8-rowcol", "48x80-bf16", monkeypatch)
+    assert launches and all(call["RHT"] and call["RHT_MASK"] == 0xD7E8 for call in launches)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", RHT_CONFIGS)
-def test_cast16_rht_matches_reference(name, case, monkeypatch):
-    """The opt-in RHT path of _cast16_kernel (butterflies in registers) gives the reference's bits."""
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
-    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+def test_generic_rht_matches_reference(name, case, monkeypatch):
+    """The generic kernel's RHT (a block-diagonal dot) gives the reference's bits."""
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "0")
+    launches = record_launches(monkeypatch, kq, "_quantize_kernel")
     test_matches_reference(name, case, monkeypatch)
     assert launches and all(call["RHT"] and call["RHT_MASK"] == CONFIGS[name].get("rht_sign_mask", 0xD7E8)
                             for call in launches)
 
 
-def test_cast16_rht_special_values_and_sr(monkeypatch):
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
-    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+@pytest.mark.parametrize("path", list(RHT_PATHS))
+def test_rht_special_values_and_sr_on_both_kernels(path, monkeypatch):
+    env, kernel = RHT_PATHS[path]
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", env)
+    launches = record_launches(monkeypatch, kq, kernel)
     test_special_values_rht()
     test_sr_rounds_to_a_neighbour_and_keeps_scales("rht")
     test_sr_mean_has_lower_error_than_rn("rht")
@@ -625,8 +644,9 @@ def test_cast_kernels_build_for_sm90():
     import subprocess
     import sys
 
-    # NVFP4LAB_CAST16_RHT: RHT recipes build _cast16_kernel's opt-in RHT path as well
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"), NVFP4LAB_CAST16_RHT="1")
+    # RHT recipes build both their default (_cast16_kernel) and the generic kernel
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"))
+    env.pop("NVFP4LAB_CAST16_RHT", None)
     configs = dict(CONFIGS, **{f"sr-{k}": dict(v, stochastic_rounding=True) for k, v in CONFIGS.items() if not v.get("four_over_six")})
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(configs)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -662,10 +682,11 @@ def test_gpu_matches_reference(name, shape):
 @gpu
 @pytest.mark.parametrize("shape", [(4096, 4096), (2064, 3088)])
 @pytest.mark.parametrize("name", RHT_CONFIGS)
-def test_gpu_cast16_rht_matches_reference(name, shape, monkeypatch):
-    """The opt-in RHT path of _cast16_kernel on the GPU (the reference's bf16 RHT on rht-safe inputs)."""
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "1")
-    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+def test_gpu_generic_rht_matches_reference(name, shape, monkeypatch):
+    """The generic kernel's RHT on the GPU (NVFP4LAB_CAST16_RHT=0; test_gpu_matches_reference runs the
+    default, _cast16_kernel's butterflies), the reference's bf16 RHT on rht-safe inputs."""
+    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "0")
+    launches = record_launches(monkeypatch, kq, "_quantize_kernel")
     test_gpu_matches_reference(name, shape)
     assert launches and all(call["RHT"] for call in launches)
 

@@ -3,7 +3,7 @@
 Passes over x (M, K). Environment overrides, for tuning and comparison only: NVFP4LAB_QUANT_TILE=
 "BMxBKxWARPS" (amax and generic cast tiles), NVFP4LAB_CAST16_TILE="BKxWARPS", NVFP4LAB_CAST16_MAXNREG
 (``cast16_launch_options``), NVFP4LAB_AMAX_STEPS (tiles per amax program), NVFP4LAB_QUANT_KERNEL=generic
-(no ``_cast16_kernel``), NVFP4LAB_CAST16_RHT=1 (RHT recipes on ``_cast16_kernel``, see ``use_cast16``).
+(no ``_cast16_kernel``), NVFP4LAB_CAST16_RHT=0 (RHT recipes on the generic kernel, see ``use_cast16``).
 
 1. ``_amax_kernel``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
    column (K,), or per tensor of the bf16 RHT output; folded into zeroed fp32 buffers by ``atomic_max``
@@ -11,7 +11,7 @@ Passes over x (M, K). Environment overrides, for tuning and comparison only: NVF
    The atomics are relaxed: only the next launch reads the maxima, and the default acq_rel ordering
    puts a memory barrier around each one (the per-token pass issues one per row and column).
 2. The cast, one read of x for both outputs, by one of two kernels (``use_cast16``):
-   * ``_cast16_kernel`` (every recipe without RHT or 4over6): one 16-row group x 128 columns per
+   * ``_cast16_kernel`` (every recipe without 4over6 or 16x16 RHT): one 16-row group x 128 columns per
      one-warp program, laid out so that each thread holds 8 rows of 8 columns, i.e. half of a
      rowwise and half of a columnwise block, each packing one word of each; the cheaper encoders
      ``e2m1_scale_encode`` and ``_scale_and_factor_fast``. About 42 SASS instructions per element
@@ -40,9 +40,10 @@ Numerics: those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32.
 * RHT: ``tl.dot`` of blockdiag(T^T) [BLOCK_M, BLOCK_M] (entries +-0.25) with the tile rounded to bf16,
   fp32 accumulation, result rounded to bf16 by integer RNE. (The interpreter truncates casts to bf16
   and its bf16 ``tl.dot`` is wrong, so there the same exact values go through an fp32 dot.)
-  Opt-in (NVFP4LAB_CAST16_RHT=1, not yet timed on a GPU): ``_cast16_kernel`` with the RHT as
-  butterflies in registers (``_rht16_cast16``): 57.6 SASS instructions per element for RHT(col)+row
-  at 137 registers, against 108.6 at 76 for the generic kernel (sm_90, ``tools/sass_stats.py``).
+  The default for 1x16 RHT recipes is ``_cast16_kernel`` with the RHT as butterflies in registers
+  (``_rht16_cast16``): 57.6 SASS instructions per element for RHT(col)+row at 137 registers, against
+  108.6 at 76 for the generic kernel (sm_90, ``tools/sass_stats.py``); H200, 8192^2 cast: RHT+row 245 us
+  against 300 us, RHT+SR 609 against 632 (NVFP4LAB_CAST16_RHT=0 selects the generic kernel).
 * Stochastic rounding: Philox4x32-10 (``tl.philox``), key = seed, counter = (block index lo, hi,
   stream, 0), stream 0 rowwise / 1 columnwise; word w of a block feeds elements 4w..4w+3, byte b to
   element 4w+b (TE's mapping). The seed is an int, or an int64 device tensor read by the kernel.
@@ -818,17 +819,17 @@ _CAST16_ROW_MAXNREG = 128
 
 def use_cast16(rht: bool, four_over_six, block_2d: bool = False) -> bool:
     """Whether the cast runs ``_cast16_kernel`` rather than the generic ``_quantize_kernel``: recipes
-    without 4over6, and RHT recipes (1x16 blocks) only when NVFP4LAB_CAST16_RHT=1.
-    NVFP4LAB_QUANT_KERNEL=generic forces the generic kernel (comparison).
+    without 4over6, RHT recipes with 1x16 blocks included (NVFP4LAB_CAST16_RHT=0 sends RHT recipes to
+    the generic kernel). NVFP4LAB_QUANT_KERNEL=generic forces the generic kernel (comparison).
 
     RHT in ``_cast16_kernel`` is ``_rht16_cast16`` (butterflies in registers: 21.6 SASS instructions
-    per element for load + RHT + bf16 rounding + store in a probe kernel, no shared memory), opt-in
-    until timed on a GPU. An earlier version with the RHT as a [16, 16] x [16, BLOCK_K] dot measured
+    per element for load + RHT + bf16 rounding + store in a probe kernel, no shared memory): on an H200
+    at 8192^2 the RHT+row cast takes 245 us against 300 us generic, RHT+SR 609 against 632. An earlier version with the RHT as a [16, 16] x [16, BLOCK_K] dot measured
     slower than the generic kernel on an H200 at 8192^2 (RHT+row cast 357 us against 300 us generic,
     RHT+SR 1200 against 632: the dot's result layout turns the columnwise reductions into shuffles)."""
     if four_over_six or os.environ.get("NVFP4LAB_QUANT_KERNEL", "auto") == "generic":
         return False
-    return not rht or (not block_2d and os.environ.get("NVFP4LAB_CAST16_RHT", "0") == "1")
+    return not rht or (not block_2d and os.environ.get("NVFP4LAB_CAST16_RHT", "1") != "0")
 
 
 def cast16_tile(k: int, kind: str = "cast16") -> tuple[int, int]:
