@@ -207,6 +207,21 @@ def test_transposed_rows_variant_default_tile(variant, layout, per_token, dtype,
     assert_same_bits(out, ref.nvfp4.dequantize(t, dtype, "rowwise").t(), nan_equal=True)
 
 
+@pytest.mark.parametrize("per_token,dtype", [(True, torch.bfloat16), (False, torch.float32)])
+def test_transposed_local_i64(per_token, dtype, t_variant, monkeypatch):
+    """The 64-bit in-tile offset path (LOCAL_I64, taken for tiles spanning 2^31 elements) of each
+    columnwise kernel, forced on a small ragged shape by lowering the launcher's limit."""
+    monkeypatch.setattr(dq, "_INT32_LIMIT", 1)
+    launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_rows_kernel" if t_variant != "join" else
+                               "_nvfp4_dequantize_t_kernel")
+    t, _ = _random_tensor(76, 80, "swizzled", per_token, 448.0, seed=19)
+    out = torch.full((80, 76), float("-inf"), dtype=dtype)
+    dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout="swizzled",
+                               e4m3_max=448.0, transpose=True)
+    assert launches[-1]["LOCAL_I64"]
+    assert_same_bits(out, ref.nvfp4.dequantize(t, dtype, "rowwise").t(), nan_equal=True)
+
+
 def test_t_variant_env(monkeypatch):
     monkeypatch.setenv("NVFP4LAB_DQ_T_VARIANT", "rows")
     assert dq.t_variant() == "rows"
@@ -337,7 +352,7 @@ def test_gpu_random_bytes(layout, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_64bit_offsets():
+def test_gpu_64bit_offsets(t_variant):
     """2^31 + 2^24 output elements: compare the last rows (beyond the int32 range) with the reference."""
     m, k = 65536 + 512, 32768
     g = torch.Generator(device="cuda").manual_seed(13)

@@ -17,8 +17,12 @@ Q = x^T, R = K, C = M):
 Output: Q itself (R, C), or with ``transpose`` its transpose (C, R) = x's orientation for the
 columnwise copy (``_nvfp4_dequantize_t_kernel``: each thread decodes one 16-code block of 8
 consecutive Q rows and stores it as 16 rows of 8 contiguous outputs, so the transpose is only the
-order in which decoded values are joined, with no shared-memory round trip; loads and stores cover
-whole 32-byte sectors). With RHT the columnwise copy is dequantized by the row kernel in fp32 and
+order in which decoded values are joined; loads and stores cover whole 32-byte sectors. Its
+[slots, 16, 8] store is given a different layout by Triton's coalescing pass (threads spread over the 16
+output rows), so the compiled kernel does go through shared memory: 4 rounds of STS / barrier / LDSM
+at sm_90, 88 registers for bf16 and 158 for fp32. ``_nvfp4_dequantize_t_rows_kernel``, selected by
+``NVFP4LAB_DQ_T_VARIANT=rows|rows4``, stores one output row at a time in the layout the values are
+decoded in: no shared memory, 48 / 40 registers, see :data:`T_VARIANT`). With RHT the columnwise copy is dequantized by the row kernel in fp32 and
 the inverse RHT is then the reference's own ``inverse_rht`` (a torch matmul): the fp32 sum of 16
 products depends on summation order, so reusing the reference's matmul is what keeps the result
 identical to it on each device.
@@ -254,7 +258,8 @@ def _nvfp4_dequantize_t_kernel(
     # Each thread loads one word (8 codes along a Q row; with PAIRS 2 words, one scale block) from
     # each of 8 consecutive Q rows: that block of codes is 8 (16) output rows of 8 contiguous output
     # elements (one 16-byte store each), so the transpose is only a choice of which decoded value goes
-    # where (joins of values the thread holds): no shared-memory round trip, no shuffles. The tile is
+    # where (joins of values the thread holds), no shuffles; but see the module docstring: the final
+    # store's layout differs from the joined one, and that conversion is a shared-memory round trip. The tile is
     # one dimension of slots, group fastest: adjacent threads take the 8-row groups of one word (pair),
     # then the next, so a warp's stores cover GROUPS * 16 contiguous bytes of each output row (whole
     # 32-byte sectors: partial ones would cost the L2 a read-modify-write) and its loads whole sectors
@@ -481,6 +486,9 @@ def _nvfp4_dequantize_t_rows_kernel(
 
     # output element (w * 8 + n, g * GR + r) of the tile, for output row n of each slot
     out_base = out_ptr + word0.to(tl.int64) * 8 * rows + row0
+    row_stride = rows  # of the output, whose 16 rows per slot are n * row_stride apart
+    if LOCAL_I64:
+        row_stride = row_stride.to(tl.int64)
     PIECE: tl.constexpr = GR // SPLIT
     r = tl.arange(0, PIECE)[None, :]
     slot_ptrs = out_base + (w * 8)[:, None] * rows + (g * GR)[:, None] + r
@@ -489,15 +497,15 @@ def _nvfp4_dequantize_t_rows_kernel(
         if not EVEN_ROWS:
             o_ok = o_ok & (r < rows_left[:, None])
         for n in tl.static_range(16):
-            _store_out_row(slot_ptrs + n * rows, o_ok, lo, hi, f, n, GR, SPLIT, SOFT_BF16)
+            _store_out_row(slot_ptrs + n * row_stride, o_ok, lo, hi, f, n, GR, SPLIT, SOFT_BF16)
     else:
         o_ok1 = o_ok
         if not EVEN_ROWS:
             o_ok1 = o_ok & (PIECE + r < rows_left[:, None])
             o_ok = o_ok & (r < rows_left[:, None])
         for n in tl.static_range(16):
-            _store_out_row((slot_ptrs + n * rows, slot_ptrs + n * rows + PIECE), (o_ok, o_ok1), lo, hi, f, n, GR, SPLIT,
-                           SOFT_BF16)
+            _store_out_row((slot_ptrs + n * row_stride, slot_ptrs + n * row_stride + PIECE), (o_ok, o_ok1), lo, hi, f, n,
+                           GR, SPLIT, SOFT_BF16)
 
 
 def soft_bf16_cast(out: torch.Tensor) -> bool:
