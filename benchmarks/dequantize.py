@@ -9,6 +9,8 @@ each variant's output at 8192 x 8192 is checked bit for bit against the referenc
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -46,7 +48,30 @@ def check(data, scale, amax, layout, per_token, transpose, dtype):
         raise SystemExit(f"MISMATCH vs reference: {which} {layout} per_token={per_token} {dtype}")
 
 
-def run_case(results, m, k, *, layout="swizzled", per_token=False, transpose=False, dtype=torch.bfloat16, verify=False, tile=None):
+@contextlib.contextmanager
+def t_variant(variant):
+    """Run with NVFP4LAB_DQ_T_VARIANT=variant (None: leave it as it is)."""
+    if variant is None:
+        yield
+        return
+    saved = os.environ.get("NVFP4LAB_DQ_T_VARIANT")
+    os.environ["NVFP4LAB_DQ_T_VARIANT"] = variant
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["NVFP4LAB_DQ_T_VARIANT"]
+        else:
+            os.environ["NVFP4LAB_DQ_T_VARIANT"] = saved
+
+
+def run_case(results, m, k, *, variant=None, **kwargs):
+    """One timed row; ``variant``: the columnwise kernel variant (NVFP4LAB_DQ_T_VARIANT) to use."""
+    with t_variant(variant):
+        _run_case(results, m, k, **kwargs)
+
+
+def _run_case(results, m, k, *, layout="swizzled", per_token=False, transpose=False, dtype=torch.bfloat16, verify=False, tile=None):
     rows, cols = (k, m) if transpose else (m, k)  # the quantized matrix Q; x is (m, k)
     data, scale, amax = make_operand(rows, cols, layout, per_token)
     if verify:
@@ -63,10 +88,13 @@ def run_case(results, m, k, *, layout="swizzled", per_token=False, transpose=Fal
     name = f"nvfp4 {'col' if transpose else 'row'} {layout[:4]}{' tok' if per_token else ''} ->{_DT[dtype]}"
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
-    if transpose and dq.T_PAIRS:
+    variant = dq.t_variant() if transpose else None
+    if variant == "join" and dq.T_PAIRS:
         name += " pairs"
+    elif variant is not None and variant != "join":
+        name += f" {variant}"
     extra = dict(layout=layout, per_token=per_token, transpose=transpose, out_dtype=_DT[dtype],
-                 pairs=transpose and dq.T_PAIRS)
+                 pairs=transpose and dq.T_PAIRS, t_variant=variant)
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
@@ -104,6 +132,21 @@ def main():
         for tile in [(8, 32, 4), (4, 32, 4), (4, 64, 4), (8, 16, 4), (8, 32, 8), (2, 64, 4)]:
             run_case(results, *_bench.BASE, transpose=True, dtype=torch.float32, tile=tile, verify=tile == (4, 32, 4))
             run_case(results, *_bench.BASE, transpose=True, per_token=True, tile=tile, verify=tile == (4, 32, 4))
+        # columnwise kernel variants (NVFP4LAB_DQ_T_VARIANT, see dq.T_VARIANTS), each at its default tile,
+        # for the two cases below 85% and the per-tensor bf16 one (so that a regression shows)
+        print("columnwise kernel variants (default tiles)")
+        for variant in dq.T_VARIANTS:
+            run_case(results, *_bench.BASE, variant=variant, transpose=True, per_token=True, verify=True)
+            run_case(results, *_bench.BASE, variant=variant, transpose=True, dtype=torch.float32, verify=True)
+            run_case(results, *_bench.BASE, variant=variant, transpose=True, verify=True)
+            run_case(results, *_bench.BASE, variant=variant, transpose=True, dtype=torch.float16)
+        # their tiles: (groups of 8 Q rows, or of 4 for rows4 with fp32 output; words per Q row (even); warps)
+        for tile in [(16, 16, 4), (4, 64, 4), (8, 64, 8), (16, 32, 8), (8, 16, 2)]:
+            run_case(results, *_bench.BASE, variant="rows", transpose=True, per_token=True, tile=tile, verify=tile == (16, 16, 4))
+            run_case(results, *_bench.BASE, variant="rows", transpose=True, tile=tile)
+            run_case(results, *_bench.BASE, variant="rows", transpose=True, dtype=torch.float32, tile=tile)
+        for tile in [(8, 32, 4), (32, 8, 4), (32, 16, 8), (16, 32, 8), (8, 16, 2)]:
+            run_case(results, *_bench.BASE, variant="rows4", transpose=True, dtype=torch.float32, tile=tile, verify=tile == (8, 32, 4))
     print("sweep (bf16 output, swizzled scales)")
     for m, k in _bench.shapes(args.quick):
         run_case(results, m, k)

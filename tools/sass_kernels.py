@@ -7,7 +7,8 @@ instructions per thread and per element, with the ALU-pipe share (on sm_90 the i
 half as fast as the fp32 pipe).
 
     python tools/sass_kernels.py [case ...] [--shape 8192x8192] [--tile RxCxW] [--dump DIR]
-    cases: mx-row mx-col mx-both mx-col-hw mx-both-hw dq-row dq-col (default: all)
+    cases: mx-row mx-col mx-both mx-col-hw mx-both-hw dq-row dq-col dq-col-tok dq-col-f32 dq-row-tok
+           dq-row-f32 (default: all)
 """
 import argparse
 import collections
@@ -102,12 +103,12 @@ def _mx_case(rows, cols, rowwise, colwise, cast, tile=None):
     return fn, grid, args, kwargs, rows * cols
 
 
-def _dq_case(rows, cols, transpose, tile=None):
+def _dq_case(rows, cols, transpose, tile=None, per_token=False, dtype=torch.bfloat16):
     # Q is (rows, cols) = x^T for the columnwise copy
     data = torch.empty(rows, cols // 2, dtype=torch.uint8, device="meta")
     scale = torch.empty(rows, cols // 16, dtype=torch.uint8, device="meta")
-    amax = torch.empty(1, dtype=torch.float32, device="meta")
-    out = torch.empty((cols, rows) if transpose else (rows, cols), dtype=torch.bfloat16, device="meta")
+    amax = torch.empty(rows if per_token else 1, dtype=torch.float32, device="meta")
+    out = torch.empty((cols, rows) if transpose else (rows, cols), dtype=dtype, device="meta")
 
     def run():
         block_rows, block_cols, num_warps = tile or (None, None, None)
@@ -127,6 +128,10 @@ CASES = {
     "mx-both-hw": lambda m, k, t: _mx_case(m, k, True, True, "hw", t),
     "dq-row": lambda m, k, t: _dq_case(m, k, False, t),
     "dq-col": lambda m, k, t: _dq_case(k, m, True, t),
+    "dq-col-tok": lambda m, k, t: _dq_case(k, m, True, t, per_token=True),
+    "dq-col-f32": lambda m, k, t: _dq_case(k, m, True, t, dtype=torch.float32),
+    "dq-row-tok": lambda m, k, t: _dq_case(m, k, False, t, per_token=True),
+    "dq-row-f32": lambda m, k, t: _dq_case(m, k, False, t, dtype=torch.float32),
 }
 
 

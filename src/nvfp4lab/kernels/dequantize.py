@@ -17,8 +17,12 @@ Q = x^T, R = K, C = M):
 Output: Q itself (R, C), or with ``transpose`` its transpose (C, R) = x's orientation for the
 columnwise copy (``_nvfp4_dequantize_t_kernel``: each thread decodes one 16-code block of 8
 consecutive Q rows and stores it as 16 rows of 8 contiguous outputs, so the transpose is only the
-order in which decoded values are joined, with no shared-memory round trip; loads and stores cover
-whole 32-byte sectors). With RHT the columnwise copy is dequantized by the row kernel in fp32 and
+order in which decoded values are joined; loads and stores cover whole 32-byte sectors. Its
+[slots, 16, 8] store is given a different layout by Triton's coalescing pass (threads spread over the 16
+output rows), so the compiled kernel does go through shared memory: 4 rounds of STS / barrier / LDSM
+at sm_90, 88 registers for bf16 and 158 for fp32. ``_nvfp4_dequantize_t_rows_kernel``, selected by
+``NVFP4LAB_DQ_T_VARIANT=rows|rows4``, stores one output row at a time in the layout the values are
+decoded in: no shared memory, 48 / 40 registers, see :data:`T_VARIANT`). With RHT the columnwise copy is dequantized by the row kernel in fp32 and
 the inverse RHT is then the reference's own ``inverse_rht`` (a torch matmul): the fp32 sum of 16
 products depends on summation order, so reusing the reference's matmul is what keeps the result
 identical to it on each device.
@@ -37,6 +41,7 @@ implementation (torch.compile, CUDA graphs: no host sync); empty inputs return w
 """
 from __future__ import annotations
 
+import os
 import struct
 
 import torch
@@ -53,6 +58,20 @@ _INT32_LIMIT = 2**31
 # for 8 x 16 w4 and 58.5 us (83.3%) for 4 x 32 w4 without pairs. False: one word per thread (the
 # launcher also falls back to it for a tile of 1 word).
 T_PAIRS = True
+# Columnwise (transposing) kernel variant, NVFP4LAB_DQ_T_VARIANT overrides (read at each launch):
+#   "join":  _nvfp4_dequantize_t_kernel (all 16 x 8 decoded values of a slot joined into one store)
+#   "rows":  _nvfp4_dequantize_t_rows_kernel, 8-row groups, one store per output row (two 16-byte
+#            halves for fp32), per-token amax as two 16-byte loads per slot
+#   "rows4": as "rows", but 4-row groups for fp32 output (one 16-byte store per output row)
+T_VARIANTS = ("join", "rows", "rows4")
+T_VARIANT = "join"
+
+
+def t_variant() -> str:
+    v = os.environ.get("NVFP4LAB_DQ_T_VARIANT", "") or T_VARIANT
+    if v not in T_VARIANTS:
+        raise ValueError(f"NVFP4LAB_DQ_T_VARIANT must be one of {T_VARIANTS}, got {v!r}")
+    return v
 
 
 def roundup(n: int, m: int) -> int:
@@ -239,7 +258,8 @@ def _nvfp4_dequantize_t_kernel(
     # Each thread loads one word (8 codes along a Q row; with PAIRS 2 words, one scale block) from
     # each of 8 consecutive Q rows: that block of codes is 8 (16) output rows of 8 contiguous output
     # elements (one 16-byte store each), so the transpose is only a choice of which decoded value goes
-    # where (joins of values the thread holds): no shared-memory round trip, no shuffles. The tile is
+    # where (joins of values the thread holds), no shuffles; but see the module docstring: the final
+    # store's layout differs from the joined one, and that conversion is a shared-memory round trip. The tile is
     # one dimension of slots, group fastest: adjacent threads take the 8-row groups of one word (pair),
     # then the next, so a warp's stores cover GROUPS * 16 contiguous bytes of each output row (whole
     # 32-byte sectors: partial ones would cost the L2 a read-modify-write) and its loads whole sectors
@@ -312,6 +332,182 @@ def _nvfp4_dequantize_t_kernel(
     tl.store(out_base + x_row * rows + x_col, out, mask=o_ok)
 
 
+@triton.jit
+def _split4(x):
+    """[S, 4] -> its 4 columns as [S] tensors, in order (held by one thread: no data movement)."""
+    a, b = tl.split(tl.reshape(x, (x.shape[0], 2, 2)))
+    a0, a2 = tl.split(a)
+    a1, a3 = tl.split(b)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _join4(v0, v1, v2, v3):
+    """[S] x 4 -> [S, 4] (v0..v3 in order, all in one thread)."""
+    return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (v0.shape[0], 4))
+
+
+@triton.jit
+def _code_value(lo, hi, N: tl.constexpr, factor):
+    """Code N (0..15) of a slot's 2-word scale block (lo: codes 0..7, hi: 8..15) times its block
+    factor, with the reference's operation order: fl(q * factor), q exact."""
+    if N < 8:
+        bits = _e2m1_nibble_bits(lo, N)
+    else:
+        bits = _e2m1_nibble_bits(hi, N - 8)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+
+
+@triton.jit
+def _store_out_row(ptrs, mask, lo, hi, f, N: tl.constexpr, GR: tl.constexpr, SPLIT: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """Output row N of each slot's 16-row block: code N of the slot's GR Q rows (tuples lo, hi, f indexed
+    by Q row) as GR contiguous outputs, stored as SPLIT [S, GR // SPLIT] pieces (16 bytes each)."""
+    if GR == 8:
+        if SPLIT == 1:
+            v = _join8(_code_value(lo[0], hi[0], N, f[0]), _code_value(lo[1], hi[1], N, f[1]),
+                       _code_value(lo[2], hi[2], N, f[2]), _code_value(lo[3], hi[3], N, f[3]),
+                       _code_value(lo[4], hi[4], N, f[4]), _code_value(lo[5], hi[5], N, f[5]),
+                       _code_value(lo[6], hi[6], N, f[6]), _code_value(lo[7], hi[7], N, f[7]))
+            v = tl.reshape(v, (lo[0].shape[0], 8))
+            tl.store(ptrs, cast_to_out(v, ptrs, SOFT_BF16), mask=mask)
+        else:
+            v = _join4(_code_value(lo[0], hi[0], N, f[0]), _code_value(lo[1], hi[1], N, f[1]),
+                       _code_value(lo[2], hi[2], N, f[2]), _code_value(lo[3], hi[3], N, f[3]))
+            tl.store(ptrs[0], cast_to_out(v, ptrs[0], SOFT_BF16), mask=mask[0])
+            v = _join4(_code_value(lo[4], hi[4], N, f[4]), _code_value(lo[5], hi[5], N, f[5]),
+                       _code_value(lo[6], hi[6], N, f[6]), _code_value(lo[7], hi[7], N, f[7]))
+            tl.store(ptrs[1], cast_to_out(v, ptrs[1], SOFT_BF16), mask=mask[1])
+    else:
+        v = _join4(_code_value(lo[0], hi[0], N, f[0]), _code_value(lo[1], hi[1], N, f[1]),
+                   _code_value(lo[2], hi[2], N, f[2]), _code_value(lo[3], hi[3], N, f[3]))
+        tl.store(ptrs, cast_to_out(v, ptrs, SOFT_BF16), mask=mask)
+
+
+@triton.jit
+def _load_q_row(word_ptrs, scale_ptrs, amax, ok, R: tl.constexpr, row_words, scale_row_step, dequant_rcp,
+                rows_left, EVEN_ROWS: tl.constexpr):
+    """Row R of each slot's group: its 2-word scale block (lo, hi: [S] int32) and block factor [S]."""
+    if not EVEN_ROWS:
+        ok = ok & (R < rows_left)
+    scale_code = tl.load(scale_ptrs + R * scale_row_step, mask=ok, other=0).to(tl.int32)
+    factor = (e4m3_decode_exact(scale_code) * amax) * dequant_rcp
+    lo, hi = tl.split(tl.load(word_ptrs + R * row_words, mask=ok[:, None], other=0))  # one 8-byte load
+    return lo, hi, factor
+
+
+@triton.jit
+def _load_amax4(amax_ptr, q_row, ok, rows_left, R0: tl.constexpr, EVEN_ROWS: tl.constexpr):
+    """Per-row amax of Q rows R0..R0+3 of each slot's group: one 16-byte load, split in registers."""
+    r = tl.arange(0, 4)[None, :]
+    m = ok[:, None]
+    if not EVEN_ROWS:
+        m = m & (R0 + r < rows_left[:, None])
+    return _split4(tl.load(amax_ptr + q_row[:, None] + R0 + r, mask=m, other=0.0))
+
+
+@triton.jit
+def _nvfp4_dequantize_t_rows_kernel(
+    words_ptr, scale_ptr, amax_ptr, out_ptr,
+    rows, cols,  # Q is (rows, cols) = x^T; out is (cols, rows) = x; words_ptr holds cols // 8 words per row
+    scale_stride,  # row stride of a compact or padded scale matrix
+    scale_col_tiles,  # roundup(cols // 16, 4) // 4, for the swizzled layout
+    dequant_rcp,  # fl(1/(6E))
+    SWIZZLED: tl.constexpr,
+    PER_ROW_AMAX: tl.constexpr,
+    GROUPS: tl.constexpr,  # groups of GR Q rows per program
+    WORDS: tl.constexpr,  # words (8 codes each) per Q row per program, even
+    LOCAL_I64: tl.constexpr,
+    SOFT_BF16: tl.constexpr,
+    EVEN_ROWS: tl.constexpr,  # rows % (GR * GROUPS) == 0
+    EVEN_WORDS: tl.constexpr,  # (cols // 8) % WORDS == 0
+    GR: tl.constexpr,  # Q rows per group: 8, or 4 (fp32 output: one 16-byte store per output row)
+    SPLIT: tl.constexpr,  # 16-byte stores per output row of a slot: GR * out bytes // 16
+):
+    # Same slots and numerics as _nvfp4_dequantize_t_kernel with PAIRS (a slot = one 16-code scale
+    # block of GR consecutive Q rows = 16 output rows x GR contiguous outputs; group fastest), but each
+    # of the slot's 16 output rows is decoded and stored on its own as an [S, GR] tensor whose layout
+    # (slot per lane, GR contiguous values per thread) is the one the store's coalescing pass picks:
+    # no layout conversion (the [S, 16, 8] store of the other kernel goes through shared memory and 4
+    # barriers), and only the words and factors (2 * GR + GR registers per slot) stay live, not 16 * GR
+    # decoded values.
+    SLOTS: tl.constexpr = GROUPS * WORDS // 2
+    pid = tl.program_id(0)
+    row_words = cols // 8
+    word_tiles = tl.cdiv(row_words, WORDS)
+    row0 = (pid // word_tiles).to(tl.int64) * (GR * GROUPS)
+    word0 = (pid % word_tiles) * WORDS
+
+    t = tl.arange(0, SLOTS)
+    g = t % GROUPS
+    w = t // GROUPS * 2  # first word of the slot
+    if LOCAL_I64:
+        g = g.to(tl.int64)
+        w = w.to(tl.int64)
+    rows_left = rows - row0 - g * GR  # Q rows from each group's first row to the end of Q
+    if EVEN_WORDS:
+        ok = w < WORDS
+    else:
+        ok = w < row_words - word0
+    if not EVEN_ROWS:
+        ok = ok & (rows_left > 0)
+    q_row = g * GR  # first Q row of each group, within the tile
+    word_ptrs = (words_ptr + row0 * row_words + word0 + q_row * row_words + w)[:, None] + tl.arange(0, 2)[None, :]
+    blk = (word0 + w) // 2  # scale column: a 16-code block is 2 words
+    if SWIZZLED:
+        band = scale_ptr + (row0 // 128) * scale_col_tiles * 512  # the tile's 128-row band
+        scale_ptrs = band + swizzle_offset((row0 % 128).to(tl.int32) + q_row, blk, scale_col_tiles)
+        scale_row_step = 16
+    else:
+        scale_ptrs = scale_ptr + row0 * scale_stride + q_row * scale_stride + blk
+        scale_row_step = scale_stride
+    if PER_ROW_AMAX:
+        a0, a1, a2, a3 = _load_amax4(amax_ptr + row0, q_row, ok, rows_left, 0, EVEN_ROWS)
+        if GR == 8:
+            a4, a5, a6, a7 = _load_amax4(amax_ptr + row0, q_row, ok, rows_left, 4, EVEN_ROWS)
+    else:
+        a0 = tl.load(amax_ptr)
+        a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
+    l0, h0, f0 = _load_q_row(word_ptrs, scale_ptrs, a0, ok, 0, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+    l1, h1, f1 = _load_q_row(word_ptrs, scale_ptrs, a1, ok, 1, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+    l2, h2, f2 = _load_q_row(word_ptrs, scale_ptrs, a2, ok, 2, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+    l3, h3, f3 = _load_q_row(word_ptrs, scale_ptrs, a3, ok, 3, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+    if GR == 8:
+        l4, h4, f4 = _load_q_row(word_ptrs, scale_ptrs, a4, ok, 4, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+        l5, h5, f5 = _load_q_row(word_ptrs, scale_ptrs, a5, ok, 5, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+        l6, h6, f6 = _load_q_row(word_ptrs, scale_ptrs, a6, ok, 6, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+        l7, h7, f7 = _load_q_row(word_ptrs, scale_ptrs, a7, ok, 7, row_words, scale_row_step, dequant_rcp, rows_left, EVEN_ROWS)
+        lo = (l0, l1, l2, l3, l4, l5, l6, l7)
+        hi = (h0, h1, h2, h3, h4, h5, h6, h7)
+        f = (f0, f1, f2, f3, f4, f5, f6, f7)
+    else:
+        lo = (l0, l1, l2, l3)
+        hi = (h0, h1, h2, h3)
+        f = (f0, f1, f2, f3)
+
+    # output element (w * 8 + n, g * GR + r) of the tile, for output row n of each slot
+    out_base = out_ptr + word0.to(tl.int64) * 8 * rows + row0
+    row_stride = rows  # of the output, whose 16 rows per slot are n * row_stride apart
+    if LOCAL_I64:
+        row_stride = row_stride.to(tl.int64)
+    PIECE: tl.constexpr = GR // SPLIT
+    r = tl.arange(0, PIECE)[None, :]
+    slot_ptrs = out_base + (w * 8)[:, None] * rows + (g * GR)[:, None] + r
+    o_ok = ok[:, None]
+    if SPLIT == 1:
+        if not EVEN_ROWS:
+            o_ok = o_ok & (r < rows_left[:, None])
+        for n in tl.static_range(16):
+            _store_out_row(slot_ptrs + n * row_stride, o_ok, lo, hi, f, n, GR, SPLIT, SOFT_BF16)
+    else:
+        o_ok1 = o_ok
+        if not EVEN_ROWS:
+            o_ok1 = o_ok & (PIECE + r < rows_left[:, None])
+            o_ok = o_ok & (r < rows_left[:, None])
+        for n in tl.static_range(16):
+            _store_out_row((slot_ptrs + n * row_stride, slot_ptrs + n * row_stride + PIECE), (o_ok, o_ok1), lo, hi, f, n,
+                           GR, SPLIT, SOFT_BF16)
+
+
 def soft_bf16_cast(out: torch.Tensor) -> bool:
     """bf16 output under the interpreter (CPU tensors): its own fp32 -> bf16 cast truncates."""
     return out.dtype == torch.bfloat16 and out.device.type != "cuda"
@@ -355,6 +551,18 @@ def _t_tile_shape(rows: int, cols: int) -> tuple[int, int]:
     return groups, words
 
 
+def _t_rows_tile_shape(rows: int, cols: int, gr: int) -> tuple[int, int]:
+    """(GROUPS, WORDS) of the per-output-row transposing kernel: GROUPS groups of ``gr`` Q rows x WORDS
+    words (even: whole scale blocks). 8-row groups: 8 x 32 as for the other kernel (a warp stores 4 x
+    128 bytes of bf16 per output row); 4-row groups (fp32): 16 x 16, so a warp's 16 groups store 256
+    contiguous bytes of 2 output rows per instruction, again 128 slots (4 warps)."""
+    groups = 8 if gr == 8 else 16
+    words = 32 if gr == 8 else 16
+    groups = max(1, min(groups, triton.next_power_of_2(triton.cdiv(rows, gr))))
+    words = max(2, min(words, triton.next_power_of_2(cols // 8)))
+    return groups, words
+
+
 def launch_nvfp4_dequantize(
     data: torch.Tensor,
     scale: torch.Tensor,
@@ -380,6 +588,21 @@ def launch_nvfp4_dequantize(
     blocks = cols // 16
     scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
     common = dict(SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=amax.numel() != 1, SOFT_BF16=soft_bf16_cast(out))
+    variant = t_variant() if transpose else "join"
+    if variant != "join" and (block_cols or 2) % 2 == 0:  # whole scale blocks per slot
+        gr = 4 if variant == "rows4" and out.element_size() == 4 else 8
+        d_groups, d_words = _t_rows_tile_shape(rows, cols, gr)
+        groups, words = block_rows or d_groups, block_cols or d_words
+        check_tile(groups * gr, words, min_cols=2)
+        num_warps = num_warps or max(1, min(4, groups * words // 64))
+        grid = (triton.cdiv(rows, gr * groups) * triton.cdiv(cols // 8, words),)
+        _nvfp4_dequantize_t_rows_kernel[grid](
+            _as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max),
+            GROUPS=groups, WORDS=words, LOCAL_I64=max(gr * groups * cols // 8, 8 * words * rows) >= _INT32_LIMIT,
+            EVEN_ROWS=rows % (gr * groups) == 0, EVEN_WORDS=(cols // 8) % words == 0, GR=gr,
+            SPLIT=max(1, gr * out.element_size() // 16), num_warps=num_warps, **common,
+        )
+        return
     if transpose:
         d_groups, d_words = _t_tile_shape(rows, cols)
         groups, words = block_rows or d_groups, block_cols or d_words
