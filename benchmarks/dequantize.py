@@ -127,11 +127,6 @@ def main():
                     run_case(results, *_bench.BASE, transpose=True, tile=tile, verify=tile == tiles[0])
             finally:
                 dq.T_PAIRS = saved
-        # the two columnwise variants below 85% with the bf16 tile: fp32 output (twice the registers per
-        # slot) and per-token amax (one amax load per Q row)
-        for tile in [(8, 32, 4), (4, 32, 4), (4, 64, 4), (8, 16, 4), (8, 32, 8), (2, 64, 4)]:
-            run_case(results, *_bench.BASE, transpose=True, dtype=torch.float32, tile=tile, verify=tile == (4, 32, 4))
-            run_case(results, *_bench.BASE, transpose=True, per_token=True, tile=tile, verify=tile == (4, 32, 4))
         # columnwise kernel variants (NVFP4LAB_DQ_T_VARIANT, see dq.T_VARIANTS), each at its default tile,
         # for the two cases below 85% and the per-tensor bf16 one (so that a regression shows)
         print("columnwise kernel variants (default tiles)")
