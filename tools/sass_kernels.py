@@ -7,7 +7,8 @@ instructions per thread and per element, with the ALU-pipe share (on sm_90 the i
 half as fast as the fp32 pipe).
 
     python tools/sass_kernels.py [case ...] [--shape 8192x8192] [--tile RxCxW] [--dump DIR]
-    cases: mx-row mx-col mx-both mx-col-hw mx-both-hw dq-row dq-col (default: all)
+    cases: mx-row mx-col mx-both mx-col-split mx-both-split mx-col-hw mx-both-hw dq-row dq-col (default: all)
+    (MAXNREG=N: try a ptxas register cap)
 """
 import argparse
 import collections
@@ -26,6 +27,7 @@ from nvfp4lab.kernels import dequantize as dq  # noqa: E402
 from nvfp4lab.kernels import mxfp8 as mk  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch option maxnreg) to try
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8", torch.int32: "*i32"}
 # opcodes issued to the integer ALU pipe on sm_90 (half the fp32 pipe's width)
 _ALU = {"LOP3", "SHF", "IADD3", "ISETP", "FSETP", "FMNMX", "IMNMX", "VIMNMX", "SEL", "FSEL", "PRMT", "LEA", "MOV",
@@ -42,9 +44,9 @@ class _Capture:
         return launch
 
 
-def _capture(module, run):
+def _capture(module, run, name=None):
     """Run ``run`` with every Triton kernel of ``module`` replaced by a recorder; returns the last
-    launch as (kernel, (grid, args, kwargs))."""
+    launch (of kernel ``name`` where given: a launcher may launch several) as (kernel, (grid, args, kwargs))."""
     saved = {n: v for n, v in vars(module).items() if isinstance(v, triton.runtime.JITFunction)}
     caps = {n: _Capture(v) for n, v in saved.items()}
     for n, cap in caps.items():
@@ -54,7 +56,7 @@ def _capture(module, run):
     finally:
         for n, v in saved.items():
             setattr(module, n, v)
-    (cap,) = [c for c in caps.values() if c.calls]
+    (cap,) = [caps[name]] if name else [c for c in caps.values() if c.calls]
     return cap.fn, cap.calls[-1]
 
 
@@ -81,10 +83,13 @@ def _compile(fn, args, kwargs):
         else:
             sig[name] = "fp32"
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)), num_warps
+    options = dict(num_warps=num_warps)
+    if MAXNREG:
+        options["maxnreg"] = MAXNREG
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options), num_warps
 
 
-def _mx_case(rows, cols, rowwise, colwise, cast, tile=None):
+def _mx_case(rows, cols, rowwise, colwise, cast, tile=None, variant="default"):
     x = torch.empty(rows, cols, dtype=torch.bfloat16, device="meta")
     shapes = mk.scale_shapes(rows, cols, "compact")
     u8 = dict(dtype=torch.uint8, device="meta")
@@ -94,9 +99,9 @@ def _mx_case(rows, cols, rowwise, colwise, cast, tile=None):
     def run():
         block_rows, block_cols, num_warps = tile or (None, None, None)
         mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", fp8_cast="soft",
-                                 block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
+                                 block_rows=block_rows, block_cols=block_cols, num_warps=num_warps, variant=variant)
 
-    fn, (grid, args, kwargs) = _capture(mk, run)
+    fn, (grid, args, kwargs) = _capture(mk, run, "_mxfp8_quantize_kernel")
     if cast == "hw":
         kwargs = dict(kwargs, HW_CAST=True)
     return fn, grid, args, kwargs, rows * cols
@@ -123,6 +128,9 @@ CASES = {
     "mx-row": lambda m, k, t: _mx_case(m, k, True, False, "soft", t),
     "mx-col": lambda m, k, t: _mx_case(m, k, False, True, "soft", t),
     "mx-both": lambda m, k, t: _mx_case(m, k, True, True, "soft", t),
+    # VARIANT "split": the hot kernel (finite tiles only; the fix-up kernel runs on flagged tiles alone)
+    "mx-col-split": lambda m, k, t: _mx_case(m, k, False, True, "soft", t, "split"),
+    "mx-both-split": lambda m, k, t: _mx_case(m, k, True, True, "soft", t, "split"),
     "mx-col-hw": lambda m, k, t: _mx_case(m, k, False, True, "hw", t),
     "mx-both-hw": lambda m, k, t: _mx_case(m, k, True, True, "hw", t),
     "dq-row": lambda m, k, t: _dq_case(m, k, False, t),

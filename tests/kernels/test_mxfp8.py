@@ -36,6 +36,14 @@ def _x(m, k, seed=0, dtype=torch.bfloat16, device="cpu"):
     return x.to(dtype).to(device)
 
 
+@pytest.fixture(params=mk.VARIANTS)
+def variant(request, monkeypatch):
+    """Runs a quantize test under each kernel variant (mk.VARIANT): the same bits are expected."""
+    monkeypatch.delenv("NVFP4LAB_MXFP8_VARIANT", raising=False)
+    monkeypatch.setattr(mk, "VARIANT", request.param)
+    return request.param
+
+
 def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=True):
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
     got = mk.quantize_mxfp8(x, cfg)
@@ -172,13 +180,13 @@ def test_gpu_fast_encoder_matches_interpreter(fmt):
 # (64, 128) fills whole tiles (unmasked path), the others leave partial tiles.
 @pytest.mark.parametrize("shape", [(64, 128), (96, 160), (32, 32), (192, 160)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_quantize_layouts(shape, layout):
+def test_quantize_layouts(shape, layout, variant):
     _quantize_both(_x(*shape, seed=1), layout=layout)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
-def test_quantize_packed_words(fmt, layout, monkeypatch):
+def test_quantize_packed_words(fmt, layout, variant, monkeypatch):
     """PACK_WORDS (the default: columnwise data stored as uint32 words of 4 codes): whole tiles, a
     partial one (byte stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
     monkeypatch.setattr(mk, "PACK_WORDS", True)
@@ -205,12 +213,12 @@ def test_quantize_packed_words(fmt, layout, monkeypatch):
 
 @pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_quantize_dtypes_formats(in_dtype, fmt):
+def test_quantize_dtypes_formats(in_dtype, fmt, variant):
     _quantize_both(_x(64, 96, seed=2, dtype=in_dtype), fmt=fmt, layout="swizzled")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_quantize_one_direction_free_dim(layout):
+def test_quantize_one_direction_free_dim(layout, variant):
     # rowwise only: M need not be a multiple of 32; columnwise only: K need not be one
     _quantize_both(_x(40, 64, seed=3), layout=layout, columnwise=False)
     _quantize_both(_x(1, 32, seed=3), layout=layout, columnwise=False)
@@ -219,7 +227,7 @@ def test_quantize_one_direction_free_dim(layout):
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_quantize_special_values(fmt):
+def test_quantize_special_values(fmt, variant):
     """Zero blocks, -0.0, fp32 denormals, huge and tiny magnitudes, +-inf (per spec: 0xFE scale,
     saturated codes), scales at both ends of the E8M0 range."""
     x = torch.randn(64, 128)
@@ -236,7 +244,7 @@ def test_quantize_special_values(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_quantize_scale_rounding_boundaries(fmt):
+def test_quantize_scale_rounding_boundaries(fmt, variant):
     """Block amaxes at and one ulp either side of max * 2^k: the E8M0 round-up must see every bit."""
     fmt_max = 448.0 if fmt == "e4m3" else 57344.0
     g = torch.Generator().manual_seed(19)
@@ -251,7 +259,7 @@ def test_quantize_scale_rounding_boundaries(fmt):
         _quantize_both(x, fmt=fmt, layout=layout)
 
 
-def test_quantize_nan_blocks():
+def test_quantize_nan_blocks(variant):
     """A NaN makes its block's scale 0xFF and every code of the block a NaN code; other blocks are
     exact. (The sign of a NaN code follows the platform's NaN arithmetic, so it is not compared.)"""
     x = _x(64, 64, seed=6, dtype=torch.float32)
@@ -270,7 +278,7 @@ def test_quantize_nan_blocks():
 
 @pytest.mark.parametrize("pack_words", [True, False])
 @pytest.mark.parametrize("shape", [(64, 96), (64, 128)])  # partial tiles (byte stores), whole tiles
-def test_quantize_every_byte_written(shape, pack_words, monkeypatch):
+def test_quantize_every_byte_written(shape, pack_words, variant, monkeypatch):
     """Data and compact scales: 0xFF-poisoned buffers. Padded / swizzled scales: real entries poisoned,
     padding zero (the launcher's contract), so each real entry must be written."""
     monkeypatch.setattr(mk, "PACK_WORDS", pack_words)
@@ -292,13 +300,13 @@ def test_quantize_every_byte_written(shape, pack_words, monkeypatch):
         row_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format="e4m3", scale_layout=layout)
-        assert launches[-1]["PACK"] == (pack_words and cols % 64 == 0)
+        assert launches[-1]["PACK"] == (pack_words and cols % launches[-1]["BLOCK_COLS"] == 0)  # whole tiles
         got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=want.config, rowwise_data=row_data,
                           rowwise_scale=row_scale, columnwise_data=col_data, columnwise_scale=col_scale)
         assert_same_quantization(got, want)
 
 
-def test_quantize_unaligned_output_stores_bytes(monkeypatch):
+def test_quantize_unaligned_output_stores_bytes(variant, monkeypatch):
     """Columnwise data not 4-byte aligned (a view 1 byte into its buffer) cannot take uint32 stores:
     the launcher falls back to byte stores, whose bytes around the view stay untouched."""
     launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
@@ -312,6 +320,85 @@ def test_quantize_unaligned_output_stores_bytes(monkeypatch):
     want = ref.mxfp8.quantize(x, cfg)
     assert torch.equal(col_data, want.columnwise_data) and torch.equal(col_scale, want.columnwise_scale)
     assert int(buffer[0]) == 0xFF and int(buffer[-1]) == 0xFF
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(96, 192), (96, 176)])  # whole tiles; K = 176: a partial last tile (32 x 64)
+def test_split_variant_fixup_tiles(fmt, layout, shape, monkeypatch):
+    """VARIANT "split": the hot kernel leaves tiles holding an inf or NaN to the fix-up launch. Several
+    such tiles per fix-up program and several programs (FIXUP_CHUNK = 4), a partial tile among them,
+    into 0xFF-poisoned data: every byte must come from one of the two launches, as the reference's."""
+    monkeypatch.setattr(mk, "VARIANT", "split")
+    monkeypatch.setattr(mk, "FIXUP_CHUNK", 4)
+    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
+    x = _x(*shape, seed=21, dtype=torch.float32)
+    x[0, 0] = float("inf")  # tile 0
+    x[1, 40] = float("-inf")  # tile 1, same fix-up program
+    x[33, 170] = float("nan")  # the last tile column (partial at K = 176)
+    x[70, 100] = float("inf")
+    x[71, 101] = float("nan")  # two non-finite values in one tile
+    x[64:96, 0:32] = float("inf")  # a whole block of inf
+    rows, cols = shape
+    for rowwise in (True, False) if cols % 32 == 0 else (False,):  # K = 176: columnwise only
+        cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=True, fp8_format=fmt, scale_layout=layout)
+        want = ref.mxfp8.quantize(x, cfg)
+        row_shape, col_shape = mk.scale_shapes(rows, cols, layout)
+        fill = torch.full if layout == "compact" else (lambda shape, v, dtype: torch.zeros(shape, dtype=dtype))
+        row_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8) if rowwise else None
+        row_scale = fill(row_shape, 0xFF, dtype=torch.uint8) if rowwise else None
+        col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
+        col_scale = fill(col_shape, 0xFF, dtype=torch.uint8)
+        mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format=fmt, scale_layout=layout)
+        assert hot[-1]["SPLIT"] and fixup[-1]["CHUNK"] == 4
+        got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=cfg, rowwise_data=row_data, rowwise_scale=row_scale,
+                          columnwise_data=col_data, columnwise_scale=col_scale)
+        for part in PARTS:
+            if getattr(want, part) is None:
+                continue
+            g, w = getattr(got, part), getattr(want, part)
+            if part.endswith("_data"):  # NaN blocks: NaN codes whose sign follows the platform's NaN arithmetic
+                nan_code = (g & 0x7F) == 0x7F
+                assert torch.equal(nan_code, (w & 0x7F) == 0x7F), part
+                g, w = g[~nan_code], w[~nan_code]
+            assert torch.equal(g, w), f"{part}: {int((g != w).sum())} bytes differ"
+
+
+def test_split_variant_all_tiles_flagged(monkeypatch):
+    """Every tile non-finite: the fix-up programs each walk all their flagged tiles."""
+    monkeypatch.setattr(mk, "VARIANT", "split")
+    monkeypatch.setattr(mk, "FIXUP_CHUNK", 2)
+    x = _x(64, 160, seed=22)
+    x[::32, ::32] = float("inf")
+    _quantize_both(x, layout="swizzled")
+
+
+def test_variant_selection(monkeypatch):
+    """NVFP4LAB_MXFP8_VARIANT overrides mk.VARIANT, an explicit ``variant`` both; "split" applies to
+    soft-cast launches with a columnwise copy (rowwise only: the single kernel, no fix-up)."""
+    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
+    x = _x(64, 64, seed=23)
+    u8 = lambda *shape: torch.empty(*shape, dtype=torch.uint8)  # noqa: E731
+    both = (u8(64, 64), u8(64, 2), u8(64, 64), u8(2, 64))
+
+    def launch(outs=both, **kw):
+        mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", **kw)
+        return hot[-1]["SPLIT"]
+
+    monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "split")
+    assert launch() and len(fixup) == 1
+    assert not launch(variant="default") and len(fixup) == 1
+    assert not launch((both[0], both[1], None, None)) and len(fixup) == 1
+    monkeypatch.setattr(mk, "VARIANT", "split")
+    monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "default")
+    assert not launch()
+    monkeypatch.delenv("NVFP4LAB_MXFP8_VARIANT")
+    assert launch() and hot[-1]["BLOCK_COLS"] == 32 and len(fixup) == 2
+    monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "fast")
+    with pytest.raises(ValueError, match="variant"):
+        launch()
 
 
 def test_round_trip_is_idempotent():
@@ -405,8 +492,8 @@ def test_dequantize_every_element_written():
 
 
 # ------------------------------------------------------------------------------- edge cases, errors
-def test_empty_inputs_launch_nothing(monkeypatch):
-    forbid_launches(monkeypatch, mk, "_mxfp8_quantize_kernel", "_mxfp8_dequantize_kernel")
+def test_empty_inputs_launch_nothing(variant, monkeypatch):
+    forbid_launches(monkeypatch, mk, "_mxfp8_quantize_kernel", "_mxfp8_fixup_kernel", "_mxfp8_dequantize_kernel")
     for layout in LAYOUTS:
         cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout=layout)
         for shape in ((0, 64), (32, 0)):
@@ -533,6 +620,39 @@ def test_gpu_cuda_graph_capture():
     want = ref.mxfp8.quantize(x, cfg)
     assert_same_quantization(q, want)
     assert_same_bits(out, ref.mxfp8.dequantize(want, torch.bfloat16, "columnwise"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_gpu_split_variant_large(fmt, layout, monkeypatch):
+    """VARIANT "split" on the GPU at 8192 x 8192 bf16 (the benchmark shape) with inf / NaN tiles (the
+    fix-up launch), and the same launch captured in a CUDA graph (fixed grids, no host sync)."""
+    monkeypatch.setattr(mk, "VARIANT", "split")
+    x = _x(8192, 8192, seed=24, device="cuda")
+    x[100, 200] = float("inf")
+    x[5000, 7] = float("-inf")
+    x[8191, 8191] = float("inf")
+    x[64:96, 64:128] *= 1e-38
+    _quantize_both(x, fmt=fmt, layout=layout)
+    x[4000, 4000] = float("nan")
+    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, fp8_format=fmt, scale_layout=layout)
+    got, want = mk.quantize_mxfp8(x, cfg), ref.mxfp8.quantize(x, cfg)
+    for part in PARTS:
+        g, w = getattr(got, part), getattr(want, part)
+        if part.endswith("_data"):  # the NaN blocks' codes: NaN codes, sign per the platform
+            assert torch.equal((g & 0x7F) == 0x7F, (w & 0x7F) == 0x7F)
+            g, w = g[(w & 0x7F) != 0x7F], w[(w & 0x7F) != 0x7F]
+        assert torch.equal(g, w), part
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q = mk.quantize_mxfp8(x, cfg)
+    q.rowwise_data.zero_()
+    q.columnwise_data.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for part in PARTS:
+        assert torch.equal(getattr(q, part), getattr(got, part)), part
 
 
 @pytest.mark.gpu

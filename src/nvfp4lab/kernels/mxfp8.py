@@ -42,6 +42,8 @@ Public launchers are ``torch.library`` custom ops (``nvfp4lab::quantize_mxfp8``,
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -64,6 +66,15 @@ FP8_CAST = "soft"
 # against 61.9 us (85.1%) with byte stores; row+col 108.4 us (64.2%) against 107.7 us (64.6%), within
 # run-to-run noise. Partial tiles, K % 4 != 0 and outputs not 4-byte aligned store bytes.
 PACK_WORDS = True
+# Launches with a columnwise copy and the soft encoder: "default" = one kernel holding both the finite
+# fast path and the general (saturating) path for tiles with an inf or NaN; "split" = a kernel compiled
+# with the finite path only, which flags the other tiles (one byte per tile), then a fix-up launch
+# (_mxfp8_fixup_kernel, grid fixed by the shape) that redoes the flagged tiles with the general path.
+# Same bits. The general path's registers leave the hot kernel: row+col bf16 e4m3, sm_90 (Triton 3.9,
+# tools/sass_kernels.py): see _quantize_tile. The environment variable NVFP4LAB_MXFP8_VARIANT overrides.
+VARIANT = "default"
+VARIANTS = ("default", "split")
+FIXUP_CHUNK = 128  # flags scanned by one fix-up program
 
 
 @triton.jit
@@ -220,8 +231,32 @@ def _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, r
 
 
 @triton.jit
+def _tile_at(tile, rows, cols, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, LOCAL_I64: tl.constexpr,
+             EVEN: tl.constexpr):
+    """Tile number ``tile`` (row-major over the tile grid): its origin (row0 int64), in-tile row and
+    column indices with their validity, the element mask and the in-tile offsets."""
+    col_tiles = tl.cdiv(cols, BLOCK_COLS)
+    row0 = (tile // col_tiles).to(tl.int64) * BLOCK_ROWS
+    col0 = (tile % col_tiles) * BLOCK_COLS
+    r = tl.arange(0, BLOCK_ROWS)
+    c = tl.arange(0, BLOCK_COLS)
+    if LOCAL_I64:
+        r = r.to(tl.int64)
+    if EVEN:
+        r_ok = r < BLOCK_ROWS
+        c_ok = c < BLOCK_COLS
+    else:
+        r_ok = r < rows - row0
+        c_ok = c < cols - col0
+    mask = r_ok[:, None] & c_ok[None, :]
+    offs = r[:, None] * cols + c[None, :]
+    return row0, col0, r, c, r_ok, c_ok, mask, offs
+
+
+@triton.jit
 def _mxfp8_quantize_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    flags_ptr,  # SPLIT: one uint8 per tile, 1 = holds an inf or NaN (left to _mxfp8_fixup_kernel)
     rows, cols,
     row_scale_stride,  # compact K/32, padded roundup(K/32, 4)
     row_scale_tiles,  # roundup(K/32, 4) // 4 (swizzled)
@@ -238,30 +273,15 @@ def _mxfp8_quantize_kernel(
     EVEN: tl.constexpr,
     HW_CAST: tl.constexpr,
     PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
+    SPLIT: tl.constexpr = False,  # COLWISE soft cast: finite tiles only, the others flagged (VARIANT "split")
 ):
     RB: tl.constexpr = BLOCK_ROWS // 32
-    CB: tl.constexpr = BLOCK_COLS // 32
     pid = tl.program_id(0)
-    col_tiles = tl.cdiv(cols, BLOCK_COLS)
-    row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS
-    col0 = (pid % col_tiles) * BLOCK_COLS
-
     # A plain 2-D [BLOCK_ROWS, BLOCK_COLS] tile (columns fastest, as in memory), reshaped for each
     # direction's block reductions: [R, CB, 32] (rowwise) and [RB, 32, C] (columnwise). Splitting a
     # dimension keeps the load's layout (no data movement), so loads and stores stay 16-byte row
     # vectors and no thread computes another thread's scales many times over.
-    r = tl.arange(0, BLOCK_ROWS)
-    c = tl.arange(0, BLOCK_COLS)
-    if LOCAL_I64:
-        r = r.to(tl.int64)
-    if EVEN:
-        r_ok = r < BLOCK_ROWS
-        c_ok = c < BLOCK_COLS
-    else:
-        r_ok = r < rows - row0
-        c_ok = c < cols - col0
-    mask = r_ok[:, None] & c_ok[None, :]
-    offs = r[:, None] * cols + c[None, :]
+    row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(pid, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
     base = row0 * cols + col0
     x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
     abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
@@ -274,6 +294,16 @@ def _mxfp8_quantize_kernel(
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                 col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
                                 BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
+        elif SPLIT:
+            # Only the finite path is compiled here (its registers alone decide the occupancy); a tile
+            # holding an inf or NaN writes nothing but its flag, and the fix-up launch redoes it.
+            finite = _all_finite(col_amax.to(tl.int32, bitcast=True))
+            tl.store(flags_ptr + pid, tl.where(finite, 0, 1).to(tl.uint8))
+            if finite:
+                _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
+                                    row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
+                                    col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
+                                    BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, True, PACK)
         elif _all_finite(col_amax.to(tl.int32, bitcast=True)):
             _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
@@ -289,6 +319,43 @@ def _mxfp8_quantize_kernel(
                             row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                             col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
                             BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
+
+
+@triton.jit
+def _mxfp8_fixup_kernel(
+    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, flags_ptr, n_tiles,
+    rows, cols, row_scale_stride, row_scale_tiles, col_scale_stride, col_scale_tiles, max_rcp,
+    ROWWISE: tl.constexpr,
+    COLWISE: tl.constexpr,
+    E5M2: tl.constexpr,
+    SWIZZLED: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    LOCAL_I64: tl.constexpr,
+    EVEN: tl.constexpr,
+    PACK: tl.constexpr,
+    CHUNK: tl.constexpr,  # flags scanned per program
+):
+    """The general (saturating) path for the tiles that a SPLIT ``_mxfp8_quantize_kernel`` flagged.
+    Its grid depends on the shape alone (no host sync, CUDA-graph safe); on ordinary data each program
+    reads CHUNK flag bytes and exits. Flagged tiles are taken in order from a register vector of tile
+    numbers (no dependent flag load per tile)."""
+    RB: tl.constexpr = BLOCK_ROWS // 32
+    i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    flagged = tl.load(flags_ptr + i, mask=i < n_tiles, other=0) != 0
+    todo = tl.where(flagged, i, n_tiles)
+    tile = tl.min(todo)
+    while tile < n_tiles:
+        row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(tile, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
+        x = tl.load(x_ptr + row0 * cols + col0 + offs, mask=mask, other=0.0).to(tl.float32)
+        abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        col_amax = _block_amax(tl.reshape(abs_bits, (RB, 32, BLOCK_COLS)), 1)
+        _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
+                            row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
+                            col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
+                            BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, False, False, PACK)
+        todo = tl.where(todo == tile, n_tiles, todo)
+        tile = tl.min(todo)
 
 
 @triton.jit
@@ -381,7 +448,15 @@ def _mxfp8_dequantize_kernel(
 
 
 # ------------------------------------------------------------------------------------- launchers
-def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool) -> tuple[int, int, int]:
+def mxfp8_variant(variant: str | None = None) -> str:
+    """The quantize variant in force: ``variant``, else NVFP4LAB_MXFP8_VARIANT, else :data:`VARIANT`."""
+    variant = variant or os.environ.get("NVFP4LAB_MXFP8_VARIANT") or VARIANT
+    if variant not in VARIANTS:
+        raise ValueError(f"MXFP8 quantize variant must be one of {VARIANTS}, got {variant!r}")
+    return variant
+
+
+def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, variant: str = "default") -> tuple[int, int, int]:
     """(BLOCK_ROWS, BLOCK_COLS, num_warps) per direction, timed on an H200 at 8192 x 8192
     (benchmarks/mxfp8.py --tune): rowwise only 32 x 256 with 2 warps; with a columnwise copy one 32-row
     block x 64 columns per single-warp program (each thread 8 rows x 8 columns: the columnwise amax is
@@ -390,6 +465,13 @@ def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool) -> tuple[
     32 x 128 w2. 32 x 64 with 4 warps when K % 16 != 0 (scalar accesses)."""
     if cols % 16 != 0:
         return 32, 64, 4
+    if variant == "split" and rowwise and colwise:
+        # VARIANT "split", row+col: 32 x 32 single-warp tiles (each thread 2 rows x 16 columns). With the
+        # general path out of the kernel, sm_90 (Triton 3.9, tools/sass_kernels.py mx-both-split):
+        # 127 registers, no spills, 30.3 SASS/element, i.e. 16 warps per SM; 32 x 64 w1 keeps 209
+        # registers (24.8/element: ptxas computes both directions before the first store), the default
+        # kernel 241 (finite path 24.6/element executed). 32 x 64 w2: 128 registers, 32.3/element.
+        return 32, 32, 1
     block_cols, warps = (256, 2) if rowwise and not colwise else (64, 1)
     return 32, max(32, min(block_cols, triton.next_power_of_2(cols))), warps
 
@@ -413,11 +495,13 @@ def launch_mxfp8_quantize(
     block_rows: int | None = None,
     block_cols: int | None = None,
     num_warps: int | None = None,
+    variant: str | None = None,
 ) -> None:
     """Quantize x (M, K) into the given outputs (None where that direction is not wanted).
 
     Scale buffers must already hold zeros in their padding (padded / swizzled layouts).
     fp8_cast: "soft" (integer encoders) or "hw" (GPU only); None = :data:`FP8_CAST`.
+    variant: "default" or "split" (:data:`VARIANT`); None = NVFP4LAB_MXFP8_VARIANT, else :data:`VARIANT`.
     """
     rows, cols = x.shape
     fp8_cast = fp8_cast or FP8_CAST
@@ -428,24 +512,29 @@ def launch_mxfp8_quantize(
     if rows * cols == 0:
         return
     rowwise, colwise = row_data is not None, col_data is not None
-    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise)
+    split = mxfp8_variant(variant) == "split" and colwise and fp8_cast == "soft"
+    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise, "split" if split else "default")
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     dummy = x  # stands in for an output pointer that a constexpr-disabled branch never touches
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
     even = rows % block_rows == 0 and cols % block_cols == 0
-    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
-    _mxfp8_quantize_kernel[grid](
-        x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
-        col_data if colwise else dummy, col_scale if colwise else dummy,
-        rows, cols,
-        cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4), roundup(cols // 32, 4) // 4,
-        cols if scale_layout == "compact" else roundup(cols, 128), roundup(rows // 32, 4) // 4,
-        rcp_f32(FP8_MAX[fp8_format]),
-        ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
-        EVEN=even, HW_CAST=fp8_cast == "hw", PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
-        and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)), num_warps=num_warps,
-    )
+    n_tiles = triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols)
+    flags = torch.empty(n_tiles, dtype=torch.uint8, device=x.device) if split else dummy  # every program writes its own
+    outputs = (x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
+               col_data if colwise else dummy, col_scale if colwise else dummy)
+    sizes = (rows, cols,
+             cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4), roundup(cols // 32, 4) // 4,
+             cols if scale_layout == "compact" else roundup(cols, 128), roundup(rows // 32, 4) // 4,
+             rcp_f32(FP8_MAX[fp8_format]))
+    meta = dict(ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
+                BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT, EVEN=even,
+                PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
+                and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)))
+    _mxfp8_quantize_kernel[(n_tiles,)](*outputs, flags, *sizes, HW_CAST=fp8_cast == "hw", SPLIT=split, **meta,
+                                       num_warps=num_warps)
+    if split:
+        _mxfp8_fixup_kernel[(triton.cdiv(n_tiles, FIXUP_CHUNK),)](*outputs, flags, n_tiles, *sizes, CHUNK=FIXUP_CHUNK,
+                                                                  **meta, num_warps=num_warps)
 
 
 def _dequantize_tile(rows: int, cols: int, colwise: bool) -> tuple[int, int, int]:
