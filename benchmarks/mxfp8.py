@@ -36,13 +36,14 @@ def _outputs(m, k, rowwise, columnwise, layout):
 
 
 def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="compact", in_dtype=torch.bfloat16,
-               fmt="e4m3", verify=False, tile=None, public_op=False, pack_words=None, variant=None, infs=0):
+               fmt="e4m3", verify=False, tile=None, public_op=False, pack_words=None, variant=None, infs=0,
+               split=None):
     if pack_words is not None:  # time the kernel with mk.PACK_WORDS set so, then restore it
         saved, mk.PACK_WORDS = mk.PACK_WORDS, pack_words
         try:
             return quant_case(results, m, k, cast=cast, rowwise=rowwise, columnwise=columnwise, layout=layout,
                               in_dtype=in_dtype, fmt=fmt, verify=verify, tile=tile, public_op=public_op,
-                              variant=variant, infs=infs)
+                              variant=variant, infs=infs, split=split)
         finally:
             mk.PACK_WORDS = saved
     x = torch.randn(m, k, device=_bench.DEVICE).to(in_dtype)
@@ -63,7 +64,8 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
     else:
         def fn():
             mk.launch_mxfp8_quantize(x, *outs, fp8_format=fmt, scale_layout=layout, fp8_cast=cast,
-                                     block_rows=block_rows, block_cols=block_cols, num_warps=warps, variant=variant)
+                                     block_rows=block_rows, block_cols=block_cols, num_warps=warps, variant=variant,
+                                     **(split or {}))
 
     if verify:
         fn()
@@ -88,12 +90,14 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
         name += f" {variant}"
     if infs:
         name += f" {infs}inf"
+    if split:  # "split" tuning: tiles per program (T), register cap (r, 0 = none)
+        name += "".join(f" {'T' if key == 'tiles_per_program' else 'r'}{v}" for key, v in split.items())
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
     if not mk.PACK_WORDS and columnwise and cast == "soft":
         name += " bytes"  # columnwise data stored byte by byte, not the default uint32 words
     extra = dict(kind="quantize", cast=cast, direction=direction, layout=layout, in_dtype=_DT[in_dtype], fmt=fmt,
-                 pack_words=mk.PACK_WORDS, variant=mk.mxfp8_variant(variant), infs=infs)
+                 pack_words=mk.PACK_WORDS, variant=mk.mxfp8_variant(variant), infs=infs, split=split or {})
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
@@ -162,8 +166,14 @@ def main():
                 quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", variant=variant, infs=64,
                            verify=True)
         quant_case(results, *_bench.BASE, cast="soft", layout="swizzled", variant="split", verify=True)
-        for tile in [(32, 64, 1), (32, 64, 2), (32, 128, 4)]:
-            quant_case(results, *_bench.BASE, cast="soft", variant="split", tile=tile, verify=True)
+        # its knobs: tiles per program (mk.SPLIT_TILES, the prefetch), register cap (mk.SPLIT_MAXNREG), tile
+        for split in [dict(tiles_per_program=1), dict(tiles_per_program=2), dict(tiles_per_program=8),
+                      dict(maxnreg=0), dict(tiles_per_program=1, maxnreg=0)]:
+            quant_case(results, *_bench.BASE, cast="soft", variant="split", split=split, verify=True)
+        for tile, split in [((32, 64, 1), dict(tiles_per_program=1, maxnreg=0)),
+                            ((32, 64, 1), dict(tiles_per_program=1, maxnreg=168)),
+                            ((32, 64, 2), dict(tiles_per_program=4, maxnreg=0))]:
+            quant_case(results, *_bench.BASE, cast="soft", variant="split", tile=tile, split=split, verify=True)
         for which in ("rowwise", "columnwise"):
             for tile in [(32, 256, 4), (32, 512, 4), (64, 256, 8), (32, 512, 8), (64, 512, 8), (32, 128, 4)]:
                 dequant_case(results, *_bench.BASE, which=which, tile=tile)

@@ -63,6 +63,7 @@ def _capture(module, run, name=None):
 def _compile(fn, args, kwargs):
     kwargs = dict(kwargs)
     num_warps = kwargs.pop("num_warps", 4)
+    maxnreg = kwargs.pop("maxnreg", None)  # the launcher's register cap (a launch option)
     names = fn.arg_names
     sig, attrs, consts = {}, {}, {}
     for i, name in enumerate(names):
@@ -84,8 +85,8 @@ def _compile(fn, args, kwargs):
             sig[name] = "fp32"
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=consts)
     options = dict(num_warps=num_warps)
-    if MAXNREG:
-        options["maxnreg"] = MAXNREG
+    if MAXNREG or maxnreg:
+        options["maxnreg"] = MAXNREG or maxnreg
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options), num_warps
 
 
@@ -101,7 +102,7 @@ def _mx_case(rows, cols, rowwise, colwise, cast, tile=None, variant="default"):
         mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", fp8_cast="soft",
                                  block_rows=block_rows, block_cols=block_cols, num_warps=num_warps, variant=variant)
 
-    fn, (grid, args, kwargs) = _capture(mk, run, "_mxfp8_quantize_kernel")
+    fn, (grid, args, kwargs) = _capture(mk, run, "_mxfp8_quantize_finite_kernel" if variant == "split" else "_mxfp8_quantize_kernel")
     if cast == "hw":
         kwargs = dict(kwargs, HW_CAST=True)
     return fn, grid, args, kwargs, rows * cols
@@ -128,7 +129,8 @@ CASES = {
     "mx-row": lambda m, k, t: _mx_case(m, k, True, False, "soft", t),
     "mx-col": lambda m, k, t: _mx_case(m, k, False, True, "soft", t),
     "mx-both": lambda m, k, t: _mx_case(m, k, True, True, "soft", t),
-    # VARIANT "split": the hot kernel (finite tiles only; the fix-up kernel runs on flagged tiles alone)
+    # VARIANT "split": the hot kernel (finite tiles only; the fix-up kernel runs on flagged tiles alone).
+    # Its programs loop over SPLIT_TILES tiles: "loop" gives the loop body's count per element of a tile.
     "mx-col-split": lambda m, k, t: _mx_case(m, k, False, True, "soft", t, "split"),
     "mx-both-split": lambda m, k, t: _mx_case(m, k, True, True, "soft", t, "split"),
     "mx-col-hw": lambda m, k, t: _mx_case(m, k, False, True, "hw", t),
@@ -136,6 +138,30 @@ CASES = {
     "dq-row": lambda m, k, t: _dq_case(m, k, False, t),
     "dq-col": lambda m, k, t: _dq_case(k, m, True, t),
 }
+
+
+def _loop_body(sass: str) -> int:
+    """Instructions (NOPs aside) from the target of the last backward branch to that branch: the body of
+    the kernel's loop (0 when there is none)."""
+    labels, instrs, pending = {}, [], []
+    for line in sass.splitlines():
+        lab = re.match(r"^(\.L_x_\d+):", line)
+        if lab:
+            pending.append(lab.group(1))
+            continue
+        mt = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)(.*)", line)
+        if mt:
+            addr = int(mt.group(1), 16)
+            labels.update((name, addr) for name in pending)
+            pending = []
+            instrs.append((addr, mt.group(3), mt.group(4)))
+    body = 0
+    for addr, op, rest in instrs:
+        target = re.search(r"\((\.L_x_\d+)\)", rest) if op.startswith("BRA") else None
+        if target and labels.get(target.group(1), addr + 1) < addr:
+            start = labels[target.group(1)]
+            body = sum(1 for a, o, _ in instrs if start <= a <= addr and o != "NOP")
+    return body
 
 
 def _tool(name, cubin, *flags):
@@ -178,9 +204,11 @@ def main():
         alu = sum(v for op, v in ops.items() if op in _ALU)
         programs = grid[0] if isinstance(grid, tuple) else grid
         per_thread = elements / (programs * 32 * warps)
+        tiles = kwargs.get("TILES", 1)
+        loop = f", loop body {_loop_body(sass) / (per_thread / tiles):.2f}/elem" if tiles > 1 else ""
         print(f"{name:10s} grid {programs} x {warps} warps, {per_thread:.0f} elem/thread: regs {res.group(1)} "
               f"stack {res.group(2)} smem {c.metadata.shared} local {res.group(4)} | SASS {total} = "
-              f"{total / per_thread:.2f}/elem (ALU pipe {alu / per_thread:.2f}/elem)")
+              f"{total / per_thread:.2f}/elem (ALU pipe {alu / per_thread:.2f}/elem){loop}")
         print("   ", ", ".join(f"{op}:{v}" for op, v in ops.most_common(24)))
         if a.dump:
             os.makedirs(a.dump, exist_ok=True)

@@ -44,6 +44,11 @@ def variant(request, monkeypatch):
     return request.param
 
 
+def _hot_kernel(variant: str) -> str:
+    """The quantize kernel that a soft-cast launch with a columnwise copy runs under ``variant``."""
+    return "_mxfp8_quantize_finite_kernel" if variant == "split" else "_mxfp8_quantize_kernel"
+
+
 def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=True):
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
     got = mk.quantize_mxfp8(x, cfg)
@@ -190,7 +195,7 @@ def test_quantize_packed_words(fmt, layout, variant, monkeypatch):
     """PACK_WORDS (the default: columnwise data stored as uint32 words of 4 codes): whole tiles, a
     partial one (byte stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
     monkeypatch.setattr(mk, "PACK_WORDS", True)
-    launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    launches = record_launches(monkeypatch, mk, _hot_kernel(variant))
     x = _x(96, 192, seed=17)
     x[40, 70] = float("inf")
     _quantize_both(x, fmt=fmt, layout=layout)
@@ -282,7 +287,7 @@ def test_quantize_every_byte_written(shape, pack_words, variant, monkeypatch):
     """Data and compact scales: 0xFF-poisoned buffers. Padded / swizzled scales: real entries poisoned,
     padding zero (the launcher's contract), so each real entry must be written."""
     monkeypatch.setattr(mk, "PACK_WORDS", pack_words)
-    launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    launches = record_launches(monkeypatch, mk, _hot_kernel(variant))
     x = _x(*shape, seed=7)
     rows, cols = x.shape
     for layout in LAYOUTS:
@@ -309,7 +314,7 @@ def test_quantize_every_byte_written(shape, pack_words, variant, monkeypatch):
 def test_quantize_unaligned_output_stores_bytes(variant, monkeypatch):
     """Columnwise data not 4-byte aligned (a view 1 byte into its buffer) cannot take uint32 stores:
     the launcher falls back to byte stores, whose bytes around the view stay untouched."""
-    launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    launches = record_launches(monkeypatch, mk, _hot_kernel(variant))
     x = _x(64, 128, seed=20)
     cfg = MXFP8QuantConfig(rowwise=False, columnwise=True)
     buffer = torch.full((64 * 128 + 2,), 0xFF, dtype=torch.uint8)
@@ -325,15 +330,16 @@ def test_quantize_unaligned_output_stores_bytes(variant, monkeypatch):
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", [(96, 192), (96, 176)])  # whole tiles; K = 176: a partial last tile (32 x 64)
-def test_split_variant_fixup_tiles(fmt, layout, shape, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 row+col: read as words, prefetched
+def test_split_variant_fixup_tiles(fmt, layout, shape, dtype, monkeypatch):
     """VARIANT "split": the hot kernel leaves tiles holding an inf or NaN to the fix-up launch. Several
     such tiles per fix-up program and several programs (FIXUP_CHUNK = 4), a partial tile among them,
     into 0xFF-poisoned data: every byte must come from one of the two launches, as the reference's."""
     monkeypatch.setattr(mk, "VARIANT", "split")
     monkeypatch.setattr(mk, "FIXUP_CHUNK", 4)
-    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_finite_kernel")
     fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
-    x = _x(*shape, seed=21, dtype=torch.float32)
+    x = _x(*shape, seed=21, dtype=dtype)
     x[0, 0] = float("inf")  # tile 0
     x[1, 40] = float("-inf")  # tile 1, same fix-up program
     x[33, 170] = float("nan")  # the last tile column (partial at K = 176)
@@ -351,7 +357,7 @@ def test_split_variant_fixup_tiles(fmt, layout, shape, monkeypatch):
         col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         col_scale = fill(col_shape, 0xFF, dtype=torch.uint8)
         mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format=fmt, scale_layout=layout)
-        assert hot[-1]["SPLIT"] and fixup[-1]["CHUNK"] == 4
+        assert len(hot) == len(fixup) and fixup[-1]["CHUNK"] == 4
         got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=cfg, rowwise_data=row_data, rowwise_scale=row_scale,
                           columnwise_data=col_data, columnwise_scale=col_scale)
         for part in PARTS:
@@ -377,25 +383,36 @@ def test_split_variant_all_tiles_flagged(monkeypatch):
 def test_variant_selection(monkeypatch):
     """NVFP4LAB_MXFP8_VARIANT overrides mk.VARIANT, an explicit ``variant`` both; "split" applies to
     soft-cast launches with a columnwise copy (rowwise only: the single kernel, no fix-up)."""
-    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    single = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
+    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_finite_kernel")
     fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
-    x = _x(64, 64, seed=23)
+    x = _x(64, 256, seed=23)
     u8 = lambda *shape: torch.empty(*shape, dtype=torch.uint8)  # noqa: E731
-    both = (u8(64, 64), u8(64, 2), u8(64, 64), u8(2, 64))
+    both = (u8(64, 256), u8(64, 8), u8(64, 256), u8(2, 256))
 
     def launch(outs=both, **kw):
+        """Whether this launch took the split variant (each launch is one kernel or the pair)."""
+        before = (len(single), len(hot), len(fixup))
         mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", **kw)
-        return hot[-1]["SPLIT"]
+        took = (len(single) - before[0], len(hot) - before[1], len(fixup) - before[2])
+        assert took in ((1, 0, 0), (0, 1, 1)), took
+        return took == (0, 1, 1)
 
     monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "split")
-    assert launch() and len(fixup) == 1
-    assert not launch(variant="default") and len(fixup) == 1
-    assert not launch((both[0], both[1], None, None)) and len(fixup) == 1
+    assert launch()
+    assert not launch(variant="default")
+    assert not launch((both[0], both[1], None, None))
     monkeypatch.setattr(mk, "VARIANT", "split")
     monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "default")
     assert not launch()
     monkeypatch.delenv("NVFP4LAB_MXFP8_VARIANT")
-    assert launch() and hot[-1]["BLOCK_COLS"] == 32 and len(fixup) == 2
+    assert launch()
+    # row+col: 32 x 32 tiles, SPLIT_TILES per program (bf16 read as words); columnwise only: 32 x 64, one each
+    assert (hot[-1]["BLOCK_COLS"], hot[-1]["TILES"], hot[-1]["WORDS"]) == (32, mk.SPLIT_TILES, True)
+    assert launch((None, None, both[2], both[3]))
+    assert (hot[-1]["BLOCK_COLS"], hot[-1]["TILES"], hot[-1]["WORDS"]) == (64, 1, False)
+    assert launch(tiles_per_program=3)  # 8 x 2 = 16 tiles: a short last program
+    assert hot[-1]["TILES"] == 3 and not hot[-1]["FULL"]
     monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "fast")
     with pytest.raises(ValueError, match="variant"):
         launch()

@@ -68,13 +68,20 @@ FP8_CAST = "soft"
 PACK_WORDS = True
 # Launches with a columnwise copy and the soft encoder: "default" = one kernel holding both the finite
 # fast path and the general (saturating) path for tiles with an inf or NaN; "split" = a kernel compiled
-# with the finite path only, which flags the other tiles (one byte per tile), then a fix-up launch
-# (_mxfp8_fixup_kernel, grid fixed by the shape) that redoes the flagged tiles with the general path.
-# Same bits. The general path's registers leave the hot kernel: row+col bf16 e4m3, sm_90 (Triton 3.9,
-# tools/sass_kernels.py): see _quantize_tile. The environment variable NVFP4LAB_MXFP8_VARIANT overrides.
+# with the finite path only (_mxfp8_quantize_finite_kernel), which flags the other tiles (one byte per
+# tile), then a fix-up launch (_mxfp8_fixup_kernel, grid fixed by the shape: CUDA-graph safe) that redoes
+# the flagged tiles with the general path. Same bits. Row+col bf16 e4m3 at 8192 x 8192, sm_90, Triton 3.9
+# (tools/sass_kernels.py mx-both / mx-both-split / --finite-only): default 241 registers (8 warps per SM),
+# finite path 24.6 SASS/element; "split" 32 x 32 single-warp tiles, 4 per program with the next one's
+# load in flight, register cap 128: 127 registers (16 warps per SM), no spills, 29.3 SASS/element.
+# Not yet timed on a GPU (benchmarks/mxfp8.py --tune: rows "... split"). NVFP4LAB_MXFP8_VARIANT overrides.
 VARIANT = "default"
 VARIANTS = ("default", "split")
 FIXUP_CHUNK = 128  # flags scanned by one fix-up program
+SPLIT_TILES = 4  # "split", row+col: consecutive tiles per hot program, the next one's load in flight
+# "split", row+col: ptxas register cap. Uncapped, the prefetching loop takes 166 registers (12 warps per
+# SM); at 128 it has 16 and no spills (ptxas moves the tile bookkeeping to uniform registers).
+SPLIT_MAXNREG = 128
 
 
 @triton.jit
@@ -256,7 +263,6 @@ def _tile_at(tile, rows, cols, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexp
 @triton.jit
 def _mxfp8_quantize_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
-    flags_ptr,  # SPLIT: one uint8 per tile, 1 = holds an inf or NaN (left to _mxfp8_fixup_kernel)
     rows, cols,
     row_scale_stride,  # compact K/32, padded roundup(K/32, 4)
     row_scale_tiles,  # roundup(K/32, 4) // 4 (swizzled)
@@ -273,7 +279,6 @@ def _mxfp8_quantize_kernel(
     EVEN: tl.constexpr,
     HW_CAST: tl.constexpr,
     PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
-    SPLIT: tl.constexpr = False,  # COLWISE soft cast: finite tiles only, the others flagged (VARIANT "split")
 ):
     RB: tl.constexpr = BLOCK_ROWS // 32
     pid = tl.program_id(0)
@@ -294,16 +299,6 @@ def _mxfp8_quantize_kernel(
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                 col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
                                 BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
-        elif SPLIT:
-            # Only the finite path is compiled here (its registers alone decide the occupancy); a tile
-            # holding an inf or NaN writes nothing but its flag, and the fix-up launch redoes it.
-            finite = _all_finite(col_amax.to(tl.int32, bitcast=True))
-            tl.store(flags_ptr + pid, tl.where(finite, 0, 1).to(tl.uint8))
-            if finite:
-                _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
-                                    row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
-                                    col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                                    BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, True, PACK)
         elif _all_finite(col_amax.to(tl.int32, bitcast=True)):
             _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
@@ -319,6 +314,84 @@ def _mxfp8_quantize_kernel(
                             row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                             col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
                             BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
+
+
+@triton.jit
+def _load_raw(x_ptr, base, offs, mask, cols, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, WORDS: tl.constexpr,
+              pred):
+    """A tile of x as stored (converted later by :func:`_widen`), under ``mask & pred``. WORDS: bf16
+    read as int32 words of 2 elements [R, C/2], a prefetched tile then holds one 32-bit register per
+    2 elements (bf16 values would take a 16-bit register each)."""
+    if WORDS:
+        r = tl.arange(0, BLOCK_ROWS)
+        w = tl.arange(0, BLOCK_COLS // 2)
+        w_offs = r[:, None] * (cols // 2) + w[None, :]
+        w_mask = (r[:, None] < BLOCK_ROWS) & (w[None, :] < BLOCK_COLS // 2) & pred  # whole tiles only
+        return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + base // 2 + w_offs, mask=w_mask, other=0)
+    else:
+        return tl.load(x_ptr + base + offs, mask=mask & pred, other=0.0)
+
+
+@triton.jit
+def _widen(raw, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, WORDS: tl.constexpr):
+    """fp32 [R, C] from :func:`_load_raw`'s tile (bf16 -> fp32 exactly: the bits shifted up)."""
+    if WORDS:
+        lo = (raw << 16).to(tl.float32, bitcast=True)  # element 2j: the word's low half (little endian)
+        hi = (raw & -65536).to(tl.float32, bitcast=True)
+        return tl.reshape(tl.join(lo, hi), (BLOCK_ROWS, BLOCK_COLS))
+    else:
+        return raw.to(tl.float32)
+
+
+@triton.jit
+def _mxfp8_quantize_finite_kernel(
+    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, flags_ptr, n_tiles,
+    rows, cols, row_scale_stride, row_scale_tiles, col_scale_stride, col_scale_tiles, max_rcp,
+    ROWWISE: tl.constexpr,
+    COLWISE: tl.constexpr,  # must be True (the flags come from the column maxima)
+    E5M2: tl.constexpr,
+    SWIZZLED: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    LOCAL_I64: tl.constexpr,
+    EVEN: tl.constexpr,
+    PACK: tl.constexpr,
+    TILES: tl.constexpr,  # consecutive tiles per program
+    FULL: tl.constexpr,  # n_tiles % TILES == 0
+    WORDS: tl.constexpr = False,  # bf16 x read as uint32 words of 2 elements (EVEN tiles, K even)
+):
+    """VARIANT "split", the hot kernel: the finite path only (soft encoder); a tile holding an inf or
+    NaN writes nothing but its flag (flags_ptr, one byte per tile, every tile's written), for
+    :func:`_mxfp8_fixup_kernel`. Each program takes TILES consecutive tiles and issues the next tile's
+    load before encoding the current one, so its latency hides behind that work (one tile of raw
+    input, 16 registers at 32 x 32 bf16, is all it holds extra)."""
+    RB: tl.constexpr = BLOCK_ROWS // 32
+    first = tl.program_id(0) * TILES
+    row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(first, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
+    x_next = _load_raw(x_ptr, row0 * cols + col0, offs, mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS, True)
+    for i in range(TILES):
+        tile = first + i
+        x_raw = x_next
+        row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(tile, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
+        if TILES > 1:
+            n_row0, n_col0, _r, _c, _r_ok, _c_ok, n_mask, n_offs = _tile_at(tile + 1, rows, cols, BLOCK_ROWS, BLOCK_COLS,
+                                                                            LOCAL_I64, EVEN)
+            if FULL:  # every program's tiles exist
+                more = i + 1 < TILES
+            else:
+                more = (i + 1 < TILES) & (tile + 1 < n_tiles)
+            x_next = _load_raw(x_ptr, n_row0 * cols + n_col0, n_offs, n_mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS, more)
+        if FULL or tile < n_tiles:
+            x = _widen(x_raw, BLOCK_ROWS, BLOCK_COLS, WORDS)
+            abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            col_amax = _block_amax(tl.reshape(abs_bits, (RB, 32, BLOCK_COLS)), 1)  # [RB, C]
+            finite = _all_finite(col_amax.to(tl.int32, bitcast=True))
+            tl.store(flags_ptr + tile, tl.where(finite, 0, 1).to(tl.uint8))
+            if finite:
+                _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
+                                    row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
+                                    col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
+                                    BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, False, True, PACK)
 
 
 @triton.jit
@@ -466,11 +539,10 @@ def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, variant: 
     if cols % 16 != 0:
         return 32, 64, 4
     if variant == "split" and rowwise and colwise:
-        # VARIANT "split", row+col: 32 x 32 single-warp tiles (each thread 2 rows x 16 columns). With the
-        # general path out of the kernel, sm_90 (Triton 3.9, tools/sass_kernels.py mx-both-split):
-        # 127 registers, no spills, 30.3 SASS/element, i.e. 16 warps per SM; 32 x 64 w1 keeps 209
-        # registers (24.8/element: ptxas computes both directions before the first store), the default
-        # kernel 241 (finite path 24.6/element executed). 32 x 64 w2: 128 registers, 32.3/element.
+        # VARIANT "split", row+col: 32 x 32 single-warp tiles (each thread 2 rows x 16 columns), SPLIT_TILES
+        # per program. sm_90, Triton 3.9, finite-only kernel: 32 x 32 w1 127 registers, 30.3 SASS/element
+        # (with the prefetch loop and the cap: 127, 29.3); 32 x 64 w1 209 (24.8: ptxas computes both
+        # directions before the first store; capped at 168: no spills, 25.1); 32 x 64 w2 128 (32.3).
         return 32, 32, 1
     block_cols, warps = (256, 2) if rowwise and not colwise else (64, 1)
     return 32, max(32, min(block_cols, triton.next_power_of_2(cols))), warps
@@ -496,12 +568,16 @@ def launch_mxfp8_quantize(
     block_cols: int | None = None,
     num_warps: int | None = None,
     variant: str | None = None,
+    tiles_per_program: int | None = None,
+    maxnreg: int | None = None,
 ) -> None:
     """Quantize x (M, K) into the given outputs (None where that direction is not wanted).
 
     Scale buffers must already hold zeros in their padding (padded / swizzled layouts).
     fp8_cast: "soft" (integer encoders) or "hw" (GPU only); None = :data:`FP8_CAST`.
     variant: "default" or "split" (:data:`VARIANT`); None = NVFP4LAB_MXFP8_VARIANT, else :data:`VARIANT`.
+    tiles_per_program, maxnreg: "split" only (tuning): None = :data:`SPLIT_TILES` / :data:`SPLIT_MAXNREG`
+    (row+col), 1 / no cap (columnwise only); maxnreg 0 = no cap.
     """
     rows, cols = x.shape
     fp8_cast = fp8_cast or FP8_CAST
@@ -519,7 +595,6 @@ def launch_mxfp8_quantize(
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
     even = rows % block_rows == 0 and cols % block_cols == 0
     n_tiles = triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols)
-    flags = torch.empty(n_tiles, dtype=torch.uint8, device=x.device) if split else dummy  # every program writes its own
     outputs = (x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
                col_data if colwise else dummy, col_scale if colwise else dummy)
     sizes = (rows, cols,
@@ -530,11 +605,19 @@ def launch_mxfp8_quantize(
                 BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT, EVEN=even,
                 PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
                 and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)))
-    _mxfp8_quantize_kernel[(n_tiles,)](*outputs, flags, *sizes, HW_CAST=fp8_cast == "hw", SPLIT=split, **meta,
-                                       num_warps=num_warps)
-    if split:
-        _mxfp8_fixup_kernel[(triton.cdiv(n_tiles, FIXUP_CHUNK),)](*outputs, flags, n_tiles, *sizes, CHUNK=FIXUP_CHUNK,
-                                                                  **meta, num_warps=num_warps)
+    if not split:
+        _mxfp8_quantize_kernel[(n_tiles,)](*outputs, *sizes, HW_CAST=fp8_cast == "hw", **meta, num_warps=num_warps)
+        return
+    flags = torch.empty(n_tiles, dtype=torch.uint8, device=x.device)  # every tile's flag is written
+    tiles = tiles_per_program or (SPLIT_TILES if rowwise else 1)
+    cap = SPLIT_MAXNREG if maxnreg is None and rowwise else maxnreg
+    # a prefetched bf16 tile is held as 32-bit words (one tile at 32 x 32: 126 -> 166 registers otherwise)
+    words = tiles > 1 and x.dtype == torch.bfloat16 and even and cols % 2 == 0 and x.data_ptr() % 4 == 0
+    _mxfp8_quantize_finite_kernel[(triton.cdiv(n_tiles, tiles),)](
+        *outputs, flags, n_tiles, *sizes, **meta, TILES=tiles, FULL=n_tiles % tiles == 0, WORDS=words,
+        num_warps=num_warps, **({"maxnreg": cap} if cap and x.device.type != "cpu" else {}))  # not interpreted
+    _mxfp8_fixup_kernel[(triton.cdiv(n_tiles, FIXUP_CHUNK),)](*outputs, flags, n_tiles, *sizes, CHUNK=FIXUP_CHUNK,
+                                                              **meta, num_warps=num_warps)
 
 
 def _dequantize_tile(rows: int, cols: int, colwise: bool) -> tuple[int, int, int]:
