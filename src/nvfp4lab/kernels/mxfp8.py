@@ -609,10 +609,13 @@ def launch_mxfp8_quantize(
         _mxfp8_quantize_kernel[(n_tiles,)](*outputs, *sizes, HW_CAST=fp8_cast == "hw", **meta, num_warps=num_warps)
         return
     flags = torch.empty(n_tiles, dtype=torch.uint8, device=x.device)  # every tile's flag is written
-    tiles = tiles_per_program or (SPLIT_TILES if rowwise else 1)
-    cap = SPLIT_MAXNREG if maxnreg is None and rowwise else maxnreg
-    # a prefetched bf16 tile is held as 32-bit words (one tile at 32 x 32: 126 -> 166 registers otherwise)
-    words = tiles > 1 and x.dtype == torch.bfloat16 and even and cols % 2 == 0 and x.data_ptr() % 4 == 0
+    # The prefetch and the register cap are for bf16 row+col (read as 32-bit words: a bf16 tile would take
+    # a 16-bit register per element); an fp32 / fp16 tile held in flight spills under the cap.
+    words = x.dtype == torch.bfloat16 and even and cols % 2 == 0 and x.data_ptr() % 4 == 0
+    tuned = rowwise and words
+    tiles = tiles_per_program or (SPLIT_TILES if tuned else 1)
+    cap = maxnreg if maxnreg is not None else (SPLIT_MAXNREG if tuned else 0)
+    words = words and tiles > 1
     _mxfp8_quantize_finite_kernel[(triton.cdiv(n_tiles, tiles),)](
         *outputs, flags, n_tiles, *sizes, **meta, TILES=tiles, FULL=n_tiles % tiles == 0, WORDS=words,
         num_warps=num_warps, **({"maxnreg": cap} if cap and x.device.type != "cpu" else {}))  # not interpreted
