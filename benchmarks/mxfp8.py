@@ -1,8 +1,9 @@
 """MXFP8 quantize / dequantize kernel bandwidth vs a device-to-device copy of the same bytes (CUDA only).
 
     PYTHONPATH=src python benchmarks/mxfp8.py [--quick] [--tune] [--out FILE]
-    (NVFP4LAB_MXFP8_VARIANT=split: every quantize row with a columnwise copy runs that variant; --tune
-    times "split" beside "default" in any case, names ending in "split")
+    (NVFP4LAB_MXFP8_VARIANT=prefetch|split: every quantize row with a columnwise copy and the soft cast
+    runs that variant; --tune times each variant side by side in any case, named "... default",
+    "... prefetch", "... split")
 
 Quantize (bf16 input, E4M3, both directions from one read, and rowwise only) is measured with both fp8
 roundings of the kernel: "soft" (integer encoders, the default) and "hw" (cvt.rn.satfinite). Dequantize
@@ -158,18 +159,21 @@ def main():
             for tile in [(32, 256, 2), (32, 256, 4), (32, 32, 1), (32, 64, 1), (32, 128, 1), (32, 256, 1), (32, 128, 2),
                          (64, 128, 2)]:
                 quant_case(results, *_bench.BASE, cast=cast, tile=tile, rowwise=direction != "col", columnwise=direction != "row")
-        # mk.VARIANT "split" (finite-only hot kernel + fix-up launch) beside the default kernel, same run:
-        # its own tile (row+col 32 x 32 w1), other tiles, and the cost of the fix-up on 64 inf tiles
+        # mk.VARIANTs "prefetch" (loop kernel, 32 x 32 w1 tiles, 4 per program with the next one's load in
+        # flight, register cap 128) and "split" (the same with the finite path only + a fix-up launch) beside
+        # the default kernel, same run; 64 inf elements put their tiles on the general path / the fix-up
         for direction in ("both", "col"):
-            for variant in ("default", "split"):
+            for variant in mk.VARIANTS:
                 quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", variant=variant, verify=True)
                 quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", variant=variant, infs=64,
                            verify=True)
-        quant_case(results, *_bench.BASE, cast="soft", layout="swizzled", variant="split", verify=True)
-        # its knobs: tiles per program (mk.SPLIT_TILES, the prefetch), register cap (mk.SPLIT_MAXNREG), tile
-        for split in [dict(tiles_per_program=1), dict(tiles_per_program=2), dict(tiles_per_program=8),
-                      dict(maxnreg=0), dict(tiles_per_program=1, maxnreg=0)]:
-            quant_case(results, *_bench.BASE, cast="soft", variant="split", split=split, verify=True)
+        for variant in ("prefetch", "split"):
+            quant_case(results, *_bench.BASE, cast="soft", layout="swizzled", variant=variant, verify=True)
+            quant_case(results, *_bench.BASE, cast="soft", fmt="e5m2", variant=variant, verify=True)
+            # their knobs: tiles per program (mk.SPLIT_TILES: the prefetch), register cap (mk.SPLIT_MAXNREG)
+            for split in [dict(tiles_per_program=1), dict(tiles_per_program=2), dict(tiles_per_program=8),
+                          dict(maxnreg=0), dict(tiles_per_program=1, maxnreg=0)]:
+                quant_case(results, *_bench.BASE, cast="soft", variant=variant, split=split, verify=True)
         for tile, split in [((32, 64, 1), dict(tiles_per_program=1, maxnreg=0)),
                             ((32, 64, 1), dict(tiles_per_program=1, maxnreg=168)),
                             ((32, 64, 2), dict(tiles_per_program=4, maxnreg=0))]:

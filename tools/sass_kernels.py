@@ -7,7 +7,7 @@ instructions per thread and per element, with the ALU-pipe share (on sm_90 the i
 half as fast as the fp32 pipe).
 
     python tools/sass_kernels.py [case ...] [--shape 8192x8192] [--tile RxCxW] [--dump DIR]
-    cases: mx-row mx-col mx-both mx-col-split mx-both-split mx-col-hw mx-both-hw dq-row dq-col (default: all)
+    cases: mx-row mx-col mx-both mx-col-prefetch mx-both-prefetch mx-col-split mx-both-split mx-col-hw mx-both-hw dq-row dq-col (default: all)
     (MAXNREG=N: try a ptxas register cap)
 """
 import argparse
@@ -102,7 +102,7 @@ def _mx_case(rows, cols, rowwise, colwise, cast, tile=None, variant="default"):
         mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", fp8_cast="soft",
                                  block_rows=block_rows, block_cols=block_cols, num_warps=num_warps, variant=variant)
 
-    fn, (grid, args, kwargs) = _capture(mk, run, "_mxfp8_quantize_finite_kernel" if variant == "split" else "_mxfp8_quantize_kernel")
+    fn, (grid, args, kwargs) = _capture(mk, run, "_mxfp8_quantize_kernel" if variant == "default" else "_mxfp8_quantize_loop_kernel")
     if cast == "hw":
         kwargs = dict(kwargs, HW_CAST=True)
     return fn, grid, args, kwargs, rows * cols
@@ -129,8 +129,11 @@ CASES = {
     "mx-row": lambda m, k, t: _mx_case(m, k, True, False, "soft", t),
     "mx-col": lambda m, k, t: _mx_case(m, k, False, True, "soft", t),
     "mx-both": lambda m, k, t: _mx_case(m, k, True, True, "soft", t),
-    # VARIANT "split": the hot kernel (finite tiles only; the fix-up kernel runs on flagged tiles alone).
-    # Its programs loop over SPLIT_TILES tiles: "loop" gives the loop body's count per element of a tile.
+    # VARIANTs "prefetch" / "split" (mk.VARIANT): the loop kernel, whose programs take SPLIT_TILES tiles
+    # ("loop body": the loop's count per element of a tile; with --finite-only, what finite tiles run).
+    # "split" compiles the finite path alone (the fix-up kernel runs on flagged tiles only).
+    "mx-col-prefetch": lambda m, k, t: _mx_case(m, k, False, True, "soft", t, "prefetch"),
+    "mx-both-prefetch": lambda m, k, t: _mx_case(m, k, True, True, "soft", t, "prefetch"),
     "mx-col-split": lambda m, k, t: _mx_case(m, k, False, True, "soft", t, "split"),
     "mx-both-split": lambda m, k, t: _mx_case(m, k, True, True, "soft", t, "split"),
     "mx-col-hw": lambda m, k, t: _mx_case(m, k, False, True, "hw", t),

@@ -46,7 +46,7 @@ def variant(request, monkeypatch):
 
 def _hot_kernel(variant: str) -> str:
     """The quantize kernel that a soft-cast launch with a columnwise copy runs under ``variant``."""
-    return "_mxfp8_quantize_finite_kernel" if variant == "split" else "_mxfp8_quantize_kernel"
+    return "_mxfp8_quantize_kernel" if variant == "default" else "_mxfp8_quantize_loop_kernel"
 
 
 def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=True):
@@ -331,13 +331,15 @@ def test_quantize_unaligned_output_stores_bytes(variant, monkeypatch):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", [(96, 192), (96, 176)])  # whole tiles; K = 176: a partial last tile (32 x 64)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 row+col: read as words, prefetched
-def test_split_variant_fixup_tiles(fmt, layout, shape, dtype, monkeypatch):
-    """VARIANT "split": the hot kernel leaves tiles holding an inf or NaN to the fix-up launch. Several
-    such tiles per fix-up program and several programs (FIXUP_CHUNK = 4), a partial tile among them,
-    into 0xFF-poisoned data: every byte must come from one of the two launches, as the reference's."""
-    monkeypatch.setattr(mk, "VARIANT", "split")
+@pytest.mark.parametrize("variant", ["prefetch", "split"])
+def test_loop_variants_non_finite_tiles(variant, fmt, layout, shape, dtype, monkeypatch):
+    """VARIANTs "prefetch" (general path inline in the loop kernel) and "split" (the loop kernel leaves
+    tiles holding an inf or NaN to the fix-up launch: several such tiles per fix-up program and several
+    programs, FIXUP_CHUNK = 4), a partial tile among them, into 0xFF-poisoned data: every byte must be
+    written, as the reference's."""
+    monkeypatch.setattr(mk, "VARIANT", variant)
     monkeypatch.setattr(mk, "FIXUP_CHUNK", 4)
-    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_finite_kernel")
+    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_loop_kernel")
     fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
     x = _x(*shape, seed=21, dtype=dtype)
     x[0, 0] = float("inf")  # tile 0
@@ -357,7 +359,7 @@ def test_split_variant_fixup_tiles(fmt, layout, shape, dtype, monkeypatch):
         col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         col_scale = fill(col_shape, 0xFF, dtype=torch.uint8)
         mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format=fmt, scale_layout=layout)
-        assert len(hot) == len(fixup) and fixup[-1]["CHUNK"] == 4
+        assert hot[-1]["FLAG_ONLY"] == (variant == "split") and len(fixup) == (len(hot) if variant == "split" else 0)
         got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=cfg, rowwise_data=row_data, rowwise_scale=row_scale,
                           columnwise_data=col_data, columnwise_scale=col_scale)
         for part in PARTS:
@@ -371,9 +373,10 @@ def test_split_variant_fixup_tiles(fmt, layout, shape, dtype, monkeypatch):
             assert torch.equal(g, w), f"{part}: {int((g != w).sum())} bytes differ"
 
 
-def test_split_variant_all_tiles_flagged(monkeypatch):
-    """Every tile non-finite: the fix-up programs each walk all their flagged tiles."""
-    monkeypatch.setattr(mk, "VARIANT", "split")
+@pytest.mark.parametrize("variant", ["prefetch", "split"])
+def test_loop_variants_all_tiles_non_finite(variant, monkeypatch):
+    """Every tile non-finite ("split": the fix-up programs each walk all their flagged tiles)."""
+    monkeypatch.setattr(mk, "VARIANT", variant)
     monkeypatch.setattr(mk, "FIXUP_CHUNK", 2)
     x = _x(64, 160, seed=22)
     x[::32, ::32] = float("inf")
@@ -381,38 +384,42 @@ def test_split_variant_all_tiles_flagged(monkeypatch):
 
 
 def test_variant_selection(monkeypatch):
-    """NVFP4LAB_MXFP8_VARIANT overrides mk.VARIANT, an explicit ``variant`` both; "split" applies to
-    soft-cast launches with a columnwise copy (rowwise only: the single kernel, no fix-up)."""
+    """NVFP4LAB_MXFP8_VARIANT overrides mk.VARIANT, an explicit ``variant`` both; "prefetch" and "split"
+    apply to soft-cast launches with a columnwise copy (rowwise only: the default kernel)."""
     single = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
-    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_finite_kernel")
+    loop = record_launches(monkeypatch, mk, "_mxfp8_quantize_loop_kernel")
     fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
     x = _x(64, 256, seed=23)
     u8 = lambda *shape: torch.empty(*shape, dtype=torch.uint8)  # noqa: E731
     both = (u8(64, 256), u8(64, 8), u8(64, 256), u8(2, 256))
 
     def launch(outs=both, **kw):
-        """Whether this launch took the split variant (each launch is one kernel or the pair)."""
-        before = (len(single), len(hot), len(fixup))
+        """The variant this launch ran, told by the kernels it launched."""
+        before = (len(single), len(loop), len(fixup))
         mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", **kw)
-        took = (len(single) - before[0], len(hot) - before[1], len(fixup) - before[2])
-        assert took in ((1, 0, 0), (0, 1, 1)), took
-        return took == (0, 1, 1)
+        took = (len(single) - before[0], len(loop) - before[1], len(fixup) - before[2])
+        kinds = {(1, 0, 0): "default", (0, 1, 0): "prefetch", (0, 1, 1): "split"}
+        assert took in kinds, took
+        if took[1]:
+            assert loop[-1]["FLAG_ONLY"] == (kinds[took] == "split")
+        return kinds[took]
 
     monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "split")
-    assert launch()
-    assert not launch(variant="default")
-    assert not launch((both[0], both[1], None, None))
+    assert launch() == "split"
+    assert launch(variant="default") == "default"
+    assert launch(variant="prefetch") == "prefetch"
+    assert launch((both[0], both[1], None, None)) == "default"
     monkeypatch.setattr(mk, "VARIANT", "split")
     monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "default")
-    assert not launch()
+    assert launch() == "default"
     monkeypatch.delenv("NVFP4LAB_MXFP8_VARIANT")
-    assert launch()
-    # row+col: 32 x 32 tiles, SPLIT_TILES per program (bf16 read as words); columnwise only: 32 x 64, one each
-    assert (hot[-1]["BLOCK_COLS"], hot[-1]["TILES"], hot[-1]["WORDS"]) == (32, mk.SPLIT_TILES, True)
-    assert launch((None, None, both[2], both[3]))
-    assert (hot[-1]["BLOCK_COLS"], hot[-1]["TILES"], hot[-1]["WORDS"]) == (64, 1, False)
-    assert launch(tiles_per_program=3)  # 8 x 2 = 16 tiles: a short last program
-    assert hot[-1]["TILES"] == 3 and not hot[-1]["FULL"]
+    assert launch() == "split"
+    # bf16 row+col: 32 x 32 tiles, SPLIT_TILES per program, read as words; columnwise only: 32 x 64, one each
+    assert (loop[-1]["BLOCK_COLS"], loop[-1]["TILES"], loop[-1]["WORDS"]) == (32, mk.SPLIT_TILES, True)
+    assert launch((None, None, both[2], both[3])) == "split"
+    assert (loop[-1]["BLOCK_COLS"], loop[-1]["TILES"], loop[-1]["WORDS"]) == (64, 1, False)
+    assert launch(tiles_per_program=3) == "split"  # 8 x 2 = 16 tiles: a short last program
+    assert loop[-1]["TILES"] == 3 and not loop[-1]["FULL"]
     monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "fast")
     with pytest.raises(ValueError, match="variant"):
         launch()
@@ -642,10 +649,12 @@ def test_gpu_cuda_graph_capture():
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
-def test_gpu_split_variant_large(fmt, layout, monkeypatch):
-    """VARIANT "split" on the GPU at 8192 x 8192 bf16 (the benchmark shape) with inf / NaN tiles (the
-    fix-up launch), and the same launch captured in a CUDA graph (fixed grids, no host sync)."""
-    monkeypatch.setattr(mk, "VARIANT", "split")
+@pytest.mark.parametrize("variant", ["prefetch", "split"])
+def test_gpu_loop_variants_large(variant, fmt, layout, monkeypatch):
+    """VARIANTs "prefetch" / "split" on the GPU at 8192 x 8192 bf16 (the benchmark shape: the register
+    cap, 4 tiles per program) with inf / NaN tiles ("split": the fix-up launch), and the same launch
+    captured in a CUDA graph (fixed grids, no host sync)."""
+    monkeypatch.setattr(mk, "VARIANT", variant)
     x = _x(8192, 8192, seed=24, device="cuda")
     x[100, 200] = float("inf")
     x[5000, 7] = float("-inf")

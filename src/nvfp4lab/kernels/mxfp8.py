@@ -28,9 +28,12 @@ cvt.rn.satfinite instead (GPU only). With a columnwise copy, a tile whose column
 finite (ordinary data: one reduction of the maxima decides it) skips the saturation and uses the
 6-instruction E8M0 scale (``_codecs.e8m0_scale_finite``); a tile holding an inf or NaN takes the
 general scale and clamps |x * mult| first. With :data:`PACK_WORDS`, columnwise data of whole tiles
-is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`). On sm_90 these kernels are bound by
-instruction issue, the integer ALU pipe (half the fp32 pipe's width) first: ``tools/sass_kernels.py``
-counts their SASS instructions per element.
+is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`). :data:`VARIANT` (NVFP4LAB_MXFP8_VARIANT)
+selects other kernels for launches with a columnwise copy: "prefetch" (several tiles per program, the
+next one's load in flight) and "split" (the same with the finite path only, inf / NaN tiles redone by a
+fix-up launch). On sm_90 these kernels are bound by instruction issue, the integer ALU pipe (half the
+fp32 pipe's width) first, and by the loads in flight per SM (registers: warps per SM):
+``tools/sass_kernels.py`` counts their registers and SASS instructions per element.
 
 Dequantize reads [BLOCK_ROWS, BLOCK_COLS/32, 32] (rowwise) or [BLOCK_ROWS/32, 32, BLOCK_COLS]
 (columnwise) tiles; swizzled scales are read through :func:`.swizzle.swizzle_offset`.
@@ -66,21 +69,30 @@ FP8_CAST = "soft"
 # against 61.9 us (85.1%) with byte stores; row+col 108.4 us (64.2%) against 107.7 us (64.6%), within
 # run-to-run noise. Partial tiles, K % 4 != 0 and outputs not 4-byte aligned store bytes.
 PACK_WORDS = True
-# Launches with a columnwise copy and the soft encoder: "default" = one kernel holding both the finite
-# fast path and the general (saturating) path for tiles with an inf or NaN; "split" = a kernel compiled
-# with the finite path only (_mxfp8_quantize_finite_kernel), which flags the other tiles (one byte per
-# tile), then a fix-up launch (_mxfp8_fixup_kernel, grid fixed by the shape: CUDA-graph safe) that redoes
-# the flagged tiles with the general path. Same bits. Row+col bf16 e4m3 at 8192 x 8192, sm_90, Triton 3.9
-# (tools/sass_kernels.py mx-both / mx-both-split / --finite-only): default 241 registers (8 warps per SM),
-# finite path 24.6 SASS/element; "split" 32 x 32 single-warp tiles, 4 per program with the next one's
-# load in flight, register cap 128: 127 registers (16 warps per SM), no spills, 29.3 SASS/element.
-# Not yet timed on a GPU (benchmarks/mxfp8.py --tune: rows "... split"). NVFP4LAB_MXFP8_VARIANT overrides.
+# Launches with a columnwise copy and the soft encoder (NVFP4LAB_MXFP8_VARIANT overrides; same bits):
+#   "default"  _mxfp8_quantize_kernel: one tile per program, the finite fast path and the general
+#              (saturating) path for tiles with an inf or NaN in one kernel.
+#   "prefetch" _mxfp8_quantize_loop_kernel: bf16 row+col in 32 x 32 single-warp tiles, SPLIT_TILES
+#              consecutive tiles per program with the next tile's load in flight while the current one
+#              is encoded, register cap SPLIT_MAXNREG; both paths inline (one launch).
+#   "split"    the same loop kernel compiled with the finite path only: a tile holding an inf or NaN
+#              writes just its flag (one byte per tile), and a fix-up launch (_mxfp8_fixup_kernel, grid
+#              fixed by the shape: no host sync, CUDA-graph safe) redoes the flagged tiles.
+# Row+col bf16 e4m3 at 8192 x 8192, sm_90, Triton 3.9 (tools/sass_kernels.py mx-both, mx-both-prefetch,
+# mx-both-split; --finite-only): default 241 registers (8 warps per SM; the finite path alone would take
+# 168), finite tiles run 24.6 SASS/element; "prefetch" 128 registers, "split" 127 (16 warps per SM), no
+# spills, finite tiles run 29.3 SASS/element (split's loop body; prefetch's finite branch is the same
+# code): more instructions (smaller tiles: more shuffles and per-tile work per element) for twice the
+# warps and a load always in flight. Columnwise only and fp32 / fp16 input: one tile per program, no cap.
+# Not yet timed on a GPU (benchmarks/mxfp8.py --tune: rows "... prefetch" / "... split" beside
+# "... default"). The register cap is a launch option (maxnreg) that the GEMM and the NVFP4 cast16
+# launchers already pass under Triton 3.6.
 VARIANT = "default"
-VARIANTS = ("default", "split")
+VARIANTS = ("default", "prefetch", "split")
 FIXUP_CHUNK = 128  # flags scanned by one fix-up program
-SPLIT_TILES = 4  # "split", row+col: consecutive tiles per hot program, the next one's load in flight
-# "split", row+col: ptxas register cap. Uncapped, the prefetching loop takes 166 registers (12 warps per
-# SM); at 128 it has 16 and no spills (ptxas moves the tile bookkeeping to uniform registers).
+SPLIT_TILES = 4  # "prefetch" / "split", bf16 row+col: consecutive tiles per program
+# "prefetch" / "split", bf16 row+col: ptxas register cap. Uncapped, the loop takes 166-168 registers (12
+# warps per SM); at 128, 16 and no spills (ptxas moves the tile bookkeeping to uniform registers).
 SPLIT_MAXNREG = 128
 
 
@@ -344,7 +356,7 @@ def _widen(raw, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, WORDS: tl.co
 
 
 @triton.jit
-def _mxfp8_quantize_finite_kernel(
+def _mxfp8_quantize_loop_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, flags_ptr, n_tiles,
     rows, cols, row_scale_stride, row_scale_tiles, col_scale_stride, col_scale_tiles, max_rcp,
     ROWWISE: tl.constexpr,
@@ -359,12 +371,14 @@ def _mxfp8_quantize_finite_kernel(
     TILES: tl.constexpr,  # consecutive tiles per program
     FULL: tl.constexpr,  # n_tiles % TILES == 0
     WORDS: tl.constexpr = False,  # bf16 x read as uint32 words of 2 elements (EVEN tiles, K even)
+    FLAG_ONLY: tl.constexpr = False,  # "split": tiles holding an inf or NaN only flagged
 ):
-    """VARIANT "split", the hot kernel: the finite path only (soft encoder); a tile holding an inf or
-    NaN writes nothing but its flag (flags_ptr, one byte per tile, every tile's written), for
-    :func:`_mxfp8_fixup_kernel`. Each program takes TILES consecutive tiles and issues the next tile's
-    load before encoding the current one, so its latency hides behind that work (one tile of raw
-    input, 16 registers at 32 x 32 bf16, is all it holds extra)."""
+    """VARIANTs "prefetch" and "split": each program takes TILES consecutive tiles and issues the next
+    tile's load before encoding the current one, so the load latency hides behind that work (bf16 read
+    as 32-bit words: the tile in flight takes 16 registers at 32 x 32). FLAG_ONLY ("split"): the finite
+    path only; a tile holding an inf or NaN writes nothing but its flag (flags_ptr, one byte per tile,
+    every tile's written) for :func:`_mxfp8_fixup_kernel`. Otherwise such a tile takes the general path
+    here (flags_ptr unused)."""
     RB: tl.constexpr = BLOCK_ROWS // 32
     first = tl.program_id(0) * TILES
     row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(first, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
@@ -386,12 +400,18 @@ def _mxfp8_quantize_finite_kernel(
             abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
             col_amax = _block_amax(tl.reshape(abs_bits, (RB, 32, BLOCK_COLS)), 1)  # [RB, C]
             finite = _all_finite(col_amax.to(tl.int32, bitcast=True))
-            tl.store(flags_ptr + tile, tl.where(finite, 0, 1).to(tl.uint8))
+            if FLAG_ONLY:
+                tl.store(flags_ptr + tile, tl.where(finite, 0, 1).to(tl.uint8))
             if finite:
                 _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                                     row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                     col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
                                     BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, False, True, PACK)
+            elif not FLAG_ONLY:  # a tile holding an inf or NaN: the saturating encoder and the general scale
+                _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
+                                    row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
+                                    col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
+                                    BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, False, False, PACK)
 
 
 @triton.jit
@@ -409,7 +429,7 @@ def _mxfp8_fixup_kernel(
     PACK: tl.constexpr,
     CHUNK: tl.constexpr,  # flags scanned per program
 ):
-    """The general (saturating) path for the tiles that a SPLIT ``_mxfp8_quantize_kernel`` flagged.
+    """The general (saturating) path for the tiles that ``_mxfp8_quantize_loop_kernel`` flagged ("split").
     Its grid depends on the shape alone (no host sync, CUDA-graph safe); on ordinary data each program
     reads CHUNK flag bytes and exits. Flagged tiles are taken in order from a register vector of tile
     numbers (no dependent flag load per tile)."""
@@ -538,11 +558,11 @@ def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, variant: 
     32 x 128 w2. 32 x 64 with 4 warps when K % 16 != 0 (scalar accesses)."""
     if cols % 16 != 0:
         return 32, 64, 4
-    if variant == "split" and rowwise and colwise:
-        # VARIANT "split", row+col: 32 x 32 single-warp tiles (each thread 2 rows x 16 columns), SPLIT_TILES
-        # per program. sm_90, Triton 3.9, finite-only kernel: 32 x 32 w1 127 registers, 30.3 SASS/element
-        # (with the prefetch loop and the cap: 127, 29.3); 32 x 64 w1 209 (24.8: ptxas computes both
-        # directions before the first store; capped at 168: no spills, 25.1); 32 x 64 w2 128 (32.3).
+    if variant in ("prefetch", "split") and rowwise and colwise:
+        # VARIANTs "prefetch" / "split", row+col: 32 x 32 single-warp tiles (each thread 4 rows x 8
+        # columns when bf16 is read as words). sm_90, Triton 3.9, finite path only, one tile per program:
+        # 32 x 32 w1 125-127 registers, 28.6-30.3 SASS/element; 32 x 64 w1 209 (24.8: ptxas computes both
+        # directions before the first store; capped at 168, no spills: 25.1); 32 x 64 w2 128 (32.3).
         return 32, 32, 1
     block_cols, warps = (256, 2) if rowwise and not colwise else (64, 1)
     return 32, max(32, min(block_cols, triton.next_power_of_2(cols))), warps
@@ -575,9 +595,9 @@ def launch_mxfp8_quantize(
 
     Scale buffers must already hold zeros in their padding (padded / swizzled layouts).
     fp8_cast: "soft" (integer encoders) or "hw" (GPU only); None = :data:`FP8_CAST`.
-    variant: "default" or "split" (:data:`VARIANT`); None = NVFP4LAB_MXFP8_VARIANT, else :data:`VARIANT`.
-    tiles_per_program, maxnreg: "split" only (tuning): None = :data:`SPLIT_TILES` / :data:`SPLIT_MAXNREG`
-    (row+col), 1 / no cap (columnwise only); maxnreg 0 = no cap.
+    variant: one of :data:`VARIANTS`; None = NVFP4LAB_MXFP8_VARIANT, else :data:`VARIANT`.
+    tiles_per_program, maxnreg: "prefetch" / "split" only (tuning): None = :data:`SPLIT_TILES` /
+    :data:`SPLIT_MAXNREG` (bf16 row+col), else 1 / no cap; maxnreg 0 = no cap.
     """
     rows, cols = x.shape
     fp8_cast = fp8_cast or FP8_CAST
@@ -588,8 +608,8 @@ def launch_mxfp8_quantize(
     if rows * cols == 0:
         return
     rowwise, colwise = row_data is not None, col_data is not None
-    split = mxfp8_variant(variant) == "split" and colwise and fp8_cast == "soft"
-    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise, "split" if split else "default")
+    variant = mxfp8_variant(variant) if colwise and fp8_cast == "soft" else "default"
+    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise, variant)
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     dummy = x  # stands in for an output pointer that a constexpr-disabled branch never touches
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
@@ -605,10 +625,12 @@ def launch_mxfp8_quantize(
                 BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT, EVEN=even,
                 PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
                 and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)))
-    if not split:
+    if variant == "default":
         _mxfp8_quantize_kernel[(n_tiles,)](*outputs, *sizes, HW_CAST=fp8_cast == "hw", **meta, num_warps=num_warps)
         return
-    flags = torch.empty(n_tiles, dtype=torch.uint8, device=x.device)  # every tile's flag is written
+    split = variant == "split"
+    # "split": one flag byte per tile, every one written by the loop kernel (no fill needed)
+    flags = torch.empty(n_tiles, dtype=torch.uint8, device=x.device) if split else dummy
     # The prefetch and the register cap are for bf16 row+col (read as 32-bit words: a bf16 tile would take
     # a 16-bit register per element); an fp32 / fp16 tile held in flight spills under the cap.
     words = x.dtype == torch.bfloat16 and even and cols % 2 == 0 and x.data_ptr() % 4 == 0
@@ -616,11 +638,12 @@ def launch_mxfp8_quantize(
     tiles = tiles_per_program or (SPLIT_TILES if tuned else 1)
     cap = maxnreg if maxnreg is not None else (SPLIT_MAXNREG if tuned else 0)
     words = words and tiles > 1
-    _mxfp8_quantize_finite_kernel[(triton.cdiv(n_tiles, tiles),)](
+    _mxfp8_quantize_loop_kernel[(triton.cdiv(n_tiles, tiles),)](
         *outputs, flags, n_tiles, *sizes, **meta, TILES=tiles, FULL=n_tiles % tiles == 0, WORDS=words,
-        num_warps=num_warps, **({"maxnreg": cap} if cap and x.device.type != "cpu" else {}))  # not interpreted
-    _mxfp8_fixup_kernel[(triton.cdiv(n_tiles, FIXUP_CHUNK),)](*outputs, flags, n_tiles, *sizes, CHUNK=FIXUP_CHUNK,
-                                                              **meta, num_warps=num_warps)
+        FLAG_ONLY=split, num_warps=num_warps, **({"maxnreg": cap} if cap and x.device.type != "cpu" else {}))
+    if split:
+        _mxfp8_fixup_kernel[(triton.cdiv(n_tiles, FIXUP_CHUNK),)](*outputs, flags, n_tiles, *sizes, CHUNK=FIXUP_CHUNK,
+                                                                  **meta, num_warps=num_warps)
 
 
 def _dequantize_tile(rows: int, cols: int, colwise: bool) -> tuple[int, int, int]:
