@@ -420,6 +420,9 @@ def test_variant_selection(monkeypatch):
     assert (loop[-1]["BLOCK_COLS"], loop[-1]["TILES"], loop[-1]["WORDS"]) == (64, 1, False)
     assert launch(tiles_per_program=3) == "split"  # 8 x 2 = 16 tiles: a short last program
     assert loop[-1]["TILES"] == 3 and not loop[-1]["FULL"]
+    x = torch.empty(64 * 256 + 1, dtype=torch.bfloat16)[1:].view(64, 256).copy_(x)  # 2 bytes off 4-byte alignment
+    assert launch() == "split"
+    assert (loop[-1]["TILES"], loop[-1]["WORDS"]) == (1, False)  # no word loads: one tile per program
     monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "fast")
     with pytest.raises(ValueError, match="variant"):
         launch()
@@ -614,8 +617,10 @@ def test_gpu_dequantize_random_bytes(fmt, layout, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_64bit_offsets():
+@pytest.mark.parametrize("variant", mk.VARIANTS)
+def test_gpu_64bit_offsets(variant, monkeypatch):
     """2^31 + 2^26 elements: the tail rows (beyond int32 offsets) against the reference."""
+    monkeypatch.setattr(mk, "VARIANT", variant)
     m, k = 34816, 65536
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     cfg = MXFP8QuantConfig(rowwise=True, columnwise=True)

@@ -330,12 +330,14 @@ def _mxfp8_quantize_kernel(
 
 @triton.jit
 def _load_raw(x_ptr, base, offs, mask, cols, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, WORDS: tl.constexpr,
-              pred):
+              LOCAL_I64: tl.constexpr, pred):
     """A tile of x as stored (converted later by :func:`_widen`), under ``mask & pred``. WORDS: bf16
     read as int32 words of 2 elements [R, C/2], a prefetched tile then holds one 32-bit register per
     2 elements (bf16 values would take a 16-bit register each)."""
     if WORDS:
         r = tl.arange(0, BLOCK_ROWS)
+        if LOCAL_I64:
+            r = r.to(tl.int64)
         w = tl.arange(0, BLOCK_COLS // 2)
         w_offs = r[:, None] * (cols // 2) + w[None, :]
         w_mask = (r[:, None] < BLOCK_ROWS) & (w[None, :] < BLOCK_COLS // 2) & pred  # whole tiles only
@@ -382,7 +384,7 @@ def _mxfp8_quantize_loop_kernel(
     RB: tl.constexpr = BLOCK_ROWS // 32
     first = tl.program_id(0) * TILES
     row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(first, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
-    x_next = _load_raw(x_ptr, row0 * cols + col0, offs, mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS, True)
+    x_next = _load_raw(x_ptr, row0 * cols + col0, offs, mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS, LOCAL_I64, True)
     for i in range(TILES):
         tile = first + i
         x_raw = x_next
@@ -394,7 +396,8 @@ def _mxfp8_quantize_loop_kernel(
                 more = i + 1 < TILES
             else:
                 more = (i + 1 < TILES) & (tile + 1 < n_tiles)
-            x_next = _load_raw(x_ptr, n_row0 * cols + n_col0, n_offs, n_mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS, more)
+            x_next = _load_raw(x_ptr, n_row0 * cols + n_col0, n_offs, n_mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS,
+                               LOCAL_I64, more)
         if FULL or tile < n_tiles:
             x = _widen(x_raw, BLOCK_ROWS, BLOCK_COLS, WORDS)
             abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
