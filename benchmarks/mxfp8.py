@@ -1,9 +1,6 @@
 """MXFP8 quantize / dequantize kernel bandwidth vs a device-to-device copy of the same bytes (CUDA only).
 
     PYTHONPATH=src python benchmarks/mxfp8.py [--quick] [--tune] [--out FILE]
-    (NVFP4LAB_MXFP8_VARIANT=prefetch|split: every quantize row with a columnwise copy and the soft cast
-    runs that variant; --tune times each variant side by side in any case, named "... default",
-    "... prefetch", "... split")
 
 Quantize (bf16 input, E4M3, both directions from one read, and rowwise only) is measured with both fp8
 roundings of the kernel: "soft" (integer encoders, the default) and "hw" (cvt.rn.satfinite). Dequantize
@@ -37,20 +34,15 @@ def _outputs(m, k, rowwise, columnwise, layout):
 
 
 def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="compact", in_dtype=torch.bfloat16,
-               fmt="e4m3", verify=False, tile=None, public_op=False, pack_words=None, variant=None, infs=0,
-               split=None):
+               fmt="e4m3", verify=False, tile=None, public_op=False, pack_words=None):
     if pack_words is not None:  # time the kernel with mk.PACK_WORDS set so, then restore it
         saved, mk.PACK_WORDS = mk.PACK_WORDS, pack_words
         try:
             return quant_case(results, m, k, cast=cast, rowwise=rowwise, columnwise=columnwise, layout=layout,
-                              in_dtype=in_dtype, fmt=fmt, verify=verify, tile=tile, public_op=public_op,
-                              variant=variant, infs=infs, split=split)
+                              in_dtype=in_dtype, fmt=fmt, verify=verify, tile=tile, public_op=public_op)
         finally:
             mk.PACK_WORDS = saved
     x = torch.randn(m, k, device=_bench.DEVICE).to(in_dtype)
-    if infs:  # inf elements at random places: their tiles take the general path (VARIANT "split": the fix-up launch)
-        g = torch.Generator().manual_seed(5)
-        x.view(-1)[torch.randint(0, m * k, (infs,), generator=g).to(_bench.DEVICE)] = float("inf")
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
     outs = _outputs(m, k, rowwise, columnwise, layout)
     block_rows, block_cols, warps = tile or (None, None, None)
@@ -65,8 +57,7 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
     else:
         def fn():
             mk.launch_mxfp8_quantize(x, *outs, fp8_format=fmt, scale_layout=layout, fp8_cast=cast,
-                                     block_rows=block_rows, block_cols=block_cols, num_warps=warps, variant=variant,
-                                     **(split or {}))
+                                     block_rows=block_rows, block_cols=block_cols, num_warps=warps)
 
     if verify:
         fn()
@@ -87,18 +78,12 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
         name += f" {fmt}"
     if public_op:
         name += " (op)"
-    if variant:  # named by the caller (else mk.VARIANT / NVFP4LAB_MXFP8_VARIANT, recorded in "variant")
-        name += f" {variant}"
-    if infs:
-        name += f" {infs}inf"
-    if split:  # "split" tuning: tiles per program (T), register cap (r, 0 = none)
-        name += "".join(f" {'T' if key == 'tiles_per_program' else 'r'}{v}" for key, v in split.items())
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
     if not mk.PACK_WORDS and columnwise and cast == "soft":
         name += " bytes"  # columnwise data stored byte by byte, not the default uint32 words
     extra = dict(kind="quantize", cast=cast, direction=direction, layout=layout, in_dtype=_DT[in_dtype], fmt=fmt,
-                 pack_words=mk.PACK_WORDS, variant=mk.mxfp8_variant(variant), infs=infs, split=split or {})
+                 pack_words=mk.PACK_WORDS)
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
@@ -156,28 +141,8 @@ def main():
         for direction in ("both", "col"):  # columnwise data stored as bytes (mk.PACK_WORDS off: the default's baseline)
             quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", pack_words=False, verify=True)
         for cast, direction in [(cast, d) for cast in _CASTS for d in ("both", "row", "col")]:
-            for tile in [(32, 256, 2), (32, 256, 4), (32, 32, 1), (32, 64, 1), (32, 128, 1), (32, 256, 1), (32, 128, 2),
-                         (64, 128, 2)]:
+            for tile in [(32, 256, 2), (32, 256, 4), (32, 64, 1), (32, 128, 1), (32, 256, 1), (32, 128, 2), (64, 128, 2)]:
                 quant_case(results, *_bench.BASE, cast=cast, tile=tile, rowwise=direction != "col", columnwise=direction != "row")
-        # mk.VARIANTs "prefetch" (loop kernel, 32 x 32 w1 tiles, 4 per program with the next one's load in
-        # flight, register cap 128) and "split" (the same with the finite path only + a fix-up launch) beside
-        # the default kernel, same run; 64 inf elements put their tiles on the general path / the fix-up
-        for direction in ("both", "col"):
-            for variant in mk.VARIANTS:
-                quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", variant=variant, verify=True)
-                quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", variant=variant, infs=64,
-                           verify=True)
-        for variant in ("prefetch", "split"):
-            quant_case(results, *_bench.BASE, cast="soft", layout="swizzled", variant=variant, verify=True)
-            quant_case(results, *_bench.BASE, cast="soft", fmt="e5m2", variant=variant, verify=True)
-            # their knobs: tiles per program (mk.SPLIT_TILES: the prefetch), register cap (mk.SPLIT_MAXNREG)
-            for split in [dict(tiles_per_program=1), dict(tiles_per_program=2), dict(tiles_per_program=8),
-                          dict(maxnreg=0), dict(tiles_per_program=1, maxnreg=0)]:
-                quant_case(results, *_bench.BASE, cast="soft", variant=variant, split=split, verify=True)
-        for tile, split in [((32, 64, 1), dict(tiles_per_program=1, maxnreg=0)),
-                            ((32, 64, 1), dict(tiles_per_program=1, maxnreg=168)),
-                            ((32, 64, 2), dict(tiles_per_program=4, maxnreg=0))]:
-            quant_case(results, *_bench.BASE, cast="soft", variant="split", tile=tile, split=split, verify=True)
         for which in ("rowwise", "columnwise"):
             for tile in [(32, 256, 4), (32, 512, 4), (64, 256, 8), (32, 512, 8), (64, 512, 8), (32, 128, 4)]:
                 dequant_case(results, *_bench.BASE, which=which, tile=tile)

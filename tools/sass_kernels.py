@@ -7,9 +7,8 @@ instructions per thread and per element, with the ALU-pipe share (on sm_90 the i
 half as fast as the fp32 pipe).
 
     python tools/sass_kernels.py [case ...] [--shape 8192x8192] [--tile RxCxW] [--dump DIR]
-    cases: mx-row mx-col mx-both mx-col-prefetch mx-both-prefetch mx-col-split mx-both-split mx-col-hw mx-both-hw
-           dq-row dq-col dq-col-tok dq-col-f32 dq-row-tok dq-row-f32 (default: all)
-    (MAXNREG=N: try a ptxas register cap)
+    cases: mx-row mx-col mx-both mx-col-hw mx-both-hw dq-row dq-col dq-col-tok dq-col-f32 dq-row-tok
+           dq-row-f32 (default: all)
 """
 import argparse
 import collections
@@ -28,7 +27,6 @@ from nvfp4lab.kernels import dequantize as dq  # noqa: E402
 from nvfp4lab.kernels import mxfp8 as mk  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch option maxnreg) to try
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8", torch.int32: "*i32"}
 # opcodes issued to the integer ALU pipe on sm_90 (half the fp32 pipe's width)
 _ALU = {"LOP3", "SHF", "IADD3", "ISETP", "FSETP", "FMNMX", "IMNMX", "VIMNMX", "SEL", "FSEL", "PRMT", "LEA", "MOV",
@@ -45,9 +43,9 @@ class _Capture:
         return launch
 
 
-def _capture(module, run, name=None):
+def _capture(module, run):
     """Run ``run`` with every Triton kernel of ``module`` replaced by a recorder; returns the last
-    launch (of kernel ``name`` where given: a launcher may launch several) as (kernel, (grid, args, kwargs))."""
+    launch as (kernel, (grid, args, kwargs))."""
     saved = {n: v for n, v in vars(module).items() if isinstance(v, triton.runtime.JITFunction)}
     caps = {n: _Capture(v) for n, v in saved.items()}
     for n, cap in caps.items():
@@ -57,14 +55,13 @@ def _capture(module, run, name=None):
     finally:
         for n, v in saved.items():
             setattr(module, n, v)
-    (cap,) = [caps[name]] if name else [c for c in caps.values() if c.calls]
+    (cap,) = [c for c in caps.values() if c.calls]
     return cap.fn, cap.calls[-1]
 
 
 def _compile(fn, args, kwargs):
     kwargs = dict(kwargs)
     num_warps = kwargs.pop("num_warps", 4)
-    maxnreg = kwargs.pop("maxnreg", None)  # the launcher's register cap (a launch option)
     names = fn.arg_names
     sig, attrs, consts = {}, {}, {}
     for i, name in enumerate(names):
@@ -85,13 +82,10 @@ def _compile(fn, args, kwargs):
         else:
             sig[name] = "fp32"
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=consts)
-    options = dict(num_warps=num_warps)
-    if MAXNREG or maxnreg:
-        options["maxnreg"] = MAXNREG or maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options), num_warps
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)), num_warps
 
 
-def _mx_case(rows, cols, rowwise, colwise, cast, tile=None, variant="default"):
+def _mx_case(rows, cols, rowwise, colwise, cast, tile=None):
     x = torch.empty(rows, cols, dtype=torch.bfloat16, device="meta")
     shapes = mk.scale_shapes(rows, cols, "compact")
     u8 = dict(dtype=torch.uint8, device="meta")
@@ -101,9 +95,9 @@ def _mx_case(rows, cols, rowwise, colwise, cast, tile=None, variant="default"):
     def run():
         block_rows, block_cols, num_warps = tile or (None, None, None)
         mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", fp8_cast="soft",
-                                 block_rows=block_rows, block_cols=block_cols, num_warps=num_warps, variant=variant)
+                                 block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
 
-    fn, (grid, args, kwargs) = _capture(mk, run, "_mxfp8_quantize_kernel" if variant == "default" else "_mxfp8_quantize_loop_kernel")
+    fn, (grid, args, kwargs) = _capture(mk, run)
     if cast == "hw":
         kwargs = dict(kwargs, HW_CAST=True)
     return fn, grid, args, kwargs, rows * cols
@@ -130,13 +124,6 @@ CASES = {
     "mx-row": lambda m, k, t: _mx_case(m, k, True, False, "soft", t),
     "mx-col": lambda m, k, t: _mx_case(m, k, False, True, "soft", t),
     "mx-both": lambda m, k, t: _mx_case(m, k, True, True, "soft", t),
-    # VARIANTs "prefetch" / "split" (mk.VARIANT): the loop kernel, whose programs take SPLIT_TILES tiles
-    # ("loop body": the loop's count per element of a tile; with --finite-only, what finite tiles run).
-    # "split" compiles the finite path alone (the fix-up kernel runs on flagged tiles only).
-    "mx-col-prefetch": lambda m, k, t: _mx_case(m, k, False, True, "soft", t, "prefetch"),
-    "mx-both-prefetch": lambda m, k, t: _mx_case(m, k, True, True, "soft", t, "prefetch"),
-    "mx-col-split": lambda m, k, t: _mx_case(m, k, False, True, "soft", t, "split"),
-    "mx-both-split": lambda m, k, t: _mx_case(m, k, True, True, "soft", t, "split"),
     "mx-col-hw": lambda m, k, t: _mx_case(m, k, False, True, "hw", t),
     "mx-both-hw": lambda m, k, t: _mx_case(m, k, True, True, "hw", t),
     "dq-row": lambda m, k, t: _dq_case(m, k, False, t),
@@ -146,30 +133,6 @@ CASES = {
     "dq-row-tok": lambda m, k, t: _dq_case(m, k, False, t, per_token=True),
     "dq-row-f32": lambda m, k, t: _dq_case(m, k, False, t, dtype=torch.float32),
 }
-
-
-def _loop_body(sass: str) -> int:
-    """Instructions (NOPs aside) from the target of the last backward branch to that branch: the body of
-    the kernel's loop (0 when there is none)."""
-    labels, instrs, pending = {}, [], []
-    for line in sass.splitlines():
-        lab = re.match(r"^(\.L_x_\d+):", line)
-        if lab:
-            pending.append(lab.group(1))
-            continue
-        mt = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)(.*)", line)
-        if mt:
-            addr = int(mt.group(1), 16)
-            labels.update((name, addr) for name in pending)
-            pending = []
-            instrs.append((addr, mt.group(3), mt.group(4)))
-    body = 0
-    for addr, op, rest in instrs:
-        target = re.search(r"\((\.L_x_\d+)\)", rest) if op.startswith("BRA") else None
-        if target and labels.get(target.group(1), addr + 1) < addr:
-            start = labels[target.group(1)]
-            body = sum(1 for a, o, _ in instrs if start <= a <= addr and o != "NOP")
-    return body
 
 
 def _tool(name, cubin, *flags):
@@ -212,11 +175,9 @@ def main():
         alu = sum(v for op, v in ops.items() if op in _ALU)
         programs = grid[0] if isinstance(grid, tuple) else grid
         per_thread = elements / (programs * 32 * warps)
-        tiles = kwargs.get("TILES", 1)
-        loop = f", loop body {_loop_body(sass) / (per_thread / tiles):.2f}/elem" if tiles > 1 else ""
         print(f"{name:10s} grid {programs} x {warps} warps, {per_thread:.0f} elem/thread: regs {res.group(1)} "
               f"stack {res.group(2)} smem {c.metadata.shared} local {res.group(4)} | SASS {total} = "
-              f"{total / per_thread:.2f}/elem (ALU pipe {alu / per_thread:.2f}/elem){loop}")
+              f"{total / per_thread:.2f}/elem (ALU pipe {alu / per_thread:.2f}/elem)")
         print("   ", ", ".join(f"{op}:{v}" for op, v in ops.most_common(24)))
         if a.dump:
             os.makedirs(a.dump, exist_ok=True)

@@ -36,19 +36,6 @@ def _x(m, k, seed=0, dtype=torch.bfloat16, device="cpu"):
     return x.to(dtype).to(device)
 
 
-@pytest.fixture(params=mk.VARIANTS)
-def variant(request, monkeypatch):
-    """Runs a quantize test under each kernel variant (mk.VARIANT): the same bits are expected."""
-    monkeypatch.delenv("NVFP4LAB_MXFP8_VARIANT", raising=False)
-    monkeypatch.setattr(mk, "VARIANT", request.param)
-    return request.param
-
-
-def _hot_kernel(variant: str) -> str:
-    """The quantize kernel that a soft-cast launch with a columnwise copy runs under ``variant``."""
-    return "_mxfp8_quantize_kernel" if variant == "default" else "_mxfp8_quantize_loop_kernel"
-
-
 def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=True):
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
     got = mk.quantize_mxfp8(x, cfg)
@@ -185,17 +172,17 @@ def test_gpu_fast_encoder_matches_interpreter(fmt):
 # (64, 128) fills whole tiles (unmasked path), the others leave partial tiles.
 @pytest.mark.parametrize("shape", [(64, 128), (96, 160), (32, 32), (192, 160)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_quantize_layouts(shape, layout, variant):
+def test_quantize_layouts(shape, layout):
     _quantize_both(_x(*shape, seed=1), layout=layout)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
-def test_quantize_packed_words(fmt, layout, variant, monkeypatch):
+def test_quantize_packed_words(fmt, layout, monkeypatch):
     """PACK_WORDS (the default: columnwise data stored as uint32 words of 4 codes): whole tiles, a
     partial one (byte stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
     monkeypatch.setattr(mk, "PACK_WORDS", True)
-    launches = record_launches(monkeypatch, mk, _hot_kernel(variant))
+    launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
     x = _x(96, 192, seed=17)
     x[40, 70] = float("inf")
     _quantize_both(x, fmt=fmt, layout=layout)
@@ -218,12 +205,12 @@ def test_quantize_packed_words(fmt, layout, variant, monkeypatch):
 
 @pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_quantize_dtypes_formats(in_dtype, fmt, variant):
+def test_quantize_dtypes_formats(in_dtype, fmt):
     _quantize_both(_x(64, 96, seed=2, dtype=in_dtype), fmt=fmt, layout="swizzled")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_quantize_one_direction_free_dim(layout, variant):
+def test_quantize_one_direction_free_dim(layout):
     # rowwise only: M need not be a multiple of 32; columnwise only: K need not be one
     _quantize_both(_x(40, 64, seed=3), layout=layout, columnwise=False)
     _quantize_both(_x(1, 32, seed=3), layout=layout, columnwise=False)
@@ -232,7 +219,7 @@ def test_quantize_one_direction_free_dim(layout, variant):
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_quantize_special_values(fmt, variant):
+def test_quantize_special_values(fmt):
     """Zero blocks, -0.0, fp32 denormals, huge and tiny magnitudes, +-inf (per spec: 0xFE scale,
     saturated codes), scales at both ends of the E8M0 range."""
     x = torch.randn(64, 128)
@@ -249,7 +236,7 @@ def test_quantize_special_values(fmt, variant):
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_quantize_scale_rounding_boundaries(fmt, variant):
+def test_quantize_scale_rounding_boundaries(fmt):
     """Block amaxes at and one ulp either side of max * 2^k: the E8M0 round-up must see every bit."""
     fmt_max = 448.0 if fmt == "e4m3" else 57344.0
     g = torch.Generator().manual_seed(19)
@@ -264,7 +251,7 @@ def test_quantize_scale_rounding_boundaries(fmt, variant):
         _quantize_both(x, fmt=fmt, layout=layout)
 
 
-def test_quantize_nan_blocks(variant):
+def test_quantize_nan_blocks():
     """A NaN makes its block's scale 0xFF and every code of the block a NaN code; other blocks are
     exact. (The sign of a NaN code follows the platform's NaN arithmetic, so it is not compared.)"""
     x = _x(64, 64, seed=6, dtype=torch.float32)
@@ -283,11 +270,11 @@ def test_quantize_nan_blocks(variant):
 
 @pytest.mark.parametrize("pack_words", [True, False])
 @pytest.mark.parametrize("shape", [(64, 96), (64, 128)])  # partial tiles (byte stores), whole tiles
-def test_quantize_every_byte_written(shape, pack_words, variant, monkeypatch):
+def test_quantize_every_byte_written(shape, pack_words, monkeypatch):
     """Data and compact scales: 0xFF-poisoned buffers. Padded / swizzled scales: real entries poisoned,
     padding zero (the launcher's contract), so each real entry must be written."""
     monkeypatch.setattr(mk, "PACK_WORDS", pack_words)
-    launches = record_launches(monkeypatch, mk, _hot_kernel(variant))
+    launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
     x = _x(*shape, seed=7)
     rows, cols = x.shape
     for layout in LAYOUTS:
@@ -305,16 +292,16 @@ def test_quantize_every_byte_written(shape, pack_words, variant, monkeypatch):
         row_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format="e4m3", scale_layout=layout)
-        assert launches[-1]["PACK"] == (pack_words and cols % launches[-1]["BLOCK_COLS"] == 0)  # whole tiles
+        assert launches[-1]["PACK"] == (pack_words and cols % 64 == 0)
         got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=want.config, rowwise_data=row_data,
                           rowwise_scale=row_scale, columnwise_data=col_data, columnwise_scale=col_scale)
         assert_same_quantization(got, want)
 
 
-def test_quantize_unaligned_output_stores_bytes(variant, monkeypatch):
+def test_quantize_unaligned_output_stores_bytes(monkeypatch):
     """Columnwise data not 4-byte aligned (a view 1 byte into its buffer) cannot take uint32 stores:
     the launcher falls back to byte stores, whose bytes around the view stay untouched."""
-    launches = record_launches(monkeypatch, mk, _hot_kernel(variant))
+    launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
     x = _x(64, 128, seed=20)
     cfg = MXFP8QuantConfig(rowwise=False, columnwise=True)
     buffer = torch.full((64 * 128 + 2,), 0xFF, dtype=torch.uint8)
@@ -325,107 +312,6 @@ def test_quantize_unaligned_output_stores_bytes(variant, monkeypatch):
     want = ref.mxfp8.quantize(x, cfg)
     assert torch.equal(col_data, want.columnwise_data) and torch.equal(col_scale, want.columnwise_scale)
     assert int(buffer[0]) == 0xFF and int(buffer[-1]) == 0xFF
-
-
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("shape", [(96, 192), (96, 176)])  # whole tiles; K = 176: a partial last tile (32 x 64)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 row+col: read as words, prefetched
-@pytest.mark.parametrize("variant", ["prefetch", "split"])
-def test_loop_variants_non_finite_tiles(variant, fmt, layout, shape, dtype, monkeypatch):
-    """VARIANTs "prefetch" (general path inline in the loop kernel) and "split" (the loop kernel leaves
-    tiles holding an inf or NaN to the fix-up launch: several such tiles per fix-up program and several
-    programs, FIXUP_CHUNK = 4), a partial tile among them, into 0xFF-poisoned data: every byte must be
-    written, as the reference's."""
-    monkeypatch.setattr(mk, "VARIANT", variant)
-    monkeypatch.setattr(mk, "FIXUP_CHUNK", 4)
-    hot = record_launches(monkeypatch, mk, "_mxfp8_quantize_loop_kernel")
-    fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
-    x = _x(*shape, seed=21, dtype=dtype)
-    x[0, 0] = float("inf")  # tile 0
-    x[1, 40] = float("-inf")  # tile 1, same fix-up program
-    x[33, 170] = float("nan")  # the last tile column (partial at K = 176)
-    x[70, 100] = float("inf")
-    x[71, 101] = float("nan")  # two non-finite values in one tile
-    x[64:96, 0:32] = float("inf")  # a whole block of inf
-    rows, cols = shape
-    for rowwise in (True, False) if cols % 32 == 0 else (False,):  # K = 176: columnwise only
-        cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=True, fp8_format=fmt, scale_layout=layout)
-        want = ref.mxfp8.quantize(x, cfg)
-        row_shape, col_shape = mk.scale_shapes(rows, cols, layout)
-        fill = torch.full if layout == "compact" else (lambda shape, v, dtype: torch.zeros(shape, dtype=dtype))
-        row_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8) if rowwise else None
-        row_scale = fill(row_shape, 0xFF, dtype=torch.uint8) if rowwise else None
-        col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
-        col_scale = fill(col_shape, 0xFF, dtype=torch.uint8)
-        mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format=fmt, scale_layout=layout)
-        assert hot[-1]["FLAG_ONLY"] == (variant == "split") and len(fixup) == (len(hot) if variant == "split" else 0)
-        got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=cfg, rowwise_data=row_data, rowwise_scale=row_scale,
-                          columnwise_data=col_data, columnwise_scale=col_scale)
-        for part in PARTS:
-            if getattr(want, part) is None:
-                continue
-            g, w = getattr(got, part), getattr(want, part)
-            if part.endswith("_data"):  # NaN blocks: NaN codes whose sign follows the platform's NaN arithmetic
-                nan_code = (g & 0x7F) == 0x7F
-                assert torch.equal(nan_code, (w & 0x7F) == 0x7F), part
-                g, w = g[~nan_code], w[~nan_code]
-            assert torch.equal(g, w), f"{part}: {int((g != w).sum())} bytes differ"
-
-
-@pytest.mark.parametrize("variant", ["prefetch", "split"])
-def test_loop_variants_all_tiles_non_finite(variant, monkeypatch):
-    """Every tile non-finite ("split": the fix-up programs each walk all their flagged tiles)."""
-    monkeypatch.setattr(mk, "VARIANT", variant)
-    monkeypatch.setattr(mk, "FIXUP_CHUNK", 2)
-    x = _x(64, 160, seed=22)
-    x[::32, ::32] = float("inf")
-    _quantize_both(x, layout="swizzled")
-
-
-def test_variant_selection(monkeypatch):
-    """NVFP4LAB_MXFP8_VARIANT overrides mk.VARIANT, an explicit ``variant`` both; "prefetch" and "split"
-    apply to soft-cast launches with a columnwise copy (rowwise only: the default kernel)."""
-    single = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
-    loop = record_launches(monkeypatch, mk, "_mxfp8_quantize_loop_kernel")
-    fixup = record_launches(monkeypatch, mk, "_mxfp8_fixup_kernel")
-    x = _x(64, 256, seed=23)
-    u8 = lambda *shape: torch.empty(*shape, dtype=torch.uint8)  # noqa: E731
-    both = (u8(64, 256), u8(64, 8), u8(64, 256), u8(2, 256))
-
-    def launch(outs=both, **kw):
-        """The variant this launch ran, told by the kernels it launched."""
-        before = (len(single), len(loop), len(fixup))
-        mk.launch_mxfp8_quantize(x, *outs, fp8_format="e4m3", scale_layout="compact", **kw)
-        took = (len(single) - before[0], len(loop) - before[1], len(fixup) - before[2])
-        kinds = {(1, 0, 0): "default", (0, 1, 0): "prefetch", (0, 1, 1): "split"}
-        assert took in kinds, took
-        if took[1]:
-            assert loop[-1]["FLAG_ONLY"] == (kinds[took] == "split")
-        return kinds[took]
-
-    monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "split")
-    assert launch() == "split"
-    assert launch(variant="default") == "default"
-    assert launch(variant="prefetch") == "prefetch"
-    assert launch((both[0], both[1], None, None)) == "default"
-    monkeypatch.setattr(mk, "VARIANT", "split")
-    monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "default")
-    assert launch() == "default"
-    monkeypatch.delenv("NVFP4LAB_MXFP8_VARIANT")
-    assert launch() == "split"
-    # bf16 row+col: 32 x 32 tiles, SPLIT_TILES per program, read as words; columnwise only: 32 x 64, one each
-    assert (loop[-1]["BLOCK_COLS"], loop[-1]["TILES"], loop[-1]["WORDS"]) == (32, mk.SPLIT_TILES, True)
-    assert launch((None, None, both[2], both[3])) == "split"
-    assert (loop[-1]["BLOCK_COLS"], loop[-1]["TILES"], loop[-1]["WORDS"]) == (64, 1, False)
-    assert launch(tiles_per_program=3) == "split"  # 8 x 2 = 16 tiles: a short last program
-    assert loop[-1]["TILES"] == 3 and not loop[-1]["FULL"]
-    x = torch.empty(64 * 256 + 1, dtype=torch.bfloat16)[1:].view(64, 256).copy_(x)  # 2 bytes off 4-byte alignment
-    assert launch() == "split"
-    assert (loop[-1]["TILES"], loop[-1]["WORDS"]) == (1, False)  # no word loads: one tile per program
-    monkeypatch.setenv("NVFP4LAB_MXFP8_VARIANT", "fast")
-    with pytest.raises(ValueError, match="variant"):
-        launch()
 
 
 def test_round_trip_is_idempotent():
@@ -519,8 +405,8 @@ def test_dequantize_every_element_written():
 
 
 # ------------------------------------------------------------------------------- edge cases, errors
-def test_empty_inputs_launch_nothing(variant, monkeypatch):
-    forbid_launches(monkeypatch, mk, "_mxfp8_quantize_kernel", "_mxfp8_fixup_kernel", "_mxfp8_dequantize_kernel")
+def test_empty_inputs_launch_nothing(monkeypatch):
+    forbid_launches(monkeypatch, mk, "_mxfp8_quantize_kernel", "_mxfp8_dequantize_kernel")
     for layout in LAYOUTS:
         cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, scale_layout=layout)
         for shape in ((0, 64), (32, 0)):
@@ -617,10 +503,8 @@ def test_gpu_dequantize_random_bytes(fmt, layout, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", mk.VARIANTS)
-def test_gpu_64bit_offsets(variant, monkeypatch):
+def test_gpu_64bit_offsets():
     """2^31 + 2^26 elements: the tail rows (beyond int32 offsets) against the reference."""
-    monkeypatch.setattr(mk, "VARIANT", variant)
     m, k = 34816, 65536
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     cfg = MXFP8QuantConfig(rowwise=True, columnwise=True)
@@ -649,41 +533,6 @@ def test_gpu_cuda_graph_capture():
     want = ref.mxfp8.quantize(x, cfg)
     assert_same_quantization(q, want)
     assert_same_bits(out, ref.mxfp8.dequantize(want, torch.bfloat16, "columnwise"))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-@pytest.mark.parametrize("layout", ["compact", "swizzled"])
-@pytest.mark.parametrize("variant", ["prefetch", "split"])
-def test_gpu_loop_variants_large(variant, fmt, layout, monkeypatch):
-    """VARIANTs "prefetch" / "split" on the GPU at 8192 x 8192 bf16 (the benchmark shape: the register
-    cap, 4 tiles per program) with inf / NaN tiles ("split": the fix-up launch), and the same launch
-    captured in a CUDA graph (fixed grids, no host sync)."""
-    monkeypatch.setattr(mk, "VARIANT", variant)
-    x = _x(8192, 8192, seed=24, device="cuda")
-    x[100, 200] = float("inf")
-    x[5000, 7] = float("-inf")
-    x[8191, 8191] = float("inf")
-    x[64:96, 64:128] *= 1e-38
-    _quantize_both(x, fmt=fmt, layout=layout)
-    x[4000, 4000] = float("nan")
-    cfg = MXFP8QuantConfig(rowwise=True, columnwise=True, fp8_format=fmt, scale_layout=layout)
-    got, want = mk.quantize_mxfp8(x, cfg), ref.mxfp8.quantize(x, cfg)
-    for part in PARTS:
-        g, w = getattr(got, part), getattr(want, part)
-        if part.endswith("_data"):  # the NaN blocks' codes: NaN codes, sign per the platform
-            assert torch.equal((g & 0x7F) == 0x7F, (w & 0x7F) == 0x7F)
-            g, w = g[(w & 0x7F) != 0x7F], w[(w & 0x7F) != 0x7F]
-        assert torch.equal(g, w), part
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q = mk.quantize_mxfp8(x, cfg)
-    q.rowwise_data.zero_()
-    q.columnwise_data.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    for part in PARTS:
-        assert torch.equal(getattr(q, part), getattr(got, part)), part
 
 
 @pytest.mark.gpu

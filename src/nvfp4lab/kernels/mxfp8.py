@@ -28,12 +28,9 @@ cvt.rn.satfinite instead (GPU only). With a columnwise copy, a tile whose column
 finite (ordinary data: one reduction of the maxima decides it) skips the saturation and uses the
 6-instruction E8M0 scale (``_codecs.e8m0_scale_finite``); a tile holding an inf or NaN takes the
 general scale and clamps |x * mult| first. With :data:`PACK_WORDS`, columnwise data of whole tiles
-is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`). :data:`VARIANT` (NVFP4LAB_MXFP8_VARIANT)
-selects other kernels for launches with a columnwise copy: "prefetch" (several tiles per program, the
-next one's load in flight) and "split" (the same with the finite path only, inf / NaN tiles redone by a
-fix-up launch). On sm_90 these kernels are bound by instruction issue, the integer ALU pipe (half the
-fp32 pipe's width) first, and by the loads in flight per SM (registers: warps per SM):
-``tools/sass_kernels.py`` counts their registers and SASS instructions per element.
+is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`). On sm_90 these kernels are bound by
+instruction issue, the integer ALU pipe (half the fp32 pipe's width) first: ``tools/sass_kernels.py``
+counts their SASS instructions per element.
 
 Dequantize reads [BLOCK_ROWS, BLOCK_COLS/32, 32] (rowwise) or [BLOCK_ROWS/32, 32, BLOCK_COLS]
 (columnwise) tiles; swizzled scales are read through :func:`.swizzle.swizzle_offset`.
@@ -44,8 +41,6 @@ Public launchers are ``torch.library`` custom ops (``nvfp4lab::quantize_mxfp8``,
 ``nvfp4lab::dequantize_mxfp8``) with fake implementations; empty inputs launch nothing.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -69,31 +64,6 @@ FP8_CAST = "soft"
 # against 61.9 us (85.1%) with byte stores; row+col 108.4 us (64.2%) against 107.7 us (64.6%), within
 # run-to-run noise. Partial tiles, K % 4 != 0 and outputs not 4-byte aligned store bytes.
 PACK_WORDS = True
-# Launches with a columnwise copy and the soft encoder (NVFP4LAB_MXFP8_VARIANT overrides; same bits):
-#   "default"  _mxfp8_quantize_kernel: one tile per program, the finite fast path and the general
-#              (saturating) path for tiles with an inf or NaN in one kernel.
-#   "prefetch" _mxfp8_quantize_loop_kernel: bf16 row+col in 32 x 32 single-warp tiles, SPLIT_TILES
-#              consecutive tiles per program with the next tile's load in flight while the current one
-#              is encoded, register cap SPLIT_MAXNREG; both paths inline (one launch).
-#   "split"    the same loop kernel compiled with the finite path only: a tile holding an inf or NaN
-#              writes just its flag (one byte per tile), and a fix-up launch (_mxfp8_fixup_kernel, grid
-#              fixed by the shape: no host sync, CUDA-graph safe) redoes the flagged tiles.
-# Row+col bf16 e4m3 at 8192 x 8192, sm_90, Triton 3.9 (tools/sass_kernels.py mx-both, mx-both-prefetch,
-# mx-both-split; --finite-only): default 241 registers (8 warps per SM; the finite path alone would take
-# 168), finite tiles run 24.6 SASS/element; "prefetch" 128 registers, "split" 127 (16 warps per SM), no
-# spills, finite tiles run 29.3 SASS/element (split's loop body; prefetch's finite branch is the same
-# code): more instructions (smaller tiles: more shuffles and per-tile work per element) for twice the
-# warps and a load always in flight. Columnwise only and fp32 / fp16 input: one tile per program, no cap.
-# Not yet timed on a GPU (benchmarks/mxfp8.py --tune: rows "... prefetch" / "... split" beside
-# "... default"). The register cap is a launch option (maxnreg) that the GEMM and the NVFP4 cast16
-# launchers already pass under Triton 3.6.
-VARIANT = "default"
-VARIANTS = ("default", "prefetch", "split")
-FIXUP_CHUNK = 128  # flags scanned by one fix-up program
-SPLIT_TILES = 4  # "prefetch" / "split", bf16 row+col: consecutive tiles per program
-# "prefetch" / "split", bf16 row+col: ptxas register cap. Uncapped, the loop takes 166-168 registers (12
-# warps per SM); at 128, 16 and no spills (ptxas moves the tile bookkeeping to uniform registers).
-SPLIT_MAXNREG = 128
 
 
 @triton.jit
@@ -250,29 +220,6 @@ def _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, r
 
 
 @triton.jit
-def _tile_at(tile, rows, cols, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, LOCAL_I64: tl.constexpr,
-             EVEN: tl.constexpr):
-    """Tile number ``tile`` (row-major over the tile grid): its origin (row0 int64), in-tile row and
-    column indices with their validity, the element mask and the in-tile offsets."""
-    col_tiles = tl.cdiv(cols, BLOCK_COLS)
-    row0 = (tile // col_tiles).to(tl.int64) * BLOCK_ROWS
-    col0 = (tile % col_tiles) * BLOCK_COLS
-    r = tl.arange(0, BLOCK_ROWS)
-    c = tl.arange(0, BLOCK_COLS)
-    if LOCAL_I64:
-        r = r.to(tl.int64)
-    if EVEN:
-        r_ok = r < BLOCK_ROWS
-        c_ok = c < BLOCK_COLS
-    else:
-        r_ok = r < rows - row0
-        c_ok = c < cols - col0
-    mask = r_ok[:, None] & c_ok[None, :]
-    offs = r[:, None] * cols + c[None, :]
-    return row0, col0, r, c, r_ok, c_ok, mask, offs
-
-
-@triton.jit
 def _mxfp8_quantize_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     rows, cols,
@@ -293,12 +240,28 @@ def _mxfp8_quantize_kernel(
     PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
 ):
     RB: tl.constexpr = BLOCK_ROWS // 32
+    CB: tl.constexpr = BLOCK_COLS // 32
     pid = tl.program_id(0)
+    col_tiles = tl.cdiv(cols, BLOCK_COLS)
+    row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS
+    col0 = (pid % col_tiles) * BLOCK_COLS
+
     # A plain 2-D [BLOCK_ROWS, BLOCK_COLS] tile (columns fastest, as in memory), reshaped for each
     # direction's block reductions: [R, CB, 32] (rowwise) and [RB, 32, C] (columnwise). Splitting a
     # dimension keeps the load's layout (no data movement), so loads and stores stay 16-byte row
     # vectors and no thread computes another thread's scales many times over.
-    row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(pid, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
+    r = tl.arange(0, BLOCK_ROWS)
+    c = tl.arange(0, BLOCK_COLS)
+    if LOCAL_I64:
+        r = r.to(tl.int64)
+    if EVEN:
+        r_ok = r < BLOCK_ROWS
+        c_ok = c < BLOCK_COLS
+    else:
+        r_ok = r < rows - row0
+        c_ok = c < cols - col0
+    mask = r_ok[:, None] & c_ok[None, :]
+    offs = r[:, None] * cols + c[None, :]
     base = row0 * cols + col0
     x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
     abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
@@ -326,132 +289,6 @@ def _mxfp8_quantize_kernel(
                             row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                             col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
                             BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
-
-
-@triton.jit
-def _load_raw(x_ptr, base, offs, mask, cols, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, WORDS: tl.constexpr,
-              LOCAL_I64: tl.constexpr, pred):
-    """A tile of x as stored (converted later by :func:`_widen`), under ``mask & pred``. WORDS: bf16
-    read as int32 words of 2 elements [R, C/2], a prefetched tile then holds one 32-bit register per
-    2 elements (bf16 values would take a 16-bit register each)."""
-    if WORDS:
-        r = tl.arange(0, BLOCK_ROWS)
-        if LOCAL_I64:
-            r = r.to(tl.int64)
-        w = tl.arange(0, BLOCK_COLS // 2)
-        w_offs = r[:, None] * (cols // 2) + w[None, :]
-        w_mask = (r[:, None] < BLOCK_ROWS) & (w[None, :] < BLOCK_COLS // 2) & pred  # whole tiles only
-        return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + base // 2 + w_offs, mask=w_mask, other=0)
-    else:
-        return tl.load(x_ptr + base + offs, mask=mask & pred, other=0.0)
-
-
-@triton.jit
-def _widen(raw, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, WORDS: tl.constexpr):
-    """fp32 [R, C] from :func:`_load_raw`'s tile (bf16 -> fp32 exactly: the bits shifted up)."""
-    if WORDS:
-        lo = (raw << 16).to(tl.float32, bitcast=True)  # element 2j: the word's low half (little endian)
-        hi = (raw & -65536).to(tl.float32, bitcast=True)
-        return tl.reshape(tl.join(lo, hi), (BLOCK_ROWS, BLOCK_COLS))
-    else:
-        return raw.to(tl.float32)
-
-
-@triton.jit
-def _mxfp8_quantize_loop_kernel(
-    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, flags_ptr, n_tiles,
-    rows, cols, row_scale_stride, row_scale_tiles, col_scale_stride, col_scale_tiles, max_rcp,
-    ROWWISE: tl.constexpr,
-    COLWISE: tl.constexpr,  # must be True (the flags come from the column maxima)
-    E5M2: tl.constexpr,
-    SWIZZLED: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_COLS: tl.constexpr,
-    LOCAL_I64: tl.constexpr,
-    EVEN: tl.constexpr,
-    PACK: tl.constexpr,
-    TILES: tl.constexpr,  # consecutive tiles per program
-    FULL: tl.constexpr,  # n_tiles % TILES == 0
-    WORDS: tl.constexpr = False,  # bf16 x read as uint32 words of 2 elements (EVEN tiles, K even)
-    FLAG_ONLY: tl.constexpr = False,  # "split": tiles holding an inf or NaN only flagged
-):
-    """VARIANTs "prefetch" and "split": each program takes TILES consecutive tiles and issues the next
-    tile's load before encoding the current one, so the load latency hides behind that work (bf16 read
-    as 32-bit words: the tile in flight takes 16 registers at 32 x 32). FLAG_ONLY ("split"): the finite
-    path only; a tile holding an inf or NaN writes nothing but its flag (flags_ptr, one byte per tile,
-    every tile's written) for :func:`_mxfp8_fixup_kernel`. Otherwise such a tile takes the general path
-    here (flags_ptr unused)."""
-    RB: tl.constexpr = BLOCK_ROWS // 32
-    first = tl.program_id(0) * TILES
-    row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(first, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
-    x_next = _load_raw(x_ptr, row0 * cols + col0, offs, mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS, LOCAL_I64, True)
-    for i in range(TILES):
-        tile = first + i
-        x_raw = x_next
-        row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(tile, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
-        if TILES > 1:
-            n_row0, n_col0, _r, _c, _r_ok, _c_ok, n_mask, n_offs = _tile_at(tile + 1, rows, cols, BLOCK_ROWS, BLOCK_COLS,
-                                                                            LOCAL_I64, EVEN)
-            if FULL:  # every program's tiles exist
-                more = i + 1 < TILES
-            else:
-                more = (i + 1 < TILES) & (tile + 1 < n_tiles)
-            x_next = _load_raw(x_ptr, n_row0 * cols + n_col0, n_offs, n_mask, cols, BLOCK_ROWS, BLOCK_COLS, WORDS,
-                               LOCAL_I64, more)
-        if FULL or tile < n_tiles:
-            x = _widen(x_raw, BLOCK_ROWS, BLOCK_COLS, WORDS)
-            abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-            col_amax = _block_amax(tl.reshape(abs_bits, (RB, 32, BLOCK_COLS)), 1)  # [RB, C]
-            finite = _all_finite(col_amax.to(tl.int32, bitcast=True))
-            if FLAG_ONLY:
-                tl.store(flags_ptr + tile, tl.where(finite, 0, 1).to(tl.uint8))
-            if finite:
-                _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
-                                    row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
-                                    col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                                    BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, False, True, PACK)
-            elif not FLAG_ONLY:  # a tile holding an inf or NaN: the saturating encoder and the general scale
-                _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
-                                    row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
-                                    col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                                    BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, False, False, PACK)
-
-
-@triton.jit
-def _mxfp8_fixup_kernel(
-    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, flags_ptr, n_tiles,
-    rows, cols, row_scale_stride, row_scale_tiles, col_scale_stride, col_scale_tiles, max_rcp,
-    ROWWISE: tl.constexpr,
-    COLWISE: tl.constexpr,
-    E5M2: tl.constexpr,
-    SWIZZLED: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_COLS: tl.constexpr,
-    LOCAL_I64: tl.constexpr,
-    EVEN: tl.constexpr,
-    PACK: tl.constexpr,
-    CHUNK: tl.constexpr,  # flags scanned per program
-):
-    """The general (saturating) path for the tiles that ``_mxfp8_quantize_loop_kernel`` flagged ("split").
-    Its grid depends on the shape alone (no host sync, CUDA-graph safe); on ordinary data each program
-    reads CHUNK flag bytes and exits. Flagged tiles are taken in order from a register vector of tile
-    numbers (no dependent flag load per tile)."""
-    RB: tl.constexpr = BLOCK_ROWS // 32
-    i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    flagged = tl.load(flags_ptr + i, mask=i < n_tiles, other=0) != 0
-    todo = tl.where(flagged, i, n_tiles)
-    tile = tl.min(todo)
-    while tile < n_tiles:
-        row0, col0, r, c, r_ok, c_ok, mask, offs = _tile_at(tile, rows, cols, BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN)
-        x = tl.load(x_ptr + row0 * cols + col0 + offs, mask=mask, other=0.0).to(tl.float32)
-        abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        col_amax = _block_amax(tl.reshape(abs_bits, (RB, 32, BLOCK_COLS)), 1)
-        _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
-                            row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
-                            col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
-                            BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, False, False, PACK)
-        todo = tl.where(todo == tile, n_tiles, todo)
-        tile = tl.min(todo)
 
 
 @triton.jit
@@ -544,15 +381,7 @@ def _mxfp8_dequantize_kernel(
 
 
 # ------------------------------------------------------------------------------------- launchers
-def mxfp8_variant(variant: str | None = None) -> str:
-    """The quantize variant in force: ``variant``, else NVFP4LAB_MXFP8_VARIANT, else :data:`VARIANT`."""
-    variant = variant or os.environ.get("NVFP4LAB_MXFP8_VARIANT") or VARIANT
-    if variant not in VARIANTS:
-        raise ValueError(f"MXFP8 quantize variant must be one of {VARIANTS}, got {variant!r}")
-    return variant
-
-
-def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, variant: str = "default") -> tuple[int, int, int]:
+def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool) -> tuple[int, int, int]:
     """(BLOCK_ROWS, BLOCK_COLS, num_warps) per direction, timed on an H200 at 8192 x 8192
     (benchmarks/mxfp8.py --tune): rowwise only 32 x 256 with 2 warps; with a columnwise copy one 32-row
     block x 64 columns per single-warp program (each thread 8 rows x 8 columns: the columnwise amax is
@@ -561,12 +390,6 @@ def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, variant: 
     32 x 128 w2. 32 x 64 with 4 warps when K % 16 != 0 (scalar accesses)."""
     if cols % 16 != 0:
         return 32, 64, 4
-    if variant in ("prefetch", "split") and rowwise and colwise:
-        # VARIANTs "prefetch" / "split", row+col: 32 x 32 single-warp tiles (each thread 4 rows x 8
-        # columns when bf16 is read as words). sm_90, Triton 3.9, finite path only, one tile per program:
-        # 32 x 32 w1 125-127 registers, 28.6-30.3 SASS/element; 32 x 64 w1 209 (24.8: ptxas computes both
-        # directions before the first store; capped at 168, no spills: 25.1); 32 x 64 w2 128 (32.3).
-        return 32, 32, 1
     block_cols, warps = (256, 2) if rowwise and not colwise else (64, 1)
     return 32, max(32, min(block_cols, triton.next_power_of_2(cols))), warps
 
@@ -590,17 +413,11 @@ def launch_mxfp8_quantize(
     block_rows: int | None = None,
     block_cols: int | None = None,
     num_warps: int | None = None,
-    variant: str | None = None,
-    tiles_per_program: int | None = None,
-    maxnreg: int | None = None,
 ) -> None:
     """Quantize x (M, K) into the given outputs (None where that direction is not wanted).
 
     Scale buffers must already hold zeros in their padding (padded / swizzled layouts).
     fp8_cast: "soft" (integer encoders) or "hw" (GPU only); None = :data:`FP8_CAST`.
-    variant: one of :data:`VARIANTS`; None = NVFP4LAB_MXFP8_VARIANT, else :data:`VARIANT`.
-    tiles_per_program, maxnreg: "prefetch" / "split" only (tuning): None = :data:`SPLIT_TILES` /
-    :data:`SPLIT_MAXNREG` (bf16 row+col), else 1 / no cap; maxnreg 0 = no cap.
     """
     rows, cols = x.shape
     fp8_cast = fp8_cast or FP8_CAST
@@ -611,42 +428,24 @@ def launch_mxfp8_quantize(
     if rows * cols == 0:
         return
     rowwise, colwise = row_data is not None, col_data is not None
-    variant = mxfp8_variant(variant) if colwise and fp8_cast == "soft" else "default"
-    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise, variant)
+    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise)
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     dummy = x  # stands in for an output pointer that a constexpr-disabled branch never touches
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
     even = rows % block_rows == 0 and cols % block_cols == 0
-    n_tiles = triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols)
-    outputs = (x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
-               col_data if colwise else dummy, col_scale if colwise else dummy)
-    sizes = (rows, cols,
-             cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4), roundup(cols // 32, 4) // 4,
-             cols if scale_layout == "compact" else roundup(cols, 128), roundup(rows // 32, 4) // 4,
-             rcp_f32(FP8_MAX[fp8_format]))
-    meta = dict(ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
-                BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT, EVEN=even,
-                PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
-                and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)))
-    if variant == "default":
-        _mxfp8_quantize_kernel[(n_tiles,)](*outputs, *sizes, HW_CAST=fp8_cast == "hw", **meta, num_warps=num_warps)
-        return
-    split = variant == "split"
-    # "split": one flag byte per tile, every one written by the loop kernel (no fill needed)
-    flags = torch.empty(n_tiles, dtype=torch.uint8, device=x.device) if split else dummy
-    # The prefetch and the register cap are for bf16 row+col (read as 32-bit words: a bf16 tile would take
-    # a 16-bit register per element); an fp32 / fp16 tile held in flight spills under the cap.
-    words = x.dtype == torch.bfloat16 and even and cols % 2 == 0 and x.data_ptr() % 4 == 0
-    tuned = rowwise and words
-    tiles = tiles_per_program or (SPLIT_TILES if tuned else 1)
-    cap = maxnreg if maxnreg is not None else (SPLIT_MAXNREG if tuned else 0)
-    words = words and tiles > 1
-    _mxfp8_quantize_loop_kernel[(triton.cdiv(n_tiles, tiles),)](
-        *outputs, flags, n_tiles, *sizes, **meta, TILES=tiles, FULL=n_tiles % tiles == 0, WORDS=words,
-        FLAG_ONLY=split, num_warps=num_warps, **({"maxnreg": cap} if cap and x.device.type != "cpu" else {}))
-    if split:
-        _mxfp8_fixup_kernel[(triton.cdiv(n_tiles, FIXUP_CHUNK),)](*outputs, flags, n_tiles, *sizes, CHUNK=FIXUP_CHUNK,
-                                                                  **meta, num_warps=num_warps)
+    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
+    _mxfp8_quantize_kernel[grid](
+        x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
+        col_data if colwise else dummy, col_scale if colwise else dummy,
+        rows, cols,
+        cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4), roundup(cols // 32, 4) // 4,
+        cols if scale_layout == "compact" else roundup(cols, 128), roundup(rows // 32, 4) // 4,
+        rcp_f32(FP8_MAX[fp8_format]),
+        ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
+        EVEN=even, HW_CAST=fp8_cast == "hw", PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
+        and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)), num_warps=num_warps,
+    )
 
 
 def _dequantize_tile(rows: int, cols: int, colwise: bool) -> tuple[int, int, int]:
