@@ -176,9 +176,10 @@ def test_transposed_tiles_and_ragged_rows(layout, per_token, dtype, variant, pai
                                                     ("padded", False, torch.float32)])
 @pytest.mark.parametrize("q_shape", [(128, 512), (72, 528)])
 def test_transposed_default_tile(layout, per_token, dtype, q_shape, monkeypatch):
-    """The default transposed tile (8 groups x 32 words, pairs) on random bytes, outputs poisoned with
+    """The join kernel's default tile (8 groups x 32 words, pairs) on random bytes, outputs poisoned with
     -inf (which no input can produce: amax is finite): Q (128, 512) is 2 x 2 whole tiles; Q (72, 528)
     has a last row tile of 8 of 64 rows and a last word tile of 1 pair of 16."""
+    monkeypatch.setenv("NVFP4LAB_DQ_T_VARIANT", "join")
     launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_kernel")
     t, _ = _random_tensor(*q_shape, layout, per_token, 448.0, seed=16)
     out = torch.full(q_shape[::-1], float("-inf"), dtype=dtype)
@@ -193,8 +194,8 @@ def test_transposed_default_tile(layout, per_token, dtype, q_shape, monkeypatch)
                                                     ("padded", True, torch.float32), ("swizzled", False, torch.float32)])
 @pytest.mark.parametrize("q_shape", [(128, 512), (72, 528)])
 def test_transposed_rows_variant_default_tile(variant, layout, per_token, dtype, q_shape, monkeypatch):
-    """The per-output-row kernel at its default tile (selected by NVFP4LAB_DQ_T_VARIANT): 8 groups of 8 Q
-    rows x 32 words, or with rows4 and fp32 output 16 groups of 4 rows x 16 words; poisoned outputs as above."""
+    """The per-output-row kernel at its default tile: 16 groups of 8 Q rows (with rows4 and fp32 output:
+    of 4 rows) x 32 words, 8 warps; poisoned outputs as above."""
     monkeypatch.setenv("NVFP4LAB_DQ_T_VARIANT", variant)
     launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_rows_kernel")
     t, _ = _random_tensor(*q_shape, layout, per_token, 448.0, seed=17)
@@ -202,8 +203,9 @@ def test_transposed_rows_variant_default_tile(variant, layout, per_token, dtype,
     dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout=layout,
                                e4m3_max=448.0, transpose=True)
     four = variant == "rows4" and dtype == torch.float32
-    want = dict(GR=4, GROUPS=16, WORDS=16, SPLIT=1) if four else dict(GR=8, GROUPS=8, WORDS=32, SPLIT=2 if dtype == torch.float32 else 1)
-    assert {k: launches[-1][k] for k in want} == want and launches[-1]["num_warps"] == 4
+    want = dict(GR=4, SPLIT=1) if four else dict(GR=8, SPLIT=2 if dtype == torch.float32 else 1)
+    want.update(GROUPS=16, WORDS=32, num_warps=8)
+    assert {k: launches[-1][k] for k in want} == want
     assert_same_bits(out, ref.nvfp4.dequantize(t, dtype, "rowwise").t(), nan_equal=True)
 
 
@@ -229,7 +231,7 @@ def test_t_variant_env(monkeypatch):
     with pytest.raises(ValueError, match="NVFP4LAB_DQ_T_VARIANT"):
         dq.t_variant()
     monkeypatch.delenv("NVFP4LAB_DQ_T_VARIANT")
-    assert dq.t_variant() == dq.T_VARIANT
+    assert dq.t_variant() == dq.T_VARIANT == "rows4"  # the timed default (fifth session)
 
 
 def test_layouts_give_identical_outputs():

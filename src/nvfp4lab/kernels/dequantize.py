@@ -15,14 +15,13 @@ Q = x^T, R = K, C = M):
     amax   fp32 (1,) per tensor, or (R,) per row (per token)
 
 Output: Q itself (R, C), or with ``transpose`` its transpose (C, R) = x's orientation for the
-columnwise copy (``_nvfp4_dequantize_t_kernel``: each thread decodes one 16-code block of 8
-consecutive Q rows and stores it as 16 rows of 8 contiguous outputs, so the transpose is only the
-order in which decoded values are joined; loads and stores cover whole 32-byte sectors. Its
-[slots, 16, 8] store is given a different layout by Triton's coalescing pass (threads spread over the 16
-output rows), so the compiled kernel does go through shared memory: 4 rounds of STS / barrier / LDSM
-at sm_90, 88 registers for bf16 and 158 for fp32. ``_nvfp4_dequantize_t_rows_kernel``, selected by
-``NVFP4LAB_DQ_T_VARIANT=rows|rows4``, stores one output row at a time in the layout the values are
-decoded in: no shared memory, 48 / 40 registers, see :data:`T_VARIANT`). With RHT the columnwise copy is dequantized by the row kernel in fp32 and
+columnwise copy. Default ``_nvfp4_dequantize_t_rows_kernel``: each thread decodes one 16-code block
+of 8 (fp32 output: 4) consecutive Q rows and stores it one output row at a time, in the layout the
+values are decoded in: no shared memory, 48 / 40 registers at sm_90, see :data:`T_VARIANT`.
+``NVFP4LAB_DQ_T_VARIANT=join`` selects ``_nvfp4_dequantize_t_kernel`` (the previous default), which
+joins a slot's 16 x 8 values into one [slots, 16, 8] store; Triton's coalescing pass gives that store a
+different layout (threads spread over the 16 output rows), so it goes through shared memory: 4 rounds
+of STS / barrier / LDSM, 88 registers for bf16 and 158 for fp32.) With RHT the columnwise copy is dequantized by the row kernel in fp32 and
 the inverse RHT is then the reference's own ``inverse_rht`` (a torch matmul): the fp32 sum of 16
 products depends on summation order, so reusing the reference's matmul is what keeps the result
 identical to it on each device.
@@ -63,8 +62,12 @@ T_PAIRS = True
 #   "rows":  _nvfp4_dequantize_t_rows_kernel, 8-row groups, one store per output row (two 16-byte
 #            halves for fp32), per-token amax as two 16-byte loads per slot
 #   "rows4": as "rows", but 4-row groups for fp32 output (one 16-byte store per output row)
+# H200, 8192 x 8192, swizzled scales, same run (benchmarks/dequantize.py --tune, fifth session), us and % of
+# a copy: bf16 join 54.2 (89.2%), rows 16 x 32 w8 51.1 (94.6%); per-token bf16 join 55.3 (81.4%), rows
+# 16 x 32 w8 51.7 (87.0%); fp32 join 94.4 (84.5%), rows 179.3 (44.5%: two half stores per row), rows4
+# 16 x 32 w8 89.8 (88.8%). Default "rows4" (= "rows" for 2-byte outputs) with 16 x 32 tiles.
 T_VARIANTS = ("join", "rows", "rows4")
-T_VARIANT = "join"
+T_VARIANT = "rows4"
 
 
 def t_variant() -> str:
@@ -553,13 +556,10 @@ def _t_tile_shape(rows: int, cols: int) -> tuple[int, int]:
 
 def _t_rows_tile_shape(rows: int, cols: int, gr: int) -> tuple[int, int]:
     """(GROUPS, WORDS) of the per-output-row transposing kernel: GROUPS groups of ``gr`` Q rows x WORDS
-    words (even: whole scale blocks). 8-row groups: 8 x 32 as for the other kernel (a warp stores 4 x
-    128 bytes of bf16 per output row); 4-row groups (fp32): 16 x 16, so a warp's 16 groups store 256
-    contiguous bytes of 2 output rows per instruction, again 128 slots (4 warps)."""
-    groups = 8 if gr == 8 else 16
-    words = 32 if gr == 8 else 16
-    groups = max(1, min(groups, triton.next_power_of_2(triton.cdiv(rows, gr))))
-    words = max(2, min(words, triton.next_power_of_2(cols // 8)))
+    words (even: whole scale blocks), 16 x 32 for both group heights (timed, see :data:`T_VARIANT`; 8 x 32
+    and 16 x 16 measured 3-9% slower): 256 slots, 8 warps."""
+    groups = max(1, min(16, triton.next_power_of_2(triton.cdiv(rows, gr))))
+    words = max(2, min(32, triton.next_power_of_2(cols // 8)))
     return groups, words
 
 
@@ -594,7 +594,7 @@ def launch_nvfp4_dequantize(
         d_groups, d_words = _t_rows_tile_shape(rows, cols, gr)
         groups, words = block_rows or d_groups, block_cols or d_words
         check_tile(groups * gr, words, min_cols=2)
-        num_warps = num_warps or max(1, min(4, groups * words // 64))
+        num_warps = num_warps or max(1, min(8, groups * words // 64))  # one warp per 32 two-word slots
         grid = (triton.cdiv(rows, gr * groups) * triton.cdiv(cols // 8, words),)
         _nvfp4_dequantize_t_rows_kernel[grid](
             _as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max),

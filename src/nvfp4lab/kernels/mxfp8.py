@@ -381,16 +381,22 @@ def _mxfp8_dequantize_kernel(
 
 
 # ------------------------------------------------------------------------------------- launchers
-def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool) -> tuple[int, int, int]:
+def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, hw_cast: bool = False) -> tuple[int, int, int]:
     """(BLOCK_ROWS, BLOCK_COLS, num_warps) per direction, timed on an H200 at 8192 x 8192
-    (benchmarks/mxfp8.py --tune): rowwise only 32 x 256 with 2 warps; with a columnwise copy one 32-row
+    (benchmarks/mxfp8.py --tune): rowwise only 32 x 256 with 2 warps; columnwise only one 32-row
     block x 64 columns per single-warp program (each thread 8 rows x 8 columns: the columnwise amax is
-    8 in-thread maxima and 2 shuffles; 127 registers columnwise only). Columnwise: 61.8 us vs 64.1 for
-    32 x 128 w1 and 105.5 for 32 x 256 w1 (255 registers, spills); row+col: 106.3 us vs 122.8 for
-    32 x 128 w2. 32 x 64 with 4 warps when K % 16 != 0 (scalar accesses)."""
+    8 in-thread maxima and 2 shuffles; 127 registers): 61.8 us vs 64.1 for 32 x 128 w1 and 105.5 for
+    32 x 256 w1 (255 registers, spills). Row+col, same run (fifth session): integer encoders 32 x 128 w1
+    100.9 us vs 108.3 for 32 x 64 w1 and 121.6 for 32 x 128 w2; hardware cast 32 x 128 w2 79.4 us vs
+    81.8 for 32 x 64 w1. 32 x 64 with 4 warps when K % 16 != 0 (scalar accesses)."""
     if cols % 16 != 0:
         return 32, 64, 4
-    block_cols, warps = (256, 2) if rowwise and not colwise else (64, 1)
+    if rowwise and not colwise:
+        block_cols, warps = 256, 2
+    elif rowwise:
+        block_cols, warps = 128, (2 if hw_cast else 1)
+    else:
+        block_cols, warps = 64, 1
     return 32, max(32, min(block_cols, triton.next_power_of_2(cols))), warps
 
 
@@ -428,7 +434,7 @@ def launch_mxfp8_quantize(
     if rows * cols == 0:
         return
     rowwise, colwise = row_data is not None, col_data is not None
-    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise)
+    d_rows, d_cols, d_warps = _quantize_tile(rows, cols, rowwise, colwise, fp8_cast == "hw")
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     dummy = x  # stands in for an output pointer that a constexpr-disabled branch never touches
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
