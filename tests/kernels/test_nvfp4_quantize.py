@@ -433,6 +433,41 @@ def test_e2m1_encode_fast_matches_reference():
     assert torch.equal(fast.cpu(), want)
 
 
+@triton.jit
+def _sr_e2m1_probe_kernel(y_ptr, r_ptr, out_ptr, N: tl.constexpr):
+    off = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(out_ptr + off, kq._sr_e2m1(tl.load(y_ptr + off), tl.load(r_ptr + off)))
+
+
+def test_sr_e2m1_matches_reference():
+    # _sr_e2m1 (integer path for |y| >= 1) against ref.nvfp4.stochastic_round_e2m1: every bf16 pattern
+    # with 12 bytes, +-300 ulps around every grid point and step boundary (both signs) and specials
+    # with all 256 bytes, random fp32 patterns and bytes (an offline run: every mantissa of the
+    # exponents 90..132, 0, 1, 254, 255, both signs, 8 byte patterns each, against the torch mirror)
+    gen = torch.Generator().manual_seed(72)
+    bf = (torch.arange(-(2**15), 2**15, dtype=torch.int32) << 16).view(torch.float32)
+    byte_set = torch.tensor([0, 1, 2, 63, 64, 127, 128, 129, 191, 192, 254, 255], dtype=torch.int32)
+    ys = [bf.repeat_interleave(byte_set.numel())]
+    rs = [byte_set.repeat(bf.numel())]
+    edges = torch.tensor([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 1e-38]).view(torch.int32)
+    near = (edges.view(-1, 1) + torch.arange(-300, 300, dtype=torch.int32).view(1, -1)).flatten()
+    near = torch.cat([near, near | torch.tensor(-(2**31), dtype=torch.int32)])
+    special = torch.tensor([0x7F800000, -8388608, 0x7FC00000, -1, 0x7FFFFFFF, 1, 0, -(2**31), 0x7F7FFFFF], dtype=torch.int32)
+    vals = torch.cat([near, special]).view(torch.float32)
+    ys.append(vals.repeat_interleave(256))
+    rs.append(torch.arange(256, dtype=torch.int32).repeat(vals.numel()))
+    ys.append(torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=gen, dtype=torch.int32).view(torch.float32))
+    rs.append(torch.randint(0, 256, (1 << 18,), generator=gen, dtype=torch.int32))
+    y, r = torch.cat(ys), torch.cat(rs)
+    n = 1 << 14
+    pad = (-y.numel()) % n
+    y, r = torch.cat([y, torch.zeros(pad)]), torch.cat([r, torch.zeros(pad, dtype=torch.int32)])
+    out = torch.full((y.numel(),), -1, dtype=torch.int32, device=DEV)
+    _sr_e2m1_probe_kernel[(y.numel() // n,)](y.to(DEV), r.to(DEV), out, n)
+    want = ref_nvfp4.stochastic_round_e2m1(y, r).to(torch.int32)
+    assert torch.equal(out.cpu(), want)
+
+
 def test_e2m1_scale_encode_matches_reference():
     # x * enc over every bf16 x (enc = 1), bf16 x times random normal factors (the kernels' use),
     # +-1000 ulps around every rounding edge, -0.0 and products that underflow to -0.0 (-> code 0)

@@ -237,7 +237,28 @@ def _sr_step(a):
 
 @triton.jit
 def _sr_e2m1(y, rbytes):
-    """Stochastic rounding onto the E2M1 grid (ref.nvfp4.stochastic_round_e2m1); NaN -> +6."""
+    """Stochastic rounding onto the E2M1 grid (ref.nvfp4.stochastic_round_e2m1): the codes of
+    ``_sr_e2m1_float`` for every fp32 y and byte 0..255 (NaN -> +6), in about half the instructions.
+
+    |y| >= 1 (inf, NaN included): the grid step is the fp32 ulp of a 1-bit mantissa (bit 22), so
+    t = |y| + u * step is bits(|y|) + (byte << 14) as integers, exact (fp32 would round only when t
+    enters the next binade, and never across a grid point there: t < 2^(e+1) + step / 2 and the next
+    point is 2^(e+1) + 2 step), and the code is the exponent and bit 22: (bits >> 22) - 252, saturated
+    at 7 (uint32: NaN bits do not wrap). |y| < 1: step 0.5, the code is floor(fl(2|y| + byte / 256)),
+    = floor(2 fl(|y| + byte / 512)) (2|y| and byte / 256 are exact). The sign goes on nonzero codes
+    of y < 0 (the float path's -0.0 encodes as 0; NaN fails y < 0)."""
+    a = tl.abs(y)
+    big = (a.to(tl.uint32, bitcast=True) + (rbytes.to(tl.uint32) << 14)) >> 22
+    hi = tl.minimum(big.to(tl.int32) - 252, 7)
+    lo = ((a + a) + rbytes.to(tl.float32) * 0.00390625).to(tl.int32)
+    mag = tl.where(a < 1.0, lo, hi)
+    return tl.where((y < 0.0) & (mag != 0), mag | 8, mag)
+
+
+@triton.jit
+def _sr_e2m1_float(y, rbytes):
+    """Stochastic rounding onto the E2M1 grid as the spec writes it, in fp32 (the definition
+    ``_sr_e2m1`` is checked against); NaN -> +6."""
     a = tl.abs(y)
     t = a + (rbytes.to(tl.float32) * 0.00390625) * _sr_step(a)  # u * step is exact
     st = _sr_step(t)
