@@ -130,6 +130,7 @@ def test_special_values_per_split():
     assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
 
 
+@pytest.mark.usefixtures("sr_variant")
 def test_sr_first_split_matches_single_op():
     """SR block counters are bulk block indices: split 0 (and a lone split) get the single op's bits for
     the same seed; the other splits are stochastic roundings onto the same grid (neighbours of x/s)."""

@@ -8,6 +8,7 @@ import os
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -153,6 +154,7 @@ def test_generic_rht_matches_reference(name, case, monkeypatch):
 
 
 @pytest.mark.parametrize("path", list(RHT_PATHS))
+@pytest.mark.usefixtures("sr_variant")
 def test_rht_special_values_and_sr_on_both_kernels(path, monkeypatch):
     env, kernel = RHT_PATHS[path]
     monkeypatch.setenv("NVFP4LAB_CAST16_RHT", env)
@@ -334,6 +336,7 @@ def _assert_neighbours(codes_packed, scaled, context):
 
 
 @pytest.mark.parametrize("name", list(SR_CONFIGS))
+@pytest.mark.usefixtures("sr_variant")
 def test_sr_rounds_to_a_neighbour_and_keeps_scales(name):
     kwargs = SR_CONFIGS[name]
     x = make_input(kwargs, (32, 64), torch.bfloat16, seed=21)
@@ -350,6 +353,7 @@ def test_sr_rounds_to_a_neighbour_and_keeps_scales(name):
 
 
 @pytest.mark.parametrize("name", list(SR_CONFIGS))
+@pytest.mark.usefixtures("sr_variant")
 def test_sr_mean_has_lower_error_than_rn(name):
     kwargs = SR_CONFIGS[name]
     x = make_input(kwargs, (32, 64), torch.bfloat16, seed=22)
@@ -363,6 +367,58 @@ def test_sr_mean_has_lower_error_than_rn(name):
         assert sr_err < rn_err, f"{name} {which}: mean of 50 SR draws RMSE {sr_err:.4g} >= RN {rn_err:.4g}"
 
 
+def _host_philox(seed: int, counters: np.ndarray, stream: int) -> np.ndarray:
+    """Philox4x32-10 as ``tl.philox(seed, lo, hi, stream, 0)``: (N,) int64 counters -> (N, 4) uint32 words."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c = [counters.astype(np.uint64) & m32, counters.astype(np.uint64) >> np.uint64(32),
+         np.full(counters.shape, stream, np.uint64), np.zeros(counters.shape, np.uint64)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    a, b = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        p0, p2 = a * c[0], b * c[2]
+        c = [(p2 >> np.uint64(32)) ^ c[1] ^ k0, p2 & m32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & m32]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    return np.stack(c, axis=-1).astype(np.uint32)
+
+
+def _host_sr_bytes(seed: int, rows: int, cols: int, stream: int, variant: str) -> torch.Tensor:
+    """The random byte of every element of a quantized (rows, cols) matrix (x rowwise, stream 0; x^T or
+    RHT(x^T) columnwise, stream 1) under an SR bit mapping of ``_cast16_kernel``:
+    "off": Philox block r * (cols / 16) + c // 16, byte c % 16; "pairs": block (r // 2) * (cols / 8) + c // 8,
+    byte 8 (r % 2) + c % 8; byte b is byte b % 4 of word b // 4."""
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    c = np.arange(cols, dtype=np.int64)[None, :]
+    if variant == "pairs":
+        counter, byte = (r // 2) * (cols // 8) + c // 8, (r % 2) * 8 + c % 8
+    else:
+        counter, byte = r * (cols // 16) + c // 16 + 0 * r, c % 16 + 0 * r
+    words = _host_philox(seed, counter.ravel(), stream)
+    w = words[np.arange(counter.size), (byte.ravel() // 4)]
+    return torch.from_numpy(((w >> (8 * (byte.ravel() % 4)).astype(np.uint32)) & 0xFF).astype(np.int32).reshape(rows, cols))
+
+
+@pytest.mark.parametrize("name", list(SR_CONFIGS))
+def test_sr_bits_match_host_philox(name, sr_variant):
+    """The SR codes are the reference rule (ref.nvfp4.stochastic_round_e2m1) on x * enc with the bytes
+    of the documented Philox mapping (``_host_sr_bytes``), bit for bit, for every SR_VARIANT."""
+    kwargs = SR_CONFIGS[name]
+    m, k = 48, 96
+    x = make_input(kwargs, (m, k), torch.bfloat16, seed=24)
+    got = kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=0x1234_5678_9ABC)
+    rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
+    xf = x.float().cpu()
+    col_mat = ref_nvfp4.apply_rht(x.t(), kwargs.get("rht_sign_mask", 0xD7E8)).float().cpu() if kwargs.get("rht") else xf.t()
+    for which, mat, stream in (("rowwise", xf, 0), ("columnwise", col_mat.contiguous(), 1)):
+        scale, amax = getattr(rn, f"{which}_scale").cpu(), getattr(rn, f"{which}_amax").cpu()
+        if name == "16x16":  # compact (R/16 rows of) 2D scales -> one per 1x16 block
+            scale = scale.repeat_interleave(16, dim=0)[: mat.shape[0]] if scale.shape[0] != mat.shape[0] else scale
+        scaled = _scaled_values(mat, scale, amax, 448.0)
+        rbytes = _host_sr_bytes(0x1234_5678_9ABC, mat.shape[0], mat.shape[1], stream, sr_variant)
+        want = codecs.pack_fp4(ref_nvfp4.stochastic_round_e2m1(scaled, rbytes))
+        assert torch.equal(getattr(got, f"{which}_data").cpu(), want), f"{name} {which} {sr_variant}"
+
+
+@pytest.mark.usefixtures("sr_variant")
 def test_sr_seeds():
     config = NVFP4QuantConfig(**SR_CONFIGS["1x16"])
     x = normal_input((32, 64), torch.bfloat16, seed=23)
@@ -385,6 +441,7 @@ def test_sr_seeds():
     assert_same(p1, a, "ops seed")
 
 
+@pytest.mark.usefixtures("sr_variant")
 def test_sr_rowwise_and_columnwise_streams_differ():
     # a symmetric input (x == x^T): with one shared stream, rowwise block (r, b) and columnwise block
     # (c, g) with the same index would get the same bits and the two outputs would be equal bytes.
@@ -431,6 +488,41 @@ def test_e2m1_encode_fast_matches_reference():
     want = codecs.e2m1_encode(v.cpu()).to(torch.int32)
     assert torch.equal(slow.cpu(), want)
     assert torch.equal(fast.cpu(), want)
+
+
+@triton.jit
+def _sr_e2m1_probe_kernel(y_ptr, r_ptr, out_ptr, N: tl.constexpr):
+    off = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(out_ptr + off, kq._sr_e2m1(tl.load(y_ptr + off), tl.load(r_ptr + off)))
+
+
+def test_sr_e2m1_matches_reference():
+    # _sr_e2m1 (integer path for |y| >= 1) against ref.nvfp4.stochastic_round_e2m1: every bf16 pattern
+    # with 12 bytes, +-300 ulps around every grid point and step boundary (both signs) and specials
+    # with all 256 bytes, random fp32 patterns and bytes (an offline run: every mantissa of the
+    # exponents 90..132, 0, 1, 254, 255, both signs, 8 byte patterns each, against the torch mirror)
+    gen = torch.Generator().manual_seed(72)
+    bf = (torch.arange(-(2**15), 2**15, dtype=torch.int32) << 16).view(torch.float32)
+    byte_set = torch.tensor([0, 1, 2, 63, 64, 127, 128, 129, 191, 192, 254, 255], dtype=torch.int32)
+    ys = [bf.repeat_interleave(byte_set.numel())]
+    rs = [byte_set.repeat(bf.numel())]
+    edges = torch.tensor([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 1e-38]).view(torch.int32)
+    near = (edges.view(-1, 1) + torch.arange(-300, 300, dtype=torch.int32).view(1, -1)).flatten()
+    near = torch.cat([near, near | torch.tensor(-(2**31), dtype=torch.int32)])
+    special = torch.tensor([0x7F800000, -8388608, 0x7FC00000, -1, 0x7FFFFFFF, 1, 0, -(2**31), 0x7F7FFFFF], dtype=torch.int32)
+    vals = torch.cat([near, special]).view(torch.float32)
+    ys.append(vals.repeat_interleave(256))
+    rs.append(torch.arange(256, dtype=torch.int32).repeat(vals.numel()))
+    ys.append(torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=gen, dtype=torch.int32).view(torch.float32))
+    rs.append(torch.randint(0, 256, (1 << 18,), generator=gen, dtype=torch.int32))
+    y, r = torch.cat(ys), torch.cat(rs)
+    n = 1 << 14
+    pad = (-y.numel()) % n
+    y, r = torch.cat([y, torch.zeros(pad)]), torch.cat([r, torch.zeros(pad, dtype=torch.int32)])
+    out = torch.full((y.numel(),), -1, dtype=torch.int32, device=DEV)
+    _sr_e2m1_probe_kernel[(y.numel() // n,)](y.to(DEV), r.to(DEV), out, n)
+    want = ref_nvfp4.stochastic_round_e2m1(y, r).to(torch.int32)
+    assert torch.equal(out.cpu(), want)
 
 
 def test_e2m1_scale_encode_matches_reference():
