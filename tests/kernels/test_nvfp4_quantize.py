@@ -384,7 +384,7 @@ def _host_philox(seed: int, counters: np.ndarray, stream: int) -> np.ndarray:
 def _host_sr_bytes(seed: int, rows: int, cols: int, stream: int, variant: str) -> torch.Tensor:
     """The random byte of every element of a quantized (rows, cols) matrix (x rowwise, stream 0; x^T or
     RHT(x^T) columnwise, stream 1) under an SR bit mapping of ``_cast16_kernel``:
-    "off": Philox block r * (cols / 16) + c // 16, byte c % 16; "pairs": block (r // 2) * (cols / 8) + c // 8,
+    "blocks": Philox block r * (cols / 16) + c // 16, byte c % 16; "pairs": block (r // 2) * (cols / 8) + c // 8,
     byte 8 (r % 2) + c % 8; byte b is byte b % 4 of word b // 4."""
     r = np.arange(rows, dtype=np.int64)[:, None]
     c = np.arange(cols, dtype=np.int64)[None, :]

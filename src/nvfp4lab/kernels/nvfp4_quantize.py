@@ -44,18 +44,19 @@ Numerics: those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32.
   (``_rht16_cast16``): 57.6 SASS instructions per element for RHT(col)+row at 137 registers, against
   108.6 at 76 for the generic kernel (sm_90, ``tools/sass_stats.py``); H200, 8192^2 cast: RHT+row 245 us
   against 300 us, RHT+SR 609 against 632 (NVFP4LAB_CAST16_RHT=0 selects the generic kernel).
-* Stochastic rounding: Philox4x32-10 (``tl.philox``), key = seed, counter = (block index lo, hi,
-  stream, 0), stream 0 rowwise / 1 columnwise; word w of a block feeds elements 4w..4w+3, byte b to
-  element 4w+b (TE's mapping). The seed is an int, or an int64 device tensor read by the kernel.
-  NVFP4LAB_SR_VARIANT=pairs (``SR_VARIANT``, default "off"; read at every launch) gives
-  ``_cast16_kernel``, which runs every SR recipe by default, another mapping with the same properties
-  (Philox4x32-10, 8 bits per element, distinct streams): one Philox block per unit of 2 rows x 8
-  columns of the quantized matrix (x rowwise, x^T or RHT(x^T) columnwise), counter (r // 2) *
-  (cols / 8) + c // 8, byte 8 (r % 2) + c % 8 (word byte // 4, byte byte % 4). A thread then computes
-  each block once, the block mapping twice (a thread holds half of each block): sm_90, normal path,
-  RHT+SR 93.1 -> 83.2 SASS instructions per element, 255 -> 246 registers; SR row+col 78.8 -> 68.0,
-  255 (spills) -> 208. The generic kernel keeps the block mapping (it runs SR only under the
-  comparison overrides). Tests check both mappings bit for bit against a host Philox.
+* Stochastic rounding: Philox4x32-10 (``tl.philox``), 8 random bits per element, stream 0 rowwise / 1
+  columnwise (counter word 2), the seed an int or an int64 device tensor read by the kernel. Which
+  bits feed which element (TE's own mapping differs per kernel; only statistics are specified):
+  ``_cast16_kernel``, which runs every SR recipe by default, uses "pairs" (``SR_VARIANT``,
+  NVFP4LAB_SR_VARIANT read at every launch): one Philox block per unit of 2 rows x 8 columns of the
+  quantized matrix (x rowwise, x^T or RHT(x^T) columnwise), counter (r // 2) * (cols / 8) + c // 8,
+  byte 8 (r % 2) + c % 8 (word byte // 4, byte byte % 4), so a thread computes each of its blocks
+  once. "blocks" (the generic kernel's mapping): one Philox block per 16-element block, counter =
+  block index, word w feeding elements 4w..4w+3, byte b element 4w+b; in ``_cast16_kernel`` each block
+  is then computed by both threads holding half of it. sm_90, normal path: RHT+SR 93.1 -> 83.2 SASS
+  instructions per element, SR row+col 78.8 -> 68.0 (255 registers with spills -> 208); H200 8192^2
+  RHT+SR cast 325.6 us (blocks) -> 303.4 us (pairs), same run. Tests check both mappings bit for bit
+  against a host Philox.
   SR rounding: ``_sr_e2m1`` (integer rounding for |y| >= 1, the fp32 rule's codes).
 
 Constraints: x contiguous (M, K) bf16/fp16/fp32; K % 16 == 0; M % 16 == 0 when a columnwise or 16x16
@@ -944,15 +945,16 @@ def cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_r
     )
 
 
-# SR bit mapping of _cast16_kernel: "off" (one Philox block per 16-element block) or "pairs" (one per
-# 2x8 unit, see _pair_bytes_rows); NVFP4LAB_SR_VARIANT overrides, read at every launch.
-SR_VARIANT = "off"
-_SR_VARIANTS = ("off", "pairs")
+# SR bit mapping of _cast16_kernel: "pairs" (one Philox block per 2x8 unit, see _pair_bytes_rows; timed
+# 1.07x faster on an H200) or "blocks" (one per 16-element block, as the generic kernel); NVFP4LAB_SR_VARIANT
+# overrides, read at every launch.
+SR_VARIANT = "pairs"
+_SR_VARIANTS = ("blocks", "pairs")
 
 
 def sr_variant() -> str:
     """The SR bit mapping ``_cast16_kernel`` uses now: NVFP4LAB_SR_VARIANT, else ``SR_VARIANT``."""
-    v = os.environ.get("NVFP4LAB_SR_VARIANT", SR_VARIANT) or "off"
+    v = os.environ.get("NVFP4LAB_SR_VARIANT", "") or SR_VARIANT
     if v not in _SR_VARIANTS:
         raise ValueError(f"NVFP4LAB_SR_VARIANT={v!r}: expected one of {_SR_VARIANTS}")
     return v
