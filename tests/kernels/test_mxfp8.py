@@ -183,7 +183,7 @@ def test_quantize_packed_words(fmt, layout, monkeypatch):
     partial one (byte stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
     monkeypatch.setattr(mk, "PACK_WORDS", True)
     launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
-    x = _x(96, 192, seed=17)
+    x = _x(96, 256, seed=17)  # whole row+col tiles (32 x 128)
     x[40, 70] = float("inf")
     _quantize_both(x, fmt=fmt, layout=layout)
     assert launches[-1]["PACK"]
