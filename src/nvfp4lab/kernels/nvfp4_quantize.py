@@ -278,14 +278,9 @@ def _sr_seed(seed_ptr, seed_value, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr
 
 
 @triton.jit
-def _sr_step(a):
-    return tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
-
-
-@triton.jit
 def _sr_e2m1(y, rbytes):
-    """Stochastic rounding onto the E2M1 grid (ref.nvfp4.stochastic_round_e2m1): the codes of
-    ``_sr_e2m1_float`` for every fp32 y and byte 0..255 (NaN -> +6), in about half the instructions.
+    """Stochastic rounding onto the E2M1 grid: the codes of ref.nvfp4.stochastic_round_e2m1 (the spec's
+    fp32 rule) for every fp32 y and byte 0..255 (NaN -> +6), in about half the instructions of that rule.
 
     |y| >= 1 (inf, NaN included): the grid step is the fp32 ulp of a 1-bit mantissa (bit 22), so
     t = |y| + u * step is bits(|y|) + (byte << 14) as integers, exact (fp32 would round only when t
@@ -300,20 +295,6 @@ def _sr_e2m1(y, rbytes):
     lo = ((a + a) + rbytes.to(tl.float32) * 0.00390625).to(tl.int32)
     mag = tl.where(a < 1.0, lo, hi)
     return tl.where((y < 0.0) & (mag != 0), mag | 8, mag)
-
-
-@triton.jit
-def _sr_e2m1_float(y, rbytes):
-    """Stochastic rounding onto the E2M1 grid as the spec writes it, in fp32 (the definition
-    ``_sr_e2m1`` is checked against); NaN -> +6."""
-    a = tl.abs(y)
-    t = a + (rbytes.to(tl.float32) * 0.00390625) * _sr_step(a)  # u * step is exact
-    st = _sr_step(t)
-    inv_st = tl.where(t < 2.0, 2.0, tl.where(t < 4.0, 1.0, 0.5))  # 1/st exactly, without a division
-    q = tl.floor(t * inv_st) * st
-    q = tl.where(q > 6.0, 6.0, q)
-    q = tl.where(y != y, 6.0, tl.where(y < 0.0, -q, q))
-    return e2m1_encode_fast(q)
 
 
 @triton.jit
