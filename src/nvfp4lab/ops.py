@@ -486,8 +486,9 @@ def nvfp4_grouped_gemm(
     out: Optional[torch.Tensor] = None,
     accumulate: bool = False,
     backend: Optional[str] = None,
+    m_splits: Optional[Sequence[int]] = None,
 ) -> torch.Tensor:
-    """Grouped (MoE) GEMM in one launch: rows of expert e of A times expert e's weights, TN.
+    """Grouped (MoE) GEMM: rows of expert e of A times expert e's weights, TN.
 
     a: the tokens sorted by expert, either one NVFP4Tensor (M, K) whose rowwise amax is (1,) or
        per token (M,) -- an activation quantized per expert split is this form with each split's
@@ -502,6 +503,11 @@ def nvfp4_grouped_gemm(
        be nondecreasing and end at M; the Triton path reads it on the device without a host sync
        and does not check this (the reference does), rows past offs[E-1] are then not written.
     bias: (N,) or (E, N); out: (M, N), written in place (added to when ``accumulate``).
+    m_splits: optional host copy of the split sizes (E ints summing to M, the sizes ``offs`` holds;
+       not compared with ``offs`` on the Triton path, which would need a host sync). With it, on the
+       GPU, experts of at least 128 rows on average (and 2^30 multiply-adds each) run as per-expert
+       cuBLAS GEMMs on FP16-expanded operands, as dense GEMMs of that size do; without it, or for
+       smaller experts, one Triton launch covers all experts. A list of activations gives it here.
     Per expert the result is exactly :func:`nvfp4_gemm` of its rows and weights.
     """
     from . import moe
@@ -513,6 +519,8 @@ def nvfp4_grouped_gemm(
     elif offs is not None:
         raise ValueError("offs must be None when a is a list of per-expert NVFP4Tensors (their sizes give the split)")
     else:
+        if m_splits is None:
+            m_splits = [t.m for t in a]
         a, offs = moe.concat_tokens(a)
     if isinstance(b, NVFP4Tensor):
         moe.check_rowwise("b", b)
@@ -533,6 +541,12 @@ def nvfp4_grouped_gemm(
         raise ValueError(f"offs must have shape (E,) = ({num_experts},) (one cumulative row end per expert), got {tuple(offs.shape)}")
     if offs.device != device:
         raise ValueError(f"offs must be on a's device {device}, got {offs.device}")
+    if m_splits is not None:
+        if not isinstance(m_splits, (list, tuple)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in m_splits):
+            raise TypeError(f"m_splits must be a list or tuple of ints, got {m_splits!r}")
+        if len(m_splits) != num_experts or sum(m_splits) != m or min(m_splits) < 0:
+            raise ValueError(f"m_splits must hold E = {num_experts} sizes >= 0 summing to M = {m}, got {list(m_splits)}")
     if a.rowwise_amax.numel() not in (1, m):
         raise ValueError(f"a's rowwise_amax must have 1 or M = {m} elements, got {a.rowwise_amax.numel()}")
     if b.rowwise_amax.numel() not in (1, num_experts, num_experts * n):
@@ -559,5 +573,5 @@ def nvfp4_grouped_gemm(
         from .kernels import nvfp4_gemm as gemm_kernels
 
         return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
-                                               accumulate=accumulate)
+                                               accumulate=accumulate, splits=m_splits)
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)

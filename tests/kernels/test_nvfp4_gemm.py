@@ -14,6 +14,7 @@ alone (every byte, every scale) and inside the kernel by standing in for the int
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -674,6 +675,53 @@ def test_grouped_list_of_activations_quantized():
         assert_close(got[r0:r0 + sizes[i]], gemm(a_e, b_e, "ref"), atol_bound(a_e, b_e))
 
 
+@pytest.mark.parametrize("amax_a,b_amax,bias_dim,out_dtype", [
+    ("token", "expert", 2, torch.float32), ("tensor", "row", 1, torch.bfloat16), ("token", "one", 0, torch.float16)])
+def test_grouped_dequant_mm_host_splits(amax_a, b_amax, bias_dim, out_dtype):
+    """With host split sizes, a dequant_mm config runs one cuBLAS-style GEMM per expert on the expanded
+    operands and the epilogue per expert: equal to the per-expert definition for every amax / bias mode,
+    zero-size experts (first, middle and last) and a partial expansion tile (K = 96)."""
+    gen = torch.Generator().manual_seed(31)
+    sizes, n, k = [0, 21, 0, 40, 7, 0], 24, 96
+    e = len(sizes)
+    a = exact_operand(sum(sizes), k, gen, amax=amax_a)
+    if b_amax == "one":
+        b = exact_operand(e * n, k, gen, layout="swizzled", shape=(e, n, k))
+        b_list = [NVFP4Tensor(shape=torch.Size((n, k)), dtype=b.dtype, config=b.config,
+                              rowwise_data=b.rowwise_data[i * n:(i + 1) * n],
+                              rowwise_scale=_compact(b)[i * n:(i + 1) * n], rowwise_amax=b.rowwise_amax)
+                  for i in range(e)]
+        b_list = [dataclasses.replace(t, config=dataclasses.replace(t.config, scale_layout="compact")) for t in b_list]
+    else:
+        b_list = [exact_operand(n, k, gen, amax="token" if b_amax == "row" else "tensor") for _ in sizes]
+        b = moe.stack_weights(b_list)
+    bias = None if bias_dim == 0 else torch.randn(*((e, n) if bias_dim == 2 else (n,)), generator=gen)
+    bias_list = None if bias is None else (bias if bias_dim == 2 else bias.expand(e, n))
+    want = _per_expert_reference(a, b_list, sizes, bias_list, out_dtype)
+    offs = torch.tensor(sizes).cumsum(0)
+    for block_k in (64, 128):
+        out = poisoned((sum(sizes), n), out_dtype, "cpu")
+        G.run(a, b, out, bias=bias, offs=offs, num_experts=e, splits=sizes,
+              config=G.GemmConfig(32, 32, block_k, dequant_mm=True))
+        assert_equal(out, want)
+
+
+def test_grouped_dequant_mm_accumulate_strided_out():
+    gen = torch.Generator().manual_seed(32)
+    sizes, n, k = [33, 0, 31], 40, 64
+    a = exact_operand(sum(sizes), k, gen, amax="token", layout="padded")
+    b_list = [exact_operand(n, k, gen) for _ in sizes]
+    b = moe.stack_weights(b_list)
+    offs = torch.tensor(sizes).cumsum(0)
+    old = torch.randn(n, sum(sizes), generator=gen).to(torch.bfloat16).t()  # strided (column-major) out
+    got, want = old.clone(memory_format=torch.preserve_format), old.clone()
+    assert got.stride() == old.stride()
+    nvfp4lab.nvfp4_grouped_gemm(a, b, offs, out=want, accumulate=True, backend="ref")
+    G.run(a, b, got, accumulate=True, offs=offs, num_experts=len(sizes), splits=sizes,
+          config=G.GemmConfig(32, 32, 64, dequant_mm=True))
+    assert_equal(got, want)
+
+
 def test_grouped_ptx_decoder_in_kernel(emulated_asm):
     gen = torch.Generator().manual_seed(16)
     sizes, n, k = [9, 0, 30], 24, 64
@@ -723,6 +771,11 @@ def test_input_errors():
         nvfp4lab.nvfp4_grouped_gemm([a], [b], offs[:1], backend="triton")
     with pytest.raises(ValueError, match="nondecreasing"):
         nvfp4lab.nvfp4_grouped_gemm(a, [b, b], torch.tensor([10, 12]), backend="ref")
+    for bad in ([16], [10, 7], [17, -1]):
+        with pytest.raises(ValueError, match=r"m_splits must hold E = 2 sizes >= 0 summing to M = 16"):
+            nvfp4lab.nvfp4_grouped_gemm(a, [b, b], offs, m_splits=bad, backend="triton")
+    with pytest.raises(TypeError, match="m_splits must be a list or tuple of ints"):
+        nvfp4lab.nvfp4_grouped_gemm(a, [b, b], offs, m_splits=torch.tensor([0, 16]), backend="triton")
 
 
 def test_custom_ops_trace_with_fake_impls():
@@ -978,6 +1031,37 @@ def test_gpu_grouped(decode):
     G.run(a, stacked, out, bias=bias, offs=torch.tensor(sizes, device="cuda").cumsum(0), num_experts=num_experts,
           decode=decode)
     assert_equal(out, _per_expert_reference(a, b_list, sizes, bias, torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_host_splits_default_dispatch(monkeypatch):
+    """Large experts with host split sizes take the per-expert dequantize + cuBLAS path by default,
+    also inside a CUDA graph and under torch.compile; equal to the per-expert definition."""
+    gen = torch.Generator().manual_seed(25)
+    sizes, n, k = [512, 0, 700, 836], 2048, 1056
+    a = exact_operand(sum(sizes), k, gen, amax="token", device="cuda")
+    b_list = [exact_operand(n, k, gen, amax="token", device="cuda") for _ in sizes]
+    stacked = moe.stack_weights(b_list)
+    bias = torch.randn(len(sizes), n, device="cuda")
+    offs = torch.tensor(sizes, device="cuda").cumsum(0)
+    want = _per_expert_reference(a, b_list, sizes, bias, torch.bfloat16)
+    calls = []
+    real = G._launch_grouped_dequant_mm
+    monkeypatch.setattr(G, "_launch_grouped_dequant_mm", lambda *args: calls.append(1) or real(*args))
+    out = poisoned((sum(sizes), n), torch.bfloat16)
+    nvfp4lab.nvfp4_grouped_gemm(a, stacked, offs, bias=bias, out=out, m_splits=sizes, backend="triton")
+    assert calls == [1]
+    assert_equal(out, want)
+    graph = torch.cuda.CUDAGraph()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        nvfp4lab.nvfp4_grouped_gemm(a, stacked, offs, bias=bias, out=out, m_splits=sizes, backend="triton")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_equal(out, want)
+    compiled = torch.compile(lambda x, y: nvfp4lab.nvfp4_grouped_gemm(x, y, offs, bias=bias, m_splits=sizes,
+                                                                      backend="triton"), fullgraph=True)
+    assert_equal(compiled(a, stacked), want)
 
 
 @pytest.mark.gpu

@@ -389,7 +389,7 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
         stacked = stack_grouped_weights(qweights, columnwise=need_dgrad)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
     y = ops.nvfp4_grouped_gemm(_token_operand(qx), stacked[0], qx.split_offsets[1:], out_dtype=cdtype, bias=bias,
-                               backend=backend)
+                               backend=backend, m_splits=list(sizes))
     if padded:
         y = layout.unpad(y)
     meta = dict(m=m, n=n, k=k, x_dtype=x_dtype, w_dtypes=[w.dtype for w in weights],
@@ -430,7 +430,7 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
         w = NVFP4Tensor(shape=shape, dtype=dtype, config=config, rowwise_data=saved[4], rowwise_scale=saved[5],
                         rowwise_amax=saved[6])
         dx = ops.nvfp4_grouped_gemm(_token_operand(qdy), w, qdy.split_offsets[1:], out_dtype=meta["x_dtype"],
-                                    backend=backend)
+                                    backend=backend, m_splits=list(sizes))
         if padded:
             dx = layout.unpad(dx)
     if any_wgrad:

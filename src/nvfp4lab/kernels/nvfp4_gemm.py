@@ -78,7 +78,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import triton
@@ -750,6 +750,16 @@ def _gpu_key(device: torch.device) -> str:
     return _gpu_key_cached(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def grouped_dequant_applies(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:
+    """Whether a grouped GEMM whose split sizes are known on the host runs as per-expert dequantize +
+    cuBLAS GEMMs (:func:`_launch_grouped_dequant_mm`): the dense rule for the average expert (M / E rows)."""
+    if device.type != "cuda" or _interpreting():
+        return False
+    rules = _DENSE_RULES[_gpu_key(device)]
+    m_e = m // max(num_experts, 1)
+    return m_e >= rules["dequant_min_m"] and m_e * n * k >= rules["dequant_min_mnk"]
+
+
 def stream_block_m(m: int) -> int:
     """The stream kernel's BLOCK_M for M rows of A (a multiple of 16, at most 64)."""
     return 16 if m <= 16 else (32 if m <= 32 else 64)
@@ -832,7 +842,7 @@ def _scale_args(scale: torch.Tensor, layout: str, rows: int, k: int):
 
 def _launch(
     a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
-    *, m, n, k, num_experts, e_max_a, e_max_b, accumulate, grouped, config=None, decode=None,
+    *, m, n, k, num_experts, e_max_a, e_max_b, accumulate, grouped, config=None, decode=None, splits=None,
 ):
     device = a_data.device
     if a_data.stride(-1) != 1:
@@ -854,11 +864,19 @@ def _launch(
     else:
         bias_mode = 2 if bias.dim() == 2 else 1
         bias = bias.contiguous()
+    if decode is None:
+        decode = default_decode(device)
+    if grouped and splits is not None and k > 0 and m > 0 and n > 0:
+        # host split sizes: large experts run as per-expert cuBLAS GEMMs on expanded operands
+        if config is None and grouped_dequant_applies(m, n, k, num_experts, device):
+            config = _DENSE_RULES[_gpu_key(device)]["dequant"]
+        if config is not None and config.dequant_mm:
+            return _launch_grouped_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4,
+                                              b_sw, b_amax, bias, out, b_mode, bias_mode, bool(accumulate),
+                                              splits, n, k, gemm_inv(e_max_a, e_max_b), config, decode)
     if config is None:
         per_expert_m = m if not grouped else max(1, m // max(num_experts, 1))
         config = choose_config(per_expert_m, n, k, device, grouped=grouped)
-    if decode is None:
-        decode = default_decode(device)
     if (config.dequant_mm or config.stream) and (grouped or k == 0 or m == 0 or n == 0):
         config = choose_config(max(1, m // max(num_experts, 1)), n, k, device, grouped=True)  # dense-only paths
     flags = dict(A_AMAX_ROWS=a_amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
@@ -1015,6 +1033,44 @@ def _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_s
     return out
 
 
+def _launch_grouped_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
+                               bias, out, b_mode, bias_mode, accumulate, splits, n, k, inv_e, config, decode):
+    """Grouped GEMM with host split sizes: A (all experts' rows) and B (all experts' weights) expanded to
+    FP16 once each, then per expert one cuBLAS fp32-output GEMM into its rows of a shared fp32 buffer
+    and the epilogue kernel on those rows with the expert's amax and bias (the same numerics as the
+    dense dequant path, expert by expert). Launches: 2 + 2 per non-empty expert."""
+    m = a_data.shape[0]
+    if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
+        decode = 0
+    a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
+    b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, b_data.shape[0], k, config.block_k, decode)
+    acc = torch.empty((m, n), dtype=torch.float32, device=a_data.device)
+    on_gpu = a16.is_cuda
+    bm, bn, warps = (64, 128, 8) if out.is_cuda and not _interpreting() else (32, 32, 4)
+    a_rows = a_amax.numel() != 1
+    row = 0
+    for e, m_e in enumerate(splits):
+        r0, row = row, row + m_e
+        if m_e == 0:
+            continue
+        b_e = b16[e * n:(e + 1) * n]
+        if on_gpu:
+            torch.mm(a16[r0:row], b_e.t(), out_dtype=torch.float32, out=acc[r0:row])
+        else:  # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
+            torch.mm(a16[r0:row].float(), b_e.float().t(), out=acc[r0:row])
+        # the expert's amax and bias as a dense GEMM's (scalar or per-row B amax, (N,) bias)
+        b_amax_e = b_amax[e * n:(e + 1) * n] if b_mode == 2 else (b_amax[e:e + 1] if b_mode == 1 else b_amax)
+        bias_e = bias if bias_mode == 1 else (bias[e] if bias_mode == 2 else a_amax)
+        _split_k_epilogue_kernel[(triton.cdiv(m_e, bm), triton.cdiv(n, bn))](
+            acc[r0:row], a_amax[r0:row] if a_rows else a_amax, b_amax_e, bias_e, out[r0:row],
+            m_e, n, out.stride(0), out.stride(1), inv_e,
+            SPLIT_K=1, A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
+            ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False,
+        )
+    return out
+
+
 # ------------------------------------------------------------------- torch.library custom ops
 # Tensors and plain values only (an NVFP4Tensor is unpacked by the Python wrappers below), so that
 # torch.compile (fullgraph) and CUDA graphs see opaque ops with shape-only fake implementations.
@@ -1056,17 +1112,18 @@ def _grouped_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
     offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype,
+    splits: Optional[List[int]] = None,
 ) -> torch.Tensor:
     m, n = a_data.shape[0], b_data.shape[0] // num_experts
     out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
     return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
                    m=m, n=n, k=k, num_experts=num_experts, e_max_a=e_max_a, e_max_b=e_max_b,
-                   accumulate=False, grouped=True)
+                   accumulate=False, grouped=True, splits=splits)
 
 
 @_grouped_op.register_fake
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
-      bias, k, out_dtype):
+      bias, k, out_dtype, splits=None):
     return a_data.new_empty((a_data.shape[0], b_data.shape[0] // num_experts), dtype=out_dtype)
 
 
@@ -1075,27 +1132,29 @@ def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
     offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out: torch.Tensor,
-    accumulate: bool,
+    accumulate: bool, splits: Optional[List[int]] = None,
 ) -> None:
     _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
             m=a_data.shape[0], n=b_data.shape[0] // num_experts, k=k, num_experts=num_experts,
-            e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True)
+            e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True, splits=splits)
 
 
 @_grouped_out_op.register_fake
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
-      bias, k, out, accumulate):
+      bias, k, out, accumulate, splits=None):
     return None
 
 
-def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, config=None, decode=None):
+def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, config=None, decode=None, splits=None):
     """Direct launch without the custom op, for tests and tuning: writes ``out`` (M, N) and returns it.
-    ``config`` (a :class:`GemmConfig`) and ``decode`` (0 or 1) override the defaults."""
+    ``config`` (a :class:`GemmConfig`) and ``decode`` (0 or 1) override the defaults; ``splits``: the
+    grouped GEMM's host split sizes (a ``dequant_mm`` config then takes the per-expert cuBLAS path)."""
     grouped = offs is not None
     return _launch(a.rowwise_data, a.rowwise_scale, a.scale_layout, a.rowwise_amax,
                    b.rowwise_data, b.rowwise_scale, b.scale_layout, b.rowwise_amax, offs, bias, out,
                    m=a.m, n=b.m // num_experts, k=a.k, num_experts=num_experts, e_max_a=a.e4m3_max,
-                   e_max_b=b.e4m3_max, accumulate=accumulate, grouped=grouped, config=config, decode=decode)
+                   e_max_b=b.e4m3_max, accumulate=accumulate, grouped=grouped, config=config, decode=decode,
+                   splits=None if splits is None else list(splits))
 
 
 def _operand(t):
@@ -1113,13 +1172,14 @@ def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulat
 
 
 def nvfp4_grouped_gemm(a, b, offs, num_experts, *, out_dtype=torch.bfloat16, bias=None, out=None,
-                       accumulate=False):
+                       accumulate=False, splits=None):
     """Grouped ``a[rows of e] @ b[e]^T`` for the bulk ``a`` (M, K) and the stacked ``b`` (E*N rows);
     checked by :func:`nvfp4lab.ops.nvfp4_grouped_gemm`. ``offs``: device int tensor (E,) of cumulative
-    row ends."""
+    row ends; ``splits``: the same sizes on the host, or None (then always the one-launch kernel)."""
+    splits = None if splits is None else [int(s) for s in splits]
     if out is None:
         return torch.ops.nvfp4lab.nvfp4_grouped_gemm(*_operand(a), *_operand(b), offs, num_experts, bias, a.k,
-                                                      out_dtype)
+                                                      out_dtype, splits)
     torch.ops.nvfp4lab.nvfp4_grouped_gemm_out(*_operand(a), *_operand(b), offs, num_experts, bias, a.k, out,
-                                              bool(accumulate))
+                                              bool(accumulate), splits)
     return out
