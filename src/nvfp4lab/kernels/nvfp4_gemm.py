@@ -65,7 +65,12 @@ range of K tiles and stores fp32 partials; :func:`_split_k_epilogue_kernel` sums
 Grouped GEMM: rows of A are split into E consecutive experts by ``offs`` (device int tensor (E,),
 cumulative row ends; zero-size experts allowed; no host sync). The grid covers an upper bound of
 ``cdiv(M, BLOCK_M) + E`` row tiles; each program finds its expert from ``offs`` and exits if it has
-no work. B is the stacked weights; alpha and bias follow the expert of the row.
+no work. B is the stacked weights; alpha and bias follow the expert of the row. When the caller also
+passes the split sizes on the host (``splits``; :class:`~nvfp4lab.GroupedLinear` knows them) and the
+average expert is large enough for the dense dequant rule (:func:`grouped_dequant_applies`), the
+grouped GEMM instead expands A and B to FP16 once each and runs one cuBLAS GEMM and one epilogue per
+non-empty expert (:func:`_launch_grouped_dequant_mm`): H200, 8 experts x 2048 rows, N = K = 4096:
+574 TFLOP/s against 490 for the one-launch kernel, 1.12x the time of one dense GEMM of the same FLOPs.
 
 Constraints: K % 16 == 0 (whole scale blocks); BLOCK_K a multiple of 64; out may be strided.
 Block sizes: :func:`choose_config` (a small table per GPU, ``_CONFIGS``).
