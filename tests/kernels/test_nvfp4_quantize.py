@@ -125,6 +125,20 @@ def test_matches_reference(name, case, monkeypatch):
 RHT_CONFIGS = [name for name in CONFIGS if name.startswith("rht")]
 
 
+@pytest.mark.parametrize("reuse", ["0", "1"])
+def test_16x16_rowcol_code_reuse_switch(reuse, monkeypatch):
+    """16x16 row+col casts take the columnwise codes from the rowwise ones (REUSE_2D) unless
+    NVFP4LAB_2D_REUSE=0; both give the reference's bits (plain, special values, provided amaxes)."""
+    monkeypatch.setenv("NVFP4LAB_2D_REUSE", reuse)
+    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+    for case in ("48x80-bf16", "48x80-bf16-tiles16x32", "32x64-fp16"):
+        test_matches_reference("16x16-rowcol", case, monkeypatch)
+    for which in ("zero-rows-cols-tiles-tiny", "tiny-1e-36", "inf", "bf16-max"):
+        test_special_values(dict(block="16x16", rowwise=True, columnwise=True), which)
+    test_provided_amax(dict(rowwise=True, columnwise=True, block="16x16"), "tensor+col")
+    assert launches and all(call["REUSE_2D"] == (reuse == "1") for call in launches)
+
+
 # RHT recipes run on _cast16_kernel by default (the butterfly RHT, which test_matches_reference checks);
 # NVFP4LAB_CAST16_RHT=0 sends them to the generic kernel's dot-based RHT, checked here.
 RHT_PATHS = {"cast16": ("1", "_cast16_kernel"), "generic": ("0", "_quantize_kernel")}
@@ -206,6 +220,7 @@ def _special_inputs():
 @pytest.mark.parametrize("kwargs", [
     dict(rowwise=True, columnwise=True),
     dict(rowwise=True, columnwise=True, per_token=True),
+    dict(block="16x16", rowwise=True, columnwise=True),
     dict(block="16x16", rowwise=True, columnwise=True, four_over_six="mse"),
     dict(rowwise=True, columnwise=True, four_over_six="mae", e4m3_max=448),
 ])
@@ -229,6 +244,8 @@ def test_special_values_rht():
     (dict(rowwise=True, columnwise=True, rht=True), "tensor"),  # columnwise amax is computed post-RHT
     (dict(rowwise=True, columnwise=True, rht=True), "tensor+col"),
     (dict(rowwise=False, columnwise=True, block="16x16", four_over_six="mae"), "col"),
+    (dict(rowwise=True, columnwise=True, block="16x16"), "tensor"),  # 2D: columnwise codes = rowwise codes
+    (dict(rowwise=True, columnwise=True, block="16x16"), "tensor+col"),  # different amaxes: encoded twice
 ])
 def test_provided_amax(kwargs, amax_kind):
     config = NVFP4QuantConfig(**kwargs)

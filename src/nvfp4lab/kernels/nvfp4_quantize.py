@@ -728,7 +728,7 @@ def _cast16_kernel(
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
-    SR_PAIRS: tl.constexpr = False,
+    SR_PAIRS: tl.constexpr = False, REUSE_2D: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only where ``use_cast16`` says so: ``_rht16_cast16`` on the columnwise side).
@@ -789,12 +789,14 @@ def _cast16_kernel(
             rbytes = jj
         if _normal_range(outer):
             row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6)
-            row_words = _pack_codes(_e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False), 16, KB)
+            row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
+            row_words = _pack_codes(row_codes, 16, KB)
             if not SR:
                 row_words = tl.where((bamax != bamax)[:, :, None], 0, row_words)
         else:
             row_scale_x, row_enc_x = _scale_and_factor(bamax, outer, E6, True)
-            row_words = _pack_codes(_e2m1_codes(x3, row_enc_x[:, :, None], rbytes, SR, True), 16, KB)
+            row_codes = _e2m1_codes(x3, row_enc_x[:, :, None], rbytes, SR, True)
+            row_words = _pack_codes(row_codes, 16, KB)
             row_scale = row_scale_x
         ok = row_ok[:, None] & blk_ok[None, :]
         word = (rows[:, None] * k_blocks + blks[None, :]) * 2
@@ -840,15 +842,35 @@ def _cast16_kernel(
         else:
             cbytes = r16[:, None]
         shift = tl.reshape((r16 % 8) * 4, [8, 2])[:, :, None]
+        # 16x16 blocks without SR: an element's columnwise block is its rowwise block, so with the same
+        # outer amax (per-tensor weights: always) its code is the rowwise one, already in registers
+        # in this very layout ([16, KB, 16] is a view of [16, BLOCK_K]): skip the second encoding.
+        # NVFP4LAB_2D_REUSE=0 encodes twice (comparison).
+        if REUSE_2D:
+            same_outer = tl.max(tl.reshape(outer, [1]), axis=0) == tl.max(couter, axis=0)
+        else:
+            same_outer = False
         if _normal_range(couter):
             col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6)
-            col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
+            if REUSE_2D:
+                if same_outer:
+                    col_codes = tl.reshape(row_codes, [16, BLOCK_K])
+                else:
+                    col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
+            else:
+                col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
             col_words = tl.sum(tl.reshape(col_codes, [8, 2, BLOCK_K]) << shift, axis=0)  # [2, BLOCK_K]: word h = rows 8h..8h+7
             if not SR:
                 col_words = tl.where((cbamax != cbamax)[None, :], 0, col_words)
         else:
             col_scale_x, col_enc_x = _scale_and_factor(cbamax, couter, E6, True)
-            col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
+            if REUSE_2D:
+                if same_outer:
+                    col_codes_x = tl.reshape(row_codes, [16, BLOCK_K])
+                else:
+                    col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
+            else:
+                col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
             col_words = tl.sum(tl.reshape(col_codes_x, [8, 2, BLOCK_K]) << shift, axis=0)
             col_scale = col_scale_x
         cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
@@ -917,12 +939,16 @@ def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
 
 def cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding, seed_from_ptr,
                 scale_layout, bk, rht_sign_mask: int = -1) -> dict:
-    """The constexpr arguments of ``_cast16_kernel`` (rht_sign_mask < 0: no RHT)."""
+    """The constexpr arguments of ``_cast16_kernel`` (rht_sign_mask < 0: no RHT). REUSE_2D (16x16
+    row+col without SR; NVFP4LAB_2D_REUSE=0 turns it off): the columnwise copy takes the rowwise codes
+    when both outer amaxes are equal, instead of encoding every element a second time."""
     return dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
         SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=_LAYOUT_CODES[scale_layout], BLOCK_K=bk,
         GROUPED=False, SPLIT_STEPS=0, RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
         SR_PAIRS=stochastic_rounding and sr_variant() == "pairs",
+        REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
+                  and rht_sign_mask < 0 and os.environ.get("NVFP4LAB_2D_REUSE", "1") != "0"),
     )
 
 
