@@ -18,9 +18,10 @@ see ``pt_precompute``; default 0).
      rowwise and half of a columnwise block, each packing one word of each; the cheaper encoders
      ``e2m1_scale_encode`` and ``_scale_and_factor_fast``. About 42 SASS instructions per element
      for row+col (the generic kernel: 91; ``tools/sass_stats.py`` counts them without a GPU).
-     Per token it computes S_enc, S_dec (two correct divisions) per row and column of each tile,
-     48 instructions per element (H200 8192^2 row+col cast 219 us vs 191 per tensor);
-     NVFP4LAB_PT_PRECOMPUTE=1 (opt-in, read at every launch) computes them once per row and column
+     Per token it computes S_enc, S_dec (two correct divisions) per row and column of each tile:
+     48.0 instructions per element on the normal path (sm_90; H200 8192^2 row+col cast 219 us vs
+     191 per tensor). NVFP4LAB_PT_PRECOMPUTE=1 (opt-in, read at every launch; 40.8 instructions per
+     element, not yet timed) computes them once per row and column
      instead, ``_pt_scales_kernel`` (a tiny launch over the (M,) and (K,) amaxes, grouped (n, K)
      included) writing (3, N) tables [amax, fl(S_enc * fl(1/6)), S_dec] that the cast loads (PT_PRE),
      bit for bit the same values; S_dec -1 marks an amax outside the normal range, so the tile's
