@@ -1009,6 +1009,27 @@ def test_gpu_cuda_graph(name):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(4096, 4096), (2064, 3088)])
+@pytest.mark.parametrize("name", ["pertoken-rowcol", "pertoken-row"])
+def test_gpu_pertoken_precompute(name, shape, pt_precompute):
+    """Both NVFP4LAB_PT_PRECOMPUTE paths at size, a few rows and columns outside the normal range
+    (fp32 input), and CUDA-graph replay with the table kernel inside the captured cast."""
+    kwargs = PT_CONFIGS[name]
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, shape, torch.float32, seed=46, device="cuda")
+    x[100] = 0.0
+    x[1000] *= 1e-35
+    x[2000] *= 1e35
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape}")
+    xb = make_input(kwargs, shape, torch.bfloat16, seed=47, device="cuda")
+    graph, out = _capture(lambda: kq.quantize(xb, config))
+    xb.copy_(make_input(kwargs, shape, torch.bfloat16, seed=48, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(out, ref_nvfp4.quantize(xb, config), f"graph replay {name} {shape}")
+
+
+@gpu
 def test_gpu_cuda_graph_sr_draws_fresh_bits():
     kwargs = SR_CONFIGS["rht"]
     x = make_input(kwargs, (1024, 2048), torch.bfloat16, seed=46, device="cuda")
