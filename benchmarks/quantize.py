@@ -15,7 +15,11 @@ Usage (from the repo root):  PYTHONPATH=src python benchmarks/quantize.py [--qui
 ``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` overrides the
 kernel tile (same as env NVFP4LAB_QUANT_TILE); ``--no-baseline`` skips the torch.compile reference;
 ``--tile-sweep [LIST]`` times every recipe at 8192x8192 for each tile of LIST (default: a grid of
-common tiles) instead of the sweep, to pick the kernels' defaults. The table is printed last.
+common tiles) instead of the sweep, to pick the kernels' defaults. ``--variants`` times each set of
+environment settings in turn, e.g. the per-token global scales computed in the cast or precomputed
+(cast_us then includes the small ``_pt_scales_kernel`` launch, which runs inside the cast op):
+    --quick --recipes pertoken-rowcol,tensor-1x16-rowcol --variants NVFP4LAB_PT_PRECOMPUTE=0,NVFP4LAB_PT_PRECOMPUTE=1
+The table is printed last.
 """
 from __future__ import annotations
 

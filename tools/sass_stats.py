@@ -4,7 +4,7 @@ Prints registers, spills, instruction count per thread and per element, and an o
 the cast kernel of each named recipe at its default tile (or NVFP4LAB_QUANT_TILE). Instruction count
 per element is the one number that bounds these kernels on Hopper (see kernels/nvfp4_quantize.py).
 
-    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--cast16] [--grouped STEPS] [--dump DIR]\n    (MAXNREG=128: try a register cap)
+    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--cast16] [--grouped STEPS] [--dump DIR]\n    (MAXNREG=128: try a register cap; NVFP4LAB_PT_PRECOMPUTE=1: per-token global scales loaded)
 """
 import argparse
 import collections
@@ -115,6 +115,7 @@ def main():
             return True
 
         kq._normal_range = _always
+        kq._normal_range_pt = _always  # per token with NVFP4LAB_PT_PRECOMPUTE=1
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:
         c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.cast16, a.grouped)

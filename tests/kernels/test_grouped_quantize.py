@@ -130,6 +130,40 @@ def test_special_values_per_split():
     assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
 
 
+PT_SPLITS = ["uneven", "zero-front-mid-end", "long", "uneven-any", "long-any"]
+
+
+@pytest.mark.parametrize("recipe,splits", [(r, s) for r, s in CASES if r in ("pertoken-rowcol", "pertoken-row") and s in PT_SPLITS])
+def test_pertoken_precompute_grouped(recipe, splits, pt_precompute, monkeypatch):
+    """NVFP4LAB_PT_PRECOMPUTE: the grouped cast reads per-row (M,) and per-(split, column) (n, K) tables."""
+    casts = record_launches(monkeypatch, kq, "_cast16_kernel")
+    tables = record_launches(monkeypatch, kq, "_pt_scales_kernel")
+    test_matches_reference(recipe, splits, monkeypatch)
+    assert casts and all(call["PT_PRE"] == pt_precompute and call["GROUPED"] for call in casts)
+    assert len(tables) == (1 + int(RECIPES[recipe].get("columnwise", False)) if pt_precompute else 0)
+
+
+@pytest.mark.parametrize("recipe", ["pertoken-rowcol", "pertoken-row"])
+def test_pertoken_precompute_grouped_extreme_splits(recipe, pt_precompute, monkeypatch):
+    """Per-token amaxes outside the normal range in some splits only (fp32: the interpreter mishandles
+    bf16 subnormals): a tiny split and a huge split (their (split, column) amaxes take the EXACT path,
+    the other splits' the fast one), zero, tiny and huge rows, an empty split."""
+    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")  # 48 columns: a half-full last K tile
+    sizes = [32, 16, 0, 48, 16]
+    x = make_input({}, (sum(sizes), 48), torch.float32, seed=31)
+    x[32:48] *= 1e-35  # split 1
+    x[50] = 0.0  # split 3: a zero, a tiny and a range-end row
+    x[52] *= 1e-36
+    x[60] *= 2.0**-100 / x[60].abs().max()
+    x[96:112] *= 1e35  # split 4
+    x[5, 7] = float("inf")
+    config = NVFP4QuantConfig(**RECIPES[recipe])
+    offsets = offsets_of(sizes)
+    casts = record_launches(monkeypatch, kq, "_cast16_kernel")
+    assert_same_grouped(gq.quantize_grouped(x.to(DEV), offsets, config), ref_nvfp4.quantize_grouped(x.to(DEV), offsets, config), recipe)
+    assert casts and all(call["PT_PRE"] == pt_precompute for call in casts)
+
+
 @pytest.mark.usefixtures("sr_variant")
 def test_sr_first_split_matches_single_op():
     """SR block counters are bulk block indices: split 0 (and a lone split) get the single op's bits for

@@ -662,6 +662,127 @@ def test_4over6_per_token_mixed_rows():
         assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), mode)
 
 
+# --------------------------------------------------- per-token global scales precomputed (PT_PRE)
+# NVFP4LAB_PT_PRECOMPUTE=1: _pt_scales_kernel computes each row's / column's S_enc / 6 and S_dec once
+# (S_dec -1 flags an amax outside the normal range) and _cast16_kernel loads them; both switch values
+# must give the reference's bits, and the tile's fast / EXACT decision must not move.
+PT_CONFIGS = {
+    "pertoken-rowcol": dict(per_token=True, rowwise=True, columnwise=True),
+    "pertoken-col": dict(per_token=True, rowwise=False, columnwise=True),
+    "pertoken-row": dict(per_token=True, rowwise=True),
+    "pertoken-row-swizzled": dict(per_token=True, rowwise=True, columnwise=True, scale_layout="swizzled"),
+}
+
+
+def _record_pt_launches(monkeypatch):
+    return record_launches(monkeypatch, kq, "_cast16_kernel"), record_launches(monkeypatch, kq, "_pt_scales_kernel")
+
+
+def _check_pt_launches(casts, tables, precompute, kwargs):
+    assert casts and all(call["PT_PRE"] == precompute for call in casts)
+    sides = int(kwargs.get("rowwise", True)) + int(kwargs.get("columnwise", False))
+    assert len(tables) == (sides * len(casts) if precompute else 0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", list(PT_CONFIGS))
+def test_pertoken_precompute_matches_reference(name, case, pt_precompute, monkeypatch):
+    shape, dtype, tile = CASES[case]
+    if tile:
+        monkeypatch.setenv("NVFP4LAB_CAST16_TILE", tile.split("x", 1)[1])
+    casts, tables = _record_pt_launches(monkeypatch)
+    kwargs = PT_CONFIGS[name]
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, shape, dtype, seed=zlib.crc32(f"pt/{name}/{case}".encode()) % 1000)
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {case}")
+    _check_pt_launches(casts, tables, pt_precompute, kwargs)
+
+
+def _pt_extreme_inputs():
+    """fp32 (the interpreter's bf16 -> fp32 load flushes bf16 subnormals wrongly, the GPU's does not)
+    48 x 80 inputs whose per-token amaxes leave the normal range in some 16-row groups / 32-column
+    tiles only, so that fast and EXACT tiles mix in one launch."""
+    g = torch.Generator().manual_seed(71)
+    base = torch.randn(48, 80, generator=g) * 10.0 ** (torch.rand(48, 1, generator=g) * 2 - 1)
+    rows = base.clone()  # rows 16..31 (group 1) extreme; every column then holds 1e35: columns EXACT
+    rows[17] = 0.0
+    rows[18] *= 1e-35
+    rows[19] *= 1e35
+    rows[20] *= 1e-38  # fp32 subnormals in the row
+    rows[21, 4] = float("inf")
+    rows[22] *= 2.0**-100 / rows[22].abs().max()  # amax exactly the range's ends: fast path
+    rows[23] *= 2.0**100 / rows[23].abs().max()
+    cols = base.clone()  # columns 0..31 (first 32-column tile) extreme; rows then EXACT
+    cols[:, 3] = 0.0
+    cols[:, 5] *= 1e-35
+    cols[:, 6] *= 1e35
+    cols[:, 9] *= 1e-38
+    cols[7, 11] = float("-inf")
+    nan = base.clone()
+    nan[20, 40] = float("nan")
+    return {"rows": rows, "cols": cols, "nan": nan, "zeros": torch.zeros(48, 80)}
+
+
+@pytest.mark.parametrize("which", list(_pt_extreme_inputs()))
+@pytest.mark.parametrize("name", ["pertoken-rowcol", "pertoken-row"])
+def test_pertoken_precompute_extreme_amaxes(name, which, pt_precompute, monkeypatch):
+    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")  # 3 x 3 programs, the last K tile half full
+    casts, tables = _record_pt_launches(monkeypatch)
+    kwargs = PT_CONFIGS[name]
+    config = NVFP4QuantConfig(**kwargs)
+    x = _pt_extreme_inputs()[which].to(DEV)
+    got = kq.quantize(x, config)
+    _check_pt_launches(casts, tables, pt_precompute, kwargs)
+    assert all(call["BLOCK_K"] == 32 for call in casts)
+    if which == "nan":
+        # a NaN column's scale byte is 0x7F in the kernel, 0xFF (NaN's sign) in the reference, with either
+        # switch value (NaN's sign is unspecified): here the two paths must agree with each other
+        monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "0")
+        assert_same(got, kq.quantize(x, config), f"{name} {which}")
+        return
+    assert_same(got, ref_nvfp4.quantize(x, config), f"{name} {which}")
+
+
+def test_pertoken_precompute_rowwise_any_m(pt_precompute, monkeypatch):
+    # 37 rows: the last 16-row group holds 5; a tiny and a huge row in different groups
+    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")
+    casts, tables = _record_pt_launches(monkeypatch)
+    config = NVFP4QuantConfig(per_token=True, rowwise=True)
+    x = normal_input((37, 48), torch.float32, seed=72)
+    x[2] *= 1e-36
+    x[35] *= 1e36
+    x[36] = 0.0
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config))
+    _check_pt_launches(casts, tables, pt_precompute, dict(rowwise=True))
+
+
+@pytest.mark.parametrize("special", [0.0, 1e-35, 1e35, float("inf"), float("nan")])
+def test_pertoken_precompute_provided_amaxes(special, pt_precompute, monkeypatch):
+    # supplied amaxes (the amax pass does not run) with one row and one column set to a special value
+    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")
+    casts, tables = _record_pt_launches(monkeypatch)
+    config = NVFP4QuantConfig(per_token=True, rowwise=True, columnwise=True)
+    x = normal_input((48, 80), torch.float32, seed=73)
+    amax = x.abs().amax(dim=1) * 2
+    columnwise_amax = x.abs().amax(dim=0) * 3
+    amax[20] = special
+    columnwise_amax[70] = special
+    got = kq.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
+    want = ref_nvfp4.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
+    assert_same(got, want, f"{special}")
+    _check_pt_launches(casts, tables, pt_precompute, dict(rowwise=True, columnwise=True))
+
+
+def test_pt_precompute_switch_values(monkeypatch):
+    monkeypatch.delenv("NVFP4LAB_PT_PRECOMPUTE", raising=False)
+    assert kq.pt_precompute() is (kq.PT_PRECOMPUTE == "1") and kq.PT_PRECOMPUTE == "0"  # opt-in
+    monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "1")
+    assert kq.pt_precompute()
+    monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "yes")
+    with pytest.raises(ValueError):
+        kq.pt_precompute()
+
+
 # ----------------------------------------------------------------------------- conformance, compile
 def test_conformance_shipped_subset():
     results = run_folder(default_folder(), backend="triton", pattern="nvfp4_quantize_*")
@@ -678,6 +799,15 @@ def test_custom_ops_opcheck():
     torch.library.opcheck(kq.nvfp4_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
 
 
+def test_custom_ops_opcheck_per_token(pt_precompute):
+    # the PT_PRE tables are allocated and filled inside the cast op: schema and fake impl unchanged
+    x = normal_input((32, 64), torch.bfloat16, seed=32)
+    row_amax, col_amax = kq.nvfp4_amax(x, kq.AMAX_PER_TOKEN, kq.AMAX_PER_TOKEN, 0)
+    args = (x, row_amax, col_amax, None, 0, True, True, False, True, -1, 0, 448.0, False, "padded")
+    torch.library.opcheck(kq.nvfp4_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.usefixtures("pt_precompute")
 def test_compile_fullgraph_cpu():
     x = normal_input((32, 64), torch.bfloat16, seed=31)
 
@@ -702,8 +832,9 @@ from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
 
 def frontend(fn, sig, meta, warps):
-    sig = dict(sig, **{k: "constexpr" for k in meta})
-    names = list(sig)
+    # the kernel's own parameter order (a constexpr's index must be its position in the signature)
+    names = [n for n in fn.arg_names if n in sig or n in meta]
+    sig = {n: sig.get(n, "constexpr") for n in names}
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in meta.items()})
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
@@ -731,6 +862,9 @@ for name, kwargs in json.loads(sys.argv[1]).items():
                                     cfg.rht_sign_mask if cfg.rht else -1)
             frontend(kq._cast16_kernel, sig, meta16, 1)
             frontend(kq._cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
+            if cfg.per_token:  # NVFP4LAB_PT_PRECOMPUTE=1: global scales loaded from _pt_scales_kernel's tables
+                frontend(kq._cast16_kernel, sig, dict(meta16, PT_PRE=True), 1)
+                frontend(kq._cast16_kernel, sig, dict(meta16, PT_PRE=True, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
     except Exception as exc:  # report every recipe, not only the first failure
         failures[name] = str(exc).strip().splitlines()[-1][:400]
 from nvfp4lab.kernels import grouped_quantize as gq
@@ -742,6 +876,10 @@ for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0)]:
                  BLOCK_K=128, DOT_BF16=True, SPLIT_STEPS=3, STEPS_M=4), 8)
     except Exception as exc:
         failures[f"grouped-amax-{row_mode}-{col_mode}"] = str(exc).strip().splitlines()[-1][:400]
+try:
+    frontend(kq._pt_scales_kernel, dict(amax_ptr="*fp32", table_ptr="*fp32", N="i32"), dict(E6=2688.0, BLOCK=1024), 4)
+except Exception as exc:
+    failures["pt-scales"] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))
 """
 
@@ -886,6 +1024,27 @@ def test_gpu_cuda_graph(name):
     graph.replay()
     torch.cuda.synchronize()
     assert_same(out, ref_nvfp4.quantize(x, config), f"graph replay {name}")
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(4096, 4096), (2064, 3088)])
+@pytest.mark.parametrize("name", ["pertoken-rowcol", "pertoken-row"])
+def test_gpu_pertoken_precompute(name, shape, pt_precompute):
+    """Both NVFP4LAB_PT_PRECOMPUTE paths at size, a few rows and columns outside the normal range
+    (fp32 input), and CUDA-graph replay with the table kernel inside the captured cast."""
+    kwargs = PT_CONFIGS[name]
+    config = NVFP4QuantConfig(**kwargs)
+    x = make_input(kwargs, shape, torch.float32, seed=46, device="cuda")
+    x[100] = 0.0
+    x[1000] *= 1e-35
+    x[2000] *= 1e35
+    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape}")
+    xb = make_input(kwargs, shape, torch.bfloat16, seed=47, device="cuda")
+    graph, out = _capture(lambda: kq.quantize(xb, config))
+    xb.copy_(make_input(kwargs, shape, torch.bfloat16, seed=48, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(out, ref_nvfp4.quantize(xb, config), f"graph replay {name} {shape}")
 
 
 @gpu

@@ -3,7 +3,9 @@
 Passes over x (M, K). Environment overrides, for tuning and comparison only: NVFP4LAB_QUANT_TILE=
 "BMxBKxWARPS" (amax and generic cast tiles), NVFP4LAB_CAST16_TILE="BKxWARPS", NVFP4LAB_CAST16_MAXNREG
 (``cast16_launch_options``), NVFP4LAB_AMAX_STEPS (tiles per amax program), NVFP4LAB_QUANT_KERNEL=generic
-(no ``_cast16_kernel``), NVFP4LAB_CAST16_RHT=0 (RHT recipes on the generic kernel, see ``use_cast16``).
+(no ``_cast16_kernel``), NVFP4LAB_CAST16_RHT=0 (RHT recipes on the generic kernel, see ``use_cast16``),
+NVFP4LAB_SR_VARIANT (``sr_variant``), NVFP4LAB_PT_PRECOMPUTE=1 (per-token global scales precomputed,
+see ``pt_precompute``; default 0).
 
 1. ``_amax_kernel``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
    column (K,), or per tensor of the bf16 RHT output; folded into zeroed fp32 buffers by ``atomic_max``
@@ -16,6 +18,14 @@ Passes over x (M, K). Environment overrides, for tuning and comparison only: NVF
      rowwise and half of a columnwise block, each packing one word of each; the cheaper encoders
      ``e2m1_scale_encode`` and ``_scale_and_factor_fast``. About 42 SASS instructions per element
      for row+col (the generic kernel: 91; ``tools/sass_stats.py`` counts them without a GPU).
+     Per token it computes S_enc, S_dec (two correct divisions) per row and column of each tile:
+     48.0 instructions per element on the normal path (sm_90; H200 8192^2 row+col cast 219 us vs
+     191 per tensor). NVFP4LAB_PT_PRECOMPUTE=1 (opt-in, read at every launch; 40.8 instructions per
+     element, not yet timed) computes them once per row and column
+     instead, ``_pt_scales_kernel`` (a tiny launch over the (M,) and (K,) amaxes, grouped (n, K)
+     included) writing (3, N) tables [amax, fl(S_enc * fl(1/6)), S_dec] that the cast loads (PT_PRE),
+     bit for bit the same values; S_dec -1 marks an amax outside the normal range, so the tile's
+     ``_normal_range`` decision is the same one, and EXACT tiles still recompute from the amax.
    * ``_quantize_kernel`` (generic, all recipes): loads a [BLOCK_M, BLOCK_K] tile and quantizes its
      rows (view [BLOCK_M, BLOCK_K/16, 16]) and its columns (view [BLOCK_M/16, BLOCK_K, 16] permuted
      from [BLOCK_M/16, 16, BLOCK_K]); RHT as a block-diagonal dot, 4over6.
@@ -363,8 +373,21 @@ def _normal_range(outer):
     _dequant_4over6_fast is exact. Other tiles (tiny, huge or NaN amax) take the EXACT path: fp64
     divisions, per-element 4over6 dequantization.
     """
-    in_range = (outer == 0.0) | ((outer >= 7.888609052210118e-31) & (outer <= 1.2676506002282294e30))
-    return tl.min(in_range.to(tl.int32)) == 1
+    return tl.min(_in_normal_range(outer).to(tl.int32)) == 1
+
+
+@triton.jit
+def _in_normal_range(outer):
+    """Elementwise: outer amax 0 or in [2^-100, 2^100] (NaN fails), the test ``_normal_range`` reduces."""
+    return (outer == 0.0) | ((outer >= 7.888609052210118e-31) & (outer <= 1.2676506002282294e30))
+
+
+@triton.jit
+def _normal_range_pt(s_dec):
+    """``_normal_range`` of a tile read from per-token tables (``_pt_scales_kernel``): there S_dec is
+    stored negated (-1) for an outer amax outside the normal range, and is > 0 for every other one
+    (S_enc in (0, FLT_MAX] for amax 0 or in [2^-100, 2^100]); masked rows/columns load 1."""
+    return tl.min((s_dec > 0.0).to(tl.int32)) == 1
 
 
 @triton.jit
@@ -528,6 +551,23 @@ def _amax_kernel(
         c = tl.max(t, axis=0)
         c = tl.where(c > 0x7F800000, 0x7FC00000, c)
         tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok, sem="relaxed")
+
+
+@triton.jit
+def _pt_scales_kernel(amax_ptr, table_ptr, N, E6: tl.constexpr, BLOCK: tl.constexpr):
+    """Per-token global scales, once per row or column instead of once per block (``_cast16_kernel``
+    with PT_PRE): amax (N,) -> table (3, N) = [amax, fl(S_enc * fl(1/6)), S_dec], with S_dec replaced
+    by -1 where the amax is outside the normal range (``_in_normal_range``), which ``_normal_range_pt``
+    reads as the tile's EXACT flag. S_enc and S_dec are those of ``_scale_and_factor_fast``: the same
+    ``_global_scales`` (div_rn) and product, op for op, hence the same bits; EXACT tiles recompute
+    theirs in fp64 from the amax (plane 0), so their out-of-range values here are never read."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    outer = tl.load(amax_ptr + offs, mask=ok, other=0.0)
+    s_enc, s_dec = _global_scales(outer, E6, False)
+    tl.store(table_ptr + offs, outer, mask=ok)
+    tl.store(table_ptr + (offs + N), s_enc * ONE_SIXTH, mask=ok)
+    tl.store(table_ptr + ((offs + N) + N), tl.where(_in_normal_range(outer), s_dec, -1.0), mask=ok)
 
 
 @triton.jit
@@ -701,7 +741,14 @@ def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr):
     bits(code << 20) * 2^120 (the 7 magnitude bits at fp32 bits 26..20 read as value * 2^-120;
     multiplication keeps subnormals: no FTZ), and the factor by one correctly rounded division."""
     s_enc, s_dec = _global_scales(outer, E6, False)
-    code = e4m3_encode_fast(bamax * (s_enc * ONE_SIXTH), 448.0) & 0xFF
+    return _scale_and_factor_pre(bamax, s_enc * ONE_SIXTH, s_dec)
+
+
+@triton.jit
+def _scale_and_factor_pre(bamax, s_enc_sixth, s_dec):
+    """The per-block part of ``_scale_and_factor_fast`` from the outer amax's fl(S_enc * fl(1/6)) and
+    S_dec (computed per block there, read from ``_pt_scales_kernel``'s tables with PT_PRE)."""
+    code = e4m3_encode_fast(bamax * s_enc_sixth, 448.0) & 0xFF
     scale = tl.where(bamax != bamax, 0x7F, code)
     scale_f = (code << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
     enc = tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_dec)
@@ -728,10 +775,15 @@ def _cast16_kernel(
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
-    SR_PAIRS: tl.constexpr = False, REUSE_2D: tl.constexpr = False,
+    SR_PAIRS: tl.constexpr = False, REUSE_2D: tl.constexpr = False, PT_PRE: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only where ``use_cast16`` says so: ``_rht16_cast16`` on the columnwise side).
+
+    PT_PRE (per-token only, NVFP4LAB_PT_PRECOMPUTE=1): row_amax_ptr / col_amax_ptr point at the
+    (3, N) tables of ``_pt_scales_kernel`` (amax, fl(S_enc * fl(1/6)), S_dec or -1 outside the normal
+    range) instead of the (N,) amaxes, N = M for rows, K (grouped: num_splits * K) for columns, so
+    normal-range tiles load their global scales instead of dividing for them per row and column.
 
     The same results as ``_quantize_kernel`` (same arguments), laid out for the instruction count:
     with bf16 input, BLOCK_K = 128 and one warp, each thread loads 16 bytes of 8 of the 16 rows (see
@@ -770,7 +822,8 @@ def _cast16_kernel(
         else:
             bamax = tl.max(tl.reshape(ab, [16, KB, 16]), axis=2).to(tl.float32, bitcast=True)
         if PER_TOKEN:
-            outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [16, 1]
+            if not PT_PRE:  # PT_PRE: only EXACT tiles read the amax, below
+                outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [16, 1]
         elif GROUPED:
             if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
                 outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + g))
@@ -787,14 +840,30 @@ def _cast16_kernel(
                 rbytes = _philox_bytes(seed, counter[:, :, None], 0, jj)
         else:
             rbytes = jj
-        if _normal_range(outer):
-            row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6)
+        if PT_PRE:
+            # the tables' planes 1 and 2 (plane 0, the amax, only EXACT tiles read); masked rows
+            # load S_dec 1 as ``_normal_range`` counts them in range (their amax loads as 0)
+            row_enc6 = tl.load(row_amax_ptr + (rows + M), mask=row_ok, other=0.0)[:, None]
+            row_sdec = tl.load(row_amax_ptr + ((rows + M) + M), mask=row_ok, other=1.0)[:, None]
+            row_normal = _normal_range_pt(row_sdec)
+        else:
+            row_normal = _normal_range(outer)
+        if row_normal:
+            if PT_PRE:
+                row_scale, row_enc = _scale_and_factor_pre(bamax, row_enc6, row_sdec)
+            else:
+                row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6)
             row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
             row_words = _pack_codes(row_codes, 16, KB)
             if not SR:
                 row_words = tl.where((bamax != bamax)[:, :, None], 0, row_words)
         else:
-            row_scale_x, row_enc_x = _scale_and_factor(bamax, outer, E6, True)
+            # (a new name: Triton types a name assigned in a runtime branch by every assignment in it)
+            if PT_PRE:
+                outer_x = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]
+            else:
+                outer_x = outer
+            row_scale_x, row_enc_x = _scale_and_factor(bamax, outer_x, E6, True)
             row_codes = _e2m1_codes(x3, row_enc_x[:, :, None], rbytes, SR, True)
             row_words = _pack_codes(row_codes, 16, KB)
             row_scale = row_scale_x
@@ -823,7 +892,8 @@ def _cast16_kernel(
             unit_base = start // 16 * K + (g - start // 16) * 2  # SR_PAIRS: the same, in 2x8 units
             unit_stride = split_blocks * 2
             if PER_TOKEN:
-                couter = tl.load(col_amax_ptr + split * K + cols, mask=col_ok, other=0.0)
+                if not PT_PRE:
+                    couter = tl.load(col_amax_ptr + split * K + cols, mask=col_ok, other=0.0)
             else:
                 couter = tl.zeros([1], tl.float32) + tl.load(col_amax_ptr + split)
         else:
@@ -831,7 +901,8 @@ def _cast16_kernel(
             unit_base = g * 2
             unit_stride = m_blocks * 2
             if PER_TOKEN:
-                couter = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)
+                if not PT_PRE:
+                    couter = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)
             else:
                 couter = tl.zeros([1], tl.float32) + tl.load(col_amax_ptr)
         if SR:
@@ -845,13 +916,28 @@ def _cast16_kernel(
         # 16x16 blocks without SR: an element's columnwise block is its rowwise block, so with the same
         # outer amax (per-tensor weights: always) its code is the rowwise one, already in registers
         # in this very layout ([16, KB, 16] is a view of [16, BLOCK_K]): skip the second encoding.
-        # NVFP4LAB_2D_REUSE=0 encodes twice (comparison).
+        # NVFP4LAB_2D_REUSE=0 encodes twice (comparison). (REUSE_2D excludes per-token.)
         if REUSE_2D:
             same_outer = tl.max(tl.reshape(outer, [1]), axis=0) == tl.max(couter, axis=0)
         else:
             same_outer = False
-        if _normal_range(couter):
-            col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6)
+        if PT_PRE:
+            if GROUPED:
+                col_plane = num_splits * K
+                col_idx = split * K + cols
+            else:
+                col_plane = K
+                col_idx = cols
+            col_enc6 = tl.load(col_amax_ptr + (col_idx + col_plane), mask=col_ok, other=0.0)
+            col_sdec = tl.load(col_amax_ptr + ((col_idx + col_plane) + col_plane), mask=col_ok, other=1.0)
+            col_normal = _normal_range_pt(col_sdec)
+        else:
+            col_normal = _normal_range(couter)
+        if col_normal:
+            if PT_PRE:
+                col_scale, col_enc = _scale_and_factor_pre(cbamax, col_enc6, col_sdec)
+            else:
+                col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6)
             if REUSE_2D:
                 if same_outer:
                     col_codes = tl.reshape(row_codes, [16, BLOCK_K])
@@ -863,7 +949,11 @@ def _cast16_kernel(
             if not SR:
                 col_words = tl.where((cbamax != cbamax)[None, :], 0, col_words)
         else:
-            col_scale_x, col_enc_x = _scale_and_factor(cbamax, couter, E6, True)
+            if PT_PRE:
+                couter_x = tl.load(col_amax_ptr + col_idx, mask=col_ok, other=0.0)
+            else:
+                couter_x = couter
+            col_scale_x, col_enc_x = _scale_and_factor(cbamax, couter_x, E6, True)
             if REUSE_2D:
                 if same_outer:
                     col_codes_x = tl.reshape(row_codes, [16, BLOCK_K])
@@ -946,10 +1036,42 @@ def cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_r
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
         SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=_LAYOUT_CODES[scale_layout], BLOCK_K=bk,
         GROUPED=False, SPLIT_STEPS=0, RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
-        SR_PAIRS=stochastic_rounding and sr_variant() == "pairs",
+        SR_PAIRS=stochastic_rounding and sr_variant() == "pairs", PT_PRE=per_token and pt_precompute(),
         REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
                   and rht_sign_mask < 0 and os.environ.get("NVFP4LAB_2D_REUSE", "1") != "0"),
     )
+
+
+# Per-token global scales of _cast16_kernel: "0" computes S_enc, S_dec from the row / column amax in
+# every program (two correctly rounded divisions per row and per column of each tile, the per-token
+# recipe's extra cost over per tensor); "1" has the launcher compute them once per row and column
+# (``_pt_scales_kernel``) for the cast to load (PT_PRE). Same bits either way. NVFP4LAB_PT_PRECOMPUTE
+# overrides, read at every launch.
+PT_PRECOMPUTE = "0"
+
+
+def pt_precompute() -> bool:
+    """Whether per-token casts on ``_cast16_kernel`` load precomputed global scales (PT_PRE):
+    NVFP4LAB_PT_PRECOMPUTE, else ``PT_PRECOMPUTE``."""
+    v = os.environ.get("NVFP4LAB_PT_PRECOMPUTE", "") or PT_PRECOMPUTE
+    if v not in ("0", "1"):
+        raise ValueError(f"NVFP4LAB_PT_PRECOMPUTE={v!r}: expected '0' or '1'")
+    return v == "1"
+
+
+_PT_SCALES_BLOCK = 1024
+
+
+def pt_scales_table(amax: torch.Tensor, n: int, e6: float) -> torch.Tensor:
+    """The (3, n) fp32 table [amax, fl(S_enc * fl(1/6)), S_dec or -1] of per-token amaxes (n,) that
+    ``_cast16_kernel`` reads with PT_PRE (``_pt_scales_kernel``; one tiny launch, no host sync)."""
+    if amax.numel() != n:
+        raise ValueError(f"per-token amax has {amax.numel()} values, expected {n}")
+    table = torch.empty((3, n), dtype=torch.float32, device=amax.device)
+    if n:
+        _pt_scales_kernel[(triton.cdiv(n, _PT_SCALES_BLOCK),)](
+            amax, table, n, E6=e6, BLOCK=_PT_SCALES_BLOCK, num_warps=4, enable_fp_fusion=False)
+    return table
 
 
 # SR bit mapping of _cast16_kernel: "pairs" (one Philox block per 2x8 unit, see _pair_bytes_rows; timed
@@ -1111,6 +1233,11 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
         meta = cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_rounding,
                            seed_tensor is not None, scale_layout, bk, rht_sign_mask)
         meta.update(cast16_launch_options(rowwise, columnwise))
+        if meta["PT_PRE"]:  # the kernel then reads the tables through the amax pointers
+            if rowwise:
+                row_amax = pt_scales_table(row_amax, m, meta["E6"])
+            if columnwise:
+                col_amax = pt_scales_table(col_amax, k * num_splits if offsets is not None else k, meta["E6"])
     else:
         bm, bk, warps = _tile(m, k, rht=rht and columnwise, four_over_six=four_over_six != 0,
                               kind=cast_kind(rowwise, columnwise, block_2d, per_token, rht, stochastic_rounding, four_over_six))
