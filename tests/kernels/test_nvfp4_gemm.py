@@ -985,6 +985,27 @@ src = triton.compiler.ASTSource(fn=fn_x, signature=sig, attrs={(fn_x.arg_names.i
                                 constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})
 assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
 print("ok stream expand")
+fn_x = G._dq_expand_kernel
+ptr_x = {"w_ptr": "*i32", "s_ptr": "*u8", "out_ptr": "*i32"}
+cx = dict(SWIZZLED=True, DECODE=1, BLOCK_R=G._DQ_EXPAND_TILE[0], BLOCK_K=G._DQ_EXPAND_TILE[1], EVEN=False)
+sig = {name: ptr_x.get(name, "constexpr" if name in cx else "i32") for name in fn_x.arg_names}
+div16 = list(ptr_x) + ["K", "stride_w", "stride_o"]  # as Triton specialises them for K = 8192
+src = triton.compiler.ASTSource(fn=fn_x, signature=sig, attrs={(fn_x.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16},
+                                constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})
+c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=G._DQ_EXPAND_TILE[2]))
+assert len(c.asm["cubin"]) > 0 and "st.global.v4.b32" in c.asm["ptx"]  # one word's 16 output bytes per store
+print("ok dq expand")
+fn_e = G._dq_epilogue_kernel
+ptr_e = {"acc_ptr": "*fp32", "a_amax_ptr": "*fp32", "b_amax_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
+ce = dict(stride_on=1, A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True, OUT_BF16=True,
+          BLOCK_M=G._DQ_EPI_TILE[0], BLOCK_N=G._DQ_EPI_TILE[1], EVEN=True)
+sig = {name: ptr_e.get(name, "constexpr" if name in ce else ("fp32" if name == "inv_e" else "i32")) for name in fn_e.arg_names}
+div16 = list(ptr_e) + ["M", "N", "stride_om"]
+src = triton.compiler.ASTSource(fn=fn_e, signature=sig, attrs={(fn_e.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16},
+                                constexprs={(fn_e.arg_names.index(k),): v for k, v in ce.items()})
+c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=G._DQ_EPI_TILE[2], enable_fp_fusion=False))
+assert len(c.asm["cubin"]) > 0 and "st.global.v4.b32" in c.asm["ptx"]  # 8 bf16 per 16-byte store
+print("ok dq epilogue")
 """
 
 
@@ -1002,7 +1023,7 @@ def test_compiles_for_sm90(tmp_path):
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("no ptxas on this machine")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ok") == 5 + len(G._HOPPER_DENSE["stream"]) + 1, proc.stdout
+    assert proc.stdout.count("ok") == 5 + len(G._HOPPER_DENSE["stream"]) + 1 + 2, proc.stdout
 
 
 # ------------------------------------------------------------------------------------ GPU tier
@@ -1097,7 +1118,11 @@ def test_gpu_stream_large(m, n):
 
 
 @pytest.mark.gpu
-def test_gpu_dequant_mm():
+@pytest.mark.parametrize("variant", G.DQ_MM_VARIANTS)
+def test_gpu_dequant_mm(variant, monkeypatch):
+    """The dequant path's table row, each variant and decoder: edge tiles (333 x 1000 x 1056), then whole
+    tiles (the new kernels' unmasked EVEN specialisation) with fp32 output, accumulate and a NaN scale."""
+    monkeypatch.setenv("NVFP4LAB_DQ_MM_VARIANT", variant)
     gen = torch.Generator().manual_seed(70)
     m, n, k = 333, 1000, 1056
     a = exact_operand(m, k, gen, amax="token", device="cuda")
@@ -1109,6 +1134,38 @@ def test_gpu_dequant_mm():
         out = poisoned((m, n), torch.bfloat16)
         G.run(a, b, out, bias=bias, config=rule, decode=decode)
         assert_equal(out, want)
+    m, n, k = 512, 1024, 2048
+    a = exact_operand(m, k, gen, scales=SCALES_SUBNORMAL + (0x38,), device="cuda")
+    b = exact_operand(n, k, gen, amax="token", device="cuda", layout="padded")
+    b.rowwise_scale[7, 5] = 0x7F
+    old = torch.randn(m, n, device="cuda")
+    want = old.clone()
+    gemm(a, b, "ref", bias=bias[:n], out=want, accumulate=True)
+    nan = torch.isnan(want)
+    assert nan[:, 7].all()
+    for decode in (0, 1):
+        got = old.clone()
+        G.run(a, b, got, bias=bias[:n], accumulate=True, config=rule, decode=decode)
+        assert torch.equal(torch.isnan(got), nan)
+        assert_equal(got[~nan], want[~nan])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_gpu_dq_expand_values(layout):
+    """The new expansion kernel alone on the GPU, both decoders, every E4M3 scale byte: bit for bit
+    against the reference decoders (natural order for DECODE=0, the PTX pair order for DECODE=1)."""
+    gen = torch.Generator().manual_seed(71)
+    rows, k = 1000, 4112  # neither a multiple of the tile
+    t = exact_operand(rows, k, gen, scales=tuple(range(256)), layout=layout, device="cuda")
+    want = _dq_expand_ref(t)
+    perm = (torch.arange(k).reshape(-1, 8)[:, _PTX_PAIR_ORDER]).reshape(-1).cuda()
+    for decode, order in ((0, torch.arange(k, device="cuda")), (1, perm)):
+        got = _dq_expand_run(t, decode)
+        w = want[:, order]
+        nan = torch.isnan(w)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan].view(torch.int16), w[~nan].view(torch.int16)), f"decode={decode}"
 
 
 @pytest.mark.gpu

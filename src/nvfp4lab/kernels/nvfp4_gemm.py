@@ -43,6 +43,17 @@ A. B's tiles are then plain loads that Triton pipelines into shared memory, whic
 asynchronously under A's decoding; when both operands are decoded in the loop, Triton waits for each
 MMA before decoding the next tile. The expansion costs O(N K) traffic against the GEMM's O(M N K).
 
+Dequant path (``GemmConfig.dequant_mm``, dense, large M: :func:`_launch_dequant_mm`): both operands are
+expanded to FP16 q * s (exact), cuBLAS multiplies them with fp32 accumulation and fp32 output, and an
+epilogue kernel applies alpha, bias and out_old (the same :func:`_epilogue`). ``NVFP4LAB_DQ_MM_VARIANT``
+(read at each launch; :data:`DQ_MM_VARIANTS`) picks its kernels: ``old`` (default) :func:`_expand_kernel`
+(the fused kernel's tiles and K permutation, zero-padded to its BLOCK_K) and :func:`_split_k_epilogue_kernel`
+with SPLIT_K=1; ``new`` :func:`_dq_expand_kernel` (bandwidth-tuned: no padding, K in natural order or the
+PTX decoder's pair order, which cuBLAS does not care about as long as both operands share it; row-major
+tiles, one 16-byte store per code word, :data:`DQ_EXPAND_ASM_TEXT`) and :func:`_dq_epilogue_kernel` (wide
+row-major tiles, no masks on whole tiles). Both give the same values (exact expansions, one epilogue);
+cuBLAS's fp32 sums see K in another order, which the golden tolerance allows (bitwise on exact operands).
+
 Weight stream (``GemmConfig.stream``, dense, chosen for M <= 64: :func:`_stream_kernel`): a decode GEMM
 is a read of B (N K / 2 bytes of codes + N K / 16 of scales) plus the decoding of every code, so the kernel
 is built around B. The product is formed as B A^T, so B's rows are the wgmma M side and its decoded
@@ -838,7 +849,7 @@ _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
 #   it; its last H200 us per GEMM, skinny vs stream: 1x14336x4096 33.0 vs 20.0, 16x14336 34.9 vs 21.4, 64x14336
 #   59.3 vs 39.1.
 # * M >= DEQUANT_MIN_M and M*N*K >= DEQUANT_MIN_MNK: expand both operands to FP16 + cuBLAS fp32-output GEMM +
-#   epilogue kernel: 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
+#   epilogue kernel (kernels: NVFP4LAB_DQ_MM_VARIANT, see DQ_MM_VARIANTS; these numbers are variant "old"): 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
 #   M=128 N=K=4096 135 vs 83 [291] TFLOP/s (cuBLAS BF16 in brackets): it beat the fused kernel at every M >= 128.
 _HOPPER_DENSE = dict(
     stream=((16, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
@@ -1120,12 +1131,15 @@ def _expand(data, sc, ss, c4, sw, rows, k, block_k, decode):
 #   "old": _expand_kernel (the fused kernel's K permutation per block_k tile, zero-padded to block_k) on
 #          64-row tiles, and _split_k_epilogue_kernel (SPLIT_K=1) on 64 x 128 tiles, 2-D grid.
 #   "new": _dq_expand_kernel (natural K order or the PTX decoder's pairs, no padding, row-major tiles,
-#          16-byte stores, 25 PTX instructions per 8 codes) and _dq_epilogue_kernel (the same _epilogue on
-#          wide row-major tiles). Same values: both are exact expansions, and the epilogue is the same code.
+#          16-byte stores; the decode is 27 sm_90 SASS instructions per 8 codes, 3.4 per code, and the whole
+#          kernel about 7.6 per code with addresses and scales, against a memory-bound budget of about 17 per
+#          code at 4.8 TB/s on 132 SMs) and _dq_epilogue_kernel (the same _epilogue on wide row-major
+#          tiles). Same values: both are exact expansions, and the epilogue is the same code.
+#   Not yet timed on a GPU (benchmarks/gemm.py --dq-parts); "old" stays the default until it is.
 # NVFP4LAB_DQ_EXPAND_TILE="RxKxW" / NVFP4LAB_DQ_EPI_TILE="MxNxW" override the new kernels' tiles (tuning).
 DQ_MM_VARIANTS = ("old", "new")
 DQ_MM_VARIANT = "old"
-_DQ_EXPAND_TILE = (32, 256, 4)  # rows, K, warps: 8 words (2 scale blocks) per thread and row-tile
+_DQ_EXPAND_TILE = (32, 256, 4)  # rows, K, warps: 8 words (4 scale blocks, 8 16-byte stores) per thread
 _DQ_EPI_TILE = (8, 512, 4)  # rows, columns, warps: 32 fp32 per thread, 2 KB contiguous per row
 _DQ_INTERPRET_EXPAND_TILE = (16, 64, 4)  # small, so that the tests hit every edge mask
 _DQ_INTERPRET_EPI_TILE = (16, 32, 4)
