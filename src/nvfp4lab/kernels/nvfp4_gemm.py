@@ -702,9 +702,11 @@ def _dq_expand_kernel(
     """Codes read as int32 words (rows, K/8) + E4M3 scales -> FP16 q * s (rows, K), exact, no padding.
 
     1-D grid, row-major over BLOCK_R x BLOCK_K tiles (neighbouring programs stream neighbouring bytes,
-    as a copy does). Words are loaded as [BLOCK_R, BLOCK_K/16, 2] (one scale block = 2 words held by one
-    thread), so a block's scale broadcasts inside the thread and each word's 8 decoded values are 16
-    contiguous output bytes (one 16-byte store). K order: DECODE=0 natural (code i of a word at position
+    as a copy does). Words are loaded as [BLOCK_R, BLOCK_K/16, 2] (a scale block's 2 words, one 8-byte
+    load); Triton then hands the words and scales to the store's layout through a small shared-memory
+    exchange (1/8 of the output bytes: the words, not the decoded values), where each thread decodes whole
+    words and stores each word's 8 values, 16 contiguous bytes, at once (checked in the sm_90 compile test:
+    st.global.v4). K order: DECODE=0 natural (code i of a word at position
     i); DECODE=1 (PTX) the pairs (i, i + 4) side by side, positions 0..7 of each word holding codes 0, 4,
     1, 5, 2, 6, 3, 7. cuBLAS needs no particular order, only the same one on both operands: both are
     expanded with the same DECODE in one call, and the permutation stays inside 8-aligned groups of K.
@@ -849,7 +851,8 @@ _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
 #   it; its last H200 us per GEMM, skinny vs stream: 1x14336x4096 33.0 vs 20.0, 16x14336 34.9 vs 21.4, 64x14336
 #   59.3 vs 39.1.
 # * M >= DEQUANT_MIN_M and M*N*K >= DEQUANT_MIN_MNK: expand both operands to FP16 + cuBLAS fp32-output GEMM +
-#   epilogue kernel (kernels: NVFP4LAB_DQ_MM_VARIANT, see DQ_MM_VARIANTS; these numbers are variant "old"): 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
+#   epilogue kernel (its kernels: NVFP4LAB_DQ_MM_VARIANT, see DQ_MM_VARIANTS; these numbers are variant "old"):
+#   8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
 #   M=128 N=K=4096 135 vs 83 [291] TFLOP/s (cuBLAS BF16 in brackets): it beat the fused kernel at every M >= 128.
 _HOPPER_DENSE = dict(
     stream=((16, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
