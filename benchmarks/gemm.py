@@ -6,9 +6,6 @@
     python benchmarks/gemm.py --variants      # M = 1/16/64, N = 4096/14336: stream-kernel variants, the fused
                                               # kernel's row and cuBLAS BF16 in one run, us and x cuBLAS (sets the
                                               # stream rows of _DENSE_RULES; compiles in a process pool first)
-    python benchmarks/gemm.py --dq-parts      # 8192^3 dequant path, NVFP4LAB_DQ_MM_VARIANT old vs new in one run:
-                                              # expansion of one operand, epilogue, whole GEMM, % of a D2D copy
-    python benchmarks/gemm.py --dq-parts --dq-variants old,new,new/16x512x4/4x1024x8   # + tile overrides
     python benchmarks/gemm.py --sweep         # also time candidate block configs (prints the best)
     python benchmarks/gemm.py --out res.json  # write every measurement as JSON
 
@@ -394,105 +391,6 @@ def stream_variants(gen, out_path=None, workers=8):
     return rows
 
 
-def _dq_variant_env(spec):
-    """'old' | 'new' | 'new/EXPAND/EPI' (tiles 'RxKxW' / 'MxNxW', '-' = default) -> environment overrides."""
-    parts = spec.split("/")
-    env = {"NVFP4LAB_DQ_MM_VARIANT": parts[0], "NVFP4LAB_DQ_EXPAND_TILE": "", "NVFP4LAB_DQ_EPI_TILE": ""}
-    if len(parts) > 1 and parts[1] != "-":
-        env["NVFP4LAB_DQ_EXPAND_TILE"] = parts[1]
-    if len(parts) > 2 and parts[2] != "-":
-        env["NVFP4LAB_DQ_EPI_TILE"] = parts[2]
-    return env
-
-
-def dq_parts(gen, specs=("old", "new"), size=8192, layout="swizzled", out_path=None):
-    """The dequant path (expand both operands to FP16, cuBLAS fp32-output GEMM, epilogue) at size^3 with
-    each NVFP4LAB_DQ_MM_VARIANT spec in one run: us for the expansion of one size x size operand, the
-    epilogue (per-tensor and per-token A amax, bf16 out), the cuBLAS GEMM alone and the whole GEMM; the
-    parts as % of a device-to-device copy of the same bytes (read + written), timed the same way here."""
-    m = n = k = size
-    dev = torch.device(DEVICE)
-    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
-    a = quantize(x, scale_layout=layout)
-    a_tok = quantize(x, scale_layout=layout, per_token=True)
-    b = quantize(w, scale_layout=layout)
-    del x, w
-    rule = G._DENSE_RULES[G._gpu_key(dev)]["dequant"]
-    decode = G.default_decode(dev)
-    b_sc, b_ss, b_c4, b_sw = G._scale_args(b.rowwise_scale, b.scale_layout, n, k)
-    acc = torch.randn(m, n, device=DEVICE, dtype=torch.float32, generator=gen)
-    out = torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16)
-    inv_e = G.gemm_inv(a.e4m3_max, b.e4m3_max)
-    flags = dict(A_AMAX_ROWS=False, B_AMAX_MODE=0, BIAS_MODE=0, ACCUMULATE=False, OUT_BF16=True)
-    a_amax, a_amax_tok, b_amax = (t.rowwise_amax.reshape(-1).float() for t in (a, a_tok, b))
-
-    copy_cache = {}
-
-    def copy_us(moved):
-        if moved not in copy_cache:
-            src = torch.empty(moved // 2, dtype=torch.uint8, device=DEVICE)
-            dst = torch.empty_like(src)
-            copy_cache[moved] = time_graph([lambda: dst.copy_(src)]) * 1e3
-            del src, dst
-        return copy_cache[moved]
-
-    a16 = torch.empty(m, k, device=DEVICE, dtype=torch.float16)
-    b16 = torch.empty(n, k, device=DEVICE, dtype=torch.float16)
-    mm_us = time_graph([lambda: torch.mm(a16, b16.t(), out_dtype=torch.float32)]) * 1e3
-    del a16, b16
-    code_bytes = n * k // 2 + b_sc.numel()
-    epi_bytes = m * n * (4 + 2)
-    rows, ref_out, saved = [], None, {key: os.environ.get(key) for key in _dq_variant_env("old")}
-    print(f"dq parts {m}x{n}x{k}, {layout} scales, decode={decode}, cuBLAS fp16 -> fp32 GEMM alone {mm_us:.1f} us "
-          f"({2.0 * m * n * k / mm_us / 1e6:.0f} TFLOP/s)", flush=True)
-    try:
-        for spec in specs:
-            os.environ.update(_dq_variant_env(spec))
-            new = G.dq_mm_variant() == "new"
-            if new:
-                expand = lambda: G._dq_expand(b.rowwise_data, b_sc, b_ss, b_c4, b_sw, n, k, decode)  # noqa: E731
-                epilogue = G._dq_epilogue
-            else:
-                expand = lambda: G._expand(b.rowwise_data, b_sc, b_ss, b_c4, b_sw, n, k, rule.block_k, decode)  # noqa: E731
-                epilogue = G._old_dq_epilogue
-            r = dict(spec=spec, m=m, n=n, k=k, mm_us=mm_us)
-            out_bytes = expand().numel() * 2
-            r["expand_us"] = time_graph([expand]) * 1e3
-            r["expand_copy_pct"] = 100 * copy_us(code_bytes + out_bytes) / r["expand_us"]
-            r["epilogue_us"] = time_graph([lambda: epilogue(acc, a_amax, b_amax, a_amax, out, flags, m, n, inv_e)]) * 1e3
-            r["epilogue_copy_pct"] = 100 * copy_us(epi_bytes) / r["epilogue_us"]
-            tok = dict(flags, A_AMAX_ROWS=True)
-            r["epilogue_tok_us"] = time_graph([lambda: epilogue(acc, a_amax_tok, b_amax, a_amax, out, tok, m, n, inv_e)]) * 1e3
-            r["gemm_us"] = time_graph([lambda: G.run(a, b, out, config=rule)]) * 1e3
-            r["gemm_tflops"] = 2.0 * m * n * k / r["gemm_us"] / 1e6
-            G.run(a, b, out, config=rule)
-            if ref_out is None:
-                ref_out = out.clone()
-            # Bitwise equality is not expected across variants: the expansions order K differently (old: the
-            # fused kernel's permutation per tile; new: natural / PTX pair order), so cuBLAS adds the same
-            # products in another order. Within the golden tolerance is.
-            r["same_as_first"] = bool(torch.equal(out.view(torch.int16), ref_out.view(torch.int16)))
-            r["close_to_first"] = _close(out, ref_out)
-            rows.append(r)
-            print(f"  {spec:<28} expand {r['expand_us']:7.1f} us ({r['expand_copy_pct']:5.1f}% of copy) | epilogue "
-                  f"{r['epilogue_us']:7.1f} us ({r['epilogue_copy_pct']:5.1f}% of copy; per-token A {r['epilogue_tok_us']:.1f}) | "
-                  f"GEMM {r['gemm_us']:7.1f} us ({r['gemm_tflops']:.0f} TFLOP/s; 2 expansions + mm + epilogue = "
-                  f"{2 * r['expand_us'] + mm_us + r['epilogue_us']:.1f}) | output vs the first spec: bitwise {r['same_as_first']}, "
-                  f"close {r['close_to_first']}",
-                  flush=True)
-    finally:
-        for key, v in saved.items():
-            if v is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = v
-    print(f"  copy of the same bytes: expansion {copy_us(code_bytes + out_bytes):.1f} us, epilogue {copy_us(epi_bytes):.1f} us")
-    if out_path:
-        Path(out_path).write_text(json.dumps(rows, indent=1))
-    return rows
-
-
 def dense_shapes(quick):
     if quick:
         return [(8192, 8192, 8192), (4096, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 14336, 4096),
@@ -536,11 +434,6 @@ def main(argv=None):
     parser.add_argument("--paths", action="store_true", help="compare the dense paths at M >= 128 (fused, dequant+cuBLAS)")
     parser.add_argument("--variants", action="store_true",
                         help="stream-kernel variants vs cuBLAS BF16 and the fused kernel at M = 1/16/64 (x times, us)")
-    parser.add_argument("--dq-parts", action="store_true",
-                        help="dequant path at 8192^3: expansion / epilogue / GEMM per NVFP4LAB_DQ_MM_VARIANT, %% of copy")
-    parser.add_argument("--dq-variants", type=str, default="old,new",
-                        help="for --dq-parts: comma list of old | new | new/EXPANDxTILE/EPIxTILE ('-' = default)")
-    parser.add_argument("--dq-size", type=int, default=8192, help="for --dq-parts: M = N = K")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gemm.py needs a CUDA GPU")
@@ -554,9 +447,6 @@ def main(argv=None):
         return
     if args.variants:
         stream_variants(gen, args.out)
-        return
-    if args.dq_parts:
-        dq_parts(gen, args.dq_variants.split(","), args.dq_size, out_path=args.out)
         return
     results = []
     shapes = dense_shapes(args.quick)

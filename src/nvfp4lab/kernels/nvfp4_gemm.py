@@ -43,17 +43,6 @@ A. B's tiles are then plain loads that Triton pipelines into shared memory, whic
 asynchronously under A's decoding; when both operands are decoded in the loop, Triton waits for each
 MMA before decoding the next tile. The expansion costs O(N K) traffic against the GEMM's O(M N K).
 
-Dequant path (``GemmConfig.dequant_mm``, dense, large M: :func:`_launch_dequant_mm`): both operands are
-expanded to FP16 q * s (exact), cuBLAS multiplies them with fp32 accumulation and fp32 output, and an
-epilogue kernel applies alpha, bias and out_old (the same :func:`_epilogue`). ``NVFP4LAB_DQ_MM_VARIANT``
-(read at each launch; :data:`DQ_MM_VARIANTS`) picks its kernels: ``old`` (default) :func:`_expand_kernel`
-(the fused kernel's tiles and K permutation, zero-padded to its BLOCK_K) and :func:`_split_k_epilogue_kernel`
-with SPLIT_K=1; ``new`` :func:`_dq_expand_kernel` (bandwidth-tuned: no padding, K in natural order or the
-PTX decoder's pair order, which cuBLAS does not care about as long as both operands share it; row-major
-tiles, one 16-byte store per code word, :data:`DQ_EXPAND_ASM_TEXT`) and :func:`_dq_epilogue_kernel` (wide
-row-major tiles, no masks on whole tiles). Both give the same values (exact expansions, one epilogue);
-cuBLAS's fp32 sums see K in another order, which the golden tolerance allows (bitwise on exact operands).
-
 Weight stream (``GemmConfig.stream``, dense, chosen for M <= 64: :func:`_stream_kernel`): a decode GEMM
 is a read of B (N K / 2 bytes of codes + N K / 16 of scales) plus the decoding of every code, so the kernel
 is built around B. The product is formed as B A^T, so B's rows are the wgmma M side and its decoded
@@ -669,132 +658,6 @@ def _expand_kernel(
     tl.store(out_ptr + rows_b[:, None] * stride_o + cols[None, :], val, mask=mask_r[:, None])
 
 
-# ------------------------------------------------- dequant path, variant "new" (NVFP4LAB_DQ_MM_VARIANT)
-# PTX for _dq_expand_kernel (DECODE=1), one invocation per FP16 pair: $1 = a code word shifted right by 4j
-# (so its codes j and j + 4 sit in nibbles 0 and 4), $2 = the FP16 block scale s; $0 = the FP16 pair
-# (code j, code j + 4) (low half, high half) of q * s. As STREAM_ASM_TEXT, the 3 magnitude bits go to FP16
-# bits 11..9 and the sign to bit 15, for both codes at once (they sit 16 bits apart): one shift for the
-# magnitudes, one for the signs, a bit-select lop3 (0xD8: a outside the sign bits, b on them) and a mask. That
-# reads as e2m1 * 2^-14 (0.5 lands on the subnormal 2^-15); * 2^14 gives e2m1 exactly (a normal number or
-# zero), and * s gives q * s, an FP16 normal or zero for every code and E4M3 scale, so the one rounding changes
-# nothing; NaN scales give NaN (0 * NaN included), as in the reference. No .ftz (2^-15 is a value). 8
-# instructions per pair with the shift that feeds $1 (32 per 8 codes). One result per invocation, from its
-# own operands only (pack=1): Triton may then place the asm in the store's layout (a thread's 4 pairs of a
-# word are its 16 contiguous output bytes), where a multi-result asm was left in the load's layout and its
-# outputs went through shared memory.
-DQ_EXPAND_ASM_TEXT = """
-{
-.reg .b32 a, b, m, s, c;
-mov.b32 s, {$2, $2};
-mov.b32 c, 0x74007400;
-shl.b32 a, $1, 9;
-shl.b32 b, $1, 12;
-lop3.b32 m, a, b, 0x80008000, 0xD8;
-and.b32 m, m, 0x8E008E00;
-mul.rn.f16x2 m, m, c;
-mul.rn.f16x2 $0, m, s;
-}
-"""
-_DQ_EXPAND_ASM = tl.constexpr(DQ_EXPAND_ASM_TEXT)
-
-
-@triton.jit
-def _dq_expand_kernel(
-    w_ptr, s_ptr, out_ptr,
-    rows, K, stride_w, stride_s, cols4, stride_o,
-    SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-):
-    """Codes read as int32 words (rows, K/8) + E4M3 scales -> FP16 q * s (rows, K), exact, no padding.
-
-    1-D grid, row-major over BLOCK_R x BLOCK_K tiles (neighbouring programs stream neighbouring bytes,
-    as a copy does). Words are loaded as [BLOCK_R, BLOCK_K/16, 2] (a scale block's 2 words, one 8-byte
-    load); Triton then hands the words and scales to the store's layout through a small shared-memory
-    exchange (1/8 of the output bytes: the words, not the decoded values), where each thread decodes whole
-    words and stores each word's 8 values, 16 contiguous bytes, at once (checked in the sm_90 compile test:
-    st.global.v4). K order: DECODE=0 natural (code i of a word at position
-    i); DECODE=1 (PTX) the pairs (i, i + 4) side by side, positions 0..7 of each word holding codes 0, 4,
-    1, 5, 2, 6, 3, 7. cuBLAS needs no particular order, only the same one on both operands: both are
-    expanded with the same DECODE in one call, and the permutation stays inside 8-aligned groups of K.
-    ``out_ptr`` is FP16 for DECODE=0 and the same buffer viewed as int32 (FP16 pairs) for DECODE=1;
-    ``stride_o`` is in those units."""
-    BLOCKS: tl.constexpr = BLOCK_K // 16
-    pid = tl.program_id(0)
-    col_tiles = tl.cdiv(K, BLOCK_K)
-    row0 = (pid // col_tiles).to(tl.int64) * BLOCK_R
-    blk0 = (pid % col_tiles) * BLOCKS
-    lr = tl.arange(0, BLOCK_R)
-    blk = blk0 + tl.arange(0, BLOCKS)
-    if EVEN:  # all-true masks (folded), so loads and stores keep their full vector width
-        row_ok = lr < BLOCK_R
-        blk_ok = blk >= 0
-    else:
-        row_ok = lr < rows - row0
-        blk_ok = blk < K // 16
-    ok = row_ok[:, None] & blk_ok[None, :]  # [R, BLOCKS]
-    w_off = lr[:, None, None] * stride_w + (blk * 2)[None, :, None] + tl.arange(0, 2)[None, None, :]
-    words = tl.load(w_ptr + row0 * stride_w + w_off, mask=ok[:, :, None], other=0)  # [R, BLOCKS, 2]
-    r_sc = tl.where(row_ok, row0 + lr, 0)  # padding rows read row 0 (any valid entry); never stored
-    sc = tl.load(s_ptr + _scale_offsets(r_sc, blk, stride_s, cols4, SWIZZLED), mask=ok, other=0)
-    s = _e4m3_to_f32(sc.to(tl.int32))  # exact, NaN for 0x7F / 0xFF; masked-off blocks: 0 * 0 = 0, never stored
-    if DECODE == 1:
-        j = tl.arange(0, 4)[None, None, None, :]  # pair j of a word: codes j, j + 4
-        # [R, BLOCKS, 2 words, 4 pairs]; the arithmetic shift's sign copies land above nibble 4, unused
-        x = words[:, :, :, None] >> (4 * j)
-        s16 = tl.broadcast_to(s.to(tl.float16)[:, :, None, None], (BLOCK_R, BLOCKS, 2, 4))  # exact, or NaN
-        v = tl.inline_asm_elementwise(_DQ_EXPAND_ASM, "=r,r,h", [x, s16], dtype=tl.int32, is_pure=True, pack=1)
-        v = tl.reshape(v, (BLOCK_R, BLOCK_K // 2))  # pair j of word u at int32 column 4u + j
-        cols = blk0 * 8 + tl.arange(0, BLOCK_K // 2)
-        col_ok = cols < K // 2
-    else:
-        # E2M1 by bit placement in fp32: magnitude at bits 24..22 reads as e2m1 * 2^-126 (0.5 on the
-        # subnormal 2^-127), times 2^126 exactly; then * s, exact (q * s needs 6 significant bits).
-        codes = (words[:, :, :, None] >> (tl.arange(0, 8) * 4)[None, None, None, :]) & 0xF  # [R, BLOCKS, 2, 8]
-        bits = ((codes & 7) << 22) | ((codes & 8) << 28)
-        q = bits.to(tl.float32, bitcast=True) * 8.507059173023462e37
-        v = tl.reshape((q * s[:, :, None, None]).to(tl.float16), (BLOCK_R, BLOCK_K))
-        cols = blk0 * 16 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-    if EVEN:
-        col_ok = cols >= 0
-    tl.store(out_ptr + row0 * stride_o + lr[:, None] * stride_o + cols[None, :], v,
-             mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def _dq_epilogue_kernel(
-    acc_ptr, a_amax_ptr, b_amax_ptr, bias_ptr, out_ptr,
-    M, N, stride_om, stride_on, inv_e,
-    A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr,
-    OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
-):
-    """The dequant path's epilogue over acc (M, N) fp32, contiguous: :func:`_epilogue` itself (the same
-    roundings), on wide row-major tiles (BLOCK_N a few hundred columns, 1-D grid with the column tile
-    fastest: programs running together stream contiguous memory, as a copy does; the old 64 x 128 tiles
-    on a 2-D grid with the row tile fastest had concurrent programs 64 rows apart), without masks when
-    the tiles divide (M, N), and acc read once with evict_first (it is dead after this pass)."""
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // n_tiles
-    pid_n = pid % n_tiles
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if EVEN:
-        mask_m = tl.arange(0, BLOCK_M) < BLOCK_M
-        mask_n = tl.arange(0, BLOCK_N) < BLOCK_N
-        rows_a = offs_m.to(tl.int64)
-        rows_b = offs_n.to(tl.int64)
-    else:
-        mask_m = offs_m < M
-        mask_n = offs_n < N
-        rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
-        rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
-    ptrs = acc_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    acc = tl.load(ptrs, mask=mask_m[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first")
-    _epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
-              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-              OUT_BF16, BLOCK_M, BLOCK_N)
-
-
 # ------------------------------------------------------------------------------ block-size table
 @dataclass(frozen=True)
 class GemmConfig:
@@ -856,8 +719,7 @@ _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
 #   it; its last H200 us per GEMM, skinny vs stream: 1x14336x4096 33.0 vs 20.0, 16x14336 34.9 vs 21.4, 64x14336
 #   59.3 vs 39.1.
 # * M >= DEQUANT_MIN_M and M*N*K >= DEQUANT_MIN_MNK: expand both operands to FP16 + cuBLAS fp32-output GEMM +
-#   epilogue kernel (its kernels: NVFP4LAB_DQ_MM_VARIANT, see DQ_MM_VARIANTS; these numbers are variant "old"):
-#   8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
+#   epilogue kernel: 8192^3 659 vs fused 533 [698]; 4096^3 612 vs 499 [729]; M=1024 N=K=4096 497 vs 255;
 #   M=128 N=K=4096 135 vs 83 [291] TFLOP/s (cuBLAS BF16 in brackets): it beat the fused kernel at every M >= 128.
 _HOPPER_DENSE = dict(
     stream=((16, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
@@ -1153,80 +1015,21 @@ def _expand(data, sc, ss, c4, sw, rows, k, block_k, decode):
     return buf
 
 
-# Dequant path (GemmConfig.dequant_mm) kernels, NVFP4LAB_DQ_MM_VARIANT overrides (read at each launch):
-#   "old": _expand_kernel (the fused kernel's K permutation per block_k tile, zero-padded to block_k) on
-#          64-row tiles, and _split_k_epilogue_kernel (SPLIT_K=1) on 64 x 128 tiles, 2-D grid.
-#   "new": _dq_expand_kernel (natural K order or the PTX decoder's pairs, no padding, row-major tiles,
-#          16-byte stores; the decode is 27 sm_90 SASS instructions per 8 codes, 3.4 per code, and the whole
-#          kernel about 7.6 per code with addresses and scales, against a memory-bound budget of about 17 per
-#          code at 4.8 TB/s on 132 SMs) and _dq_epilogue_kernel (the same _epilogue on wide row-major
-#          tiles). Same values: both are exact expansions, and the epilogue is the same code.
-#   Not yet timed on a GPU (benchmarks/gemm.py --dq-parts); "old" stays the default until it is.
-# NVFP4LAB_DQ_EXPAND_TILE="RxKxW" / NVFP4LAB_DQ_EPI_TILE="MxNxW" override the new kernels' tiles (tuning).
-DQ_MM_VARIANTS = ("old", "new")
-DQ_MM_VARIANT = "old"
-_DQ_EXPAND_TILE = (32, 256, 4)  # rows, K, warps: 8 words (4 scale blocks, 8 16-byte stores) per thread
-_DQ_EPI_TILE = (8, 512, 4)  # rows, columns, warps: 32 fp32 per thread, 2 KB contiguous per row
-_DQ_INTERPRET_EXPAND_TILE = (16, 64, 4)  # small, so that the tests hit every edge mask
-_DQ_INTERPRET_EPI_TILE = (16, 32, 4)
-
-
-def dq_mm_variant() -> str:
-    """The dequant path's kernels now: NVFP4LAB_DQ_MM_VARIANT, else ``DQ_MM_VARIANT``."""
-    v = os.environ.get("NVFP4LAB_DQ_MM_VARIANT", "") or DQ_MM_VARIANT
-    if v not in DQ_MM_VARIANTS:
-        raise ValueError(f"NVFP4LAB_DQ_MM_VARIANT={v!r}: expected one of {DQ_MM_VARIANTS}")
-    return v
-
-
-def _tile_env(name: str, default: tuple) -> tuple:
-    env = os.environ.get(name, "")
-    if not env:
-        return default
-    vals = tuple(int(x) for x in env.lower().split("x"))
-    if len(vals) != 3 or any(v <= 0 or v & (v - 1) for v in vals):
-        raise ValueError(f"{name}={env!r}: expected three powers of two 'AxBxW'")
-    return vals
-
-
-def _dq_tiles(device: torch.device):
-    gpu = device.type == "cuda" and not _interpreting()
-    return (_tile_env("NVFP4LAB_DQ_EXPAND_TILE", _DQ_EXPAND_TILE if gpu else _DQ_INTERPRET_EXPAND_TILE),
-            _tile_env("NVFP4LAB_DQ_EPI_TILE", _DQ_EPI_TILE if gpu else _DQ_INTERPRET_EPI_TILE))
-
-
-def _dq_expand(data, sc, ss, c4, sw, rows, k, decode):
-    """FP16 q * s (rows, k), exact, in _dq_expand_kernel's K order for ``decode`` (variant "new")."""
-    buf = torch.empty((rows, k), dtype=torch.float16, device=data.device)
-    if rows == 0 or k == 0:
-        return buf
-    (br, bk, warps), _ = _dq_tiles(data.device)
-    bk = max(16, min(bk, triton.next_power_of_2(k)))
-    br = max(1, min(br, triton.next_power_of_2(rows)))
-    words = _words(data)
-    out = buf.view(torch.int32) if decode == 1 else buf  # FP16 pairs: one int32 per pair
-    _dq_expand_kernel[(triton.cdiv(rows, br) * triton.cdiv(k, bk),)](
-        words, sc, out, rows, k, words.stride(0), ss, c4, out.stride(0),
-        SWIZZLED=sw, DECODE=decode, BLOCK_R=br, BLOCK_K=bk, EVEN=rows % br == 0 and k % bk == 0, num_warps=warps,
-    )
-    return buf
-
-
-def _dq_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
-    """Variant "new": _dq_epilogue_kernel over the fp32 acc (m, n)."""
-    _, (bm, bn, warps) = _dq_tiles(acc.device)
-    bn = max(16, min(bn, triton.next_power_of_2(n)))
-    bm = max(1, min(bm, triton.next_power_of_2(m)))
-    _dq_epilogue_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
-        acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e,
-        **flags, BLOCK_M=bm, BLOCK_N=bn, EVEN=m % bm == 0 and n % bn == 0, num_warps=warps,
-        enable_fp_fusion=False,  # alpha, bias and out_old are separate roundings, as in the reference
-    )
-    return out
-
-
-def _old_dq_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
-    """Variant "old": the split-K epilogue kernel with SPLIT_K=1."""
+def _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
+                       flags, m, n, k, inv_e, config, decode):
+    """Both operands expanded to FP16 q * s (exact; the same permutation of K within every block_k tile
+    on both sides, so the products pair up as in the definition), one cuBLAS GEMM with fp32 accumulation
+    and fp32 output, then the reference epilogue (alpha, bias, out_old, cast) in one pass. Temporaries:
+    2MK + 2NK bytes of FP16 (freed before the epilogue) and 4MN bytes of fp32."""
+    if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
+        decode = 0
+    a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
+    b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, n, k, config.block_k, decode)
+    if a16.is_cuda:
+        acc = torch.mm(a16, b16.t(), out_dtype=torch.float32)
+    else:  # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
+        acc = torch.mm(a16.float(), b16.float().t())
+    del a16, b16
     bm, bn, warps = (64, 128, 8) if out.is_cuda and not _interpreting() else (32, 32, 4)
     _split_k_epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e,
@@ -1235,70 +1038,41 @@ def _old_dq_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
     return out
 
 
-def _mm_f32(a16, b16):
-    """a16 @ b16^T with fp32 accumulation and fp32 output."""
-    if a16.is_cuda:
-        return torch.mm(a16, b16.t(), out_dtype=torch.float32)
-    return torch.mm(a16.float(), b16.float().t())  # CPU (interpreter tests): fp32 products of the exact values
-
-
-def _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
-                       flags, m, n, k, inv_e, config, decode):
-    """Both operands expanded to FP16 q * s (exact; the same permutation of K on both sides, so the
-    products pair up as in the definition), one cuBLAS GEMM with fp32 accumulation and fp32 output, then
-    the reference epilogue (alpha, bias, out_old, cast) in one pass. Temporaries: 2MK + 2NK bytes of FP16
-    (freed before the epilogue) and 4MN bytes of fp32. Kernels: :func:`dq_mm_variant`."""
-    if dq_mm_variant() == "new":
-        a16 = _dq_expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, decode)
-        b16 = _dq_expand(b_data, b_sc, b_ss, b_c4, b_sw, n, k, decode)
-        epilogue = _dq_epilogue
-    else:
-        if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
-            decode = 0
-        a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
-        b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, n, k, config.block_k, decode)
-        epilogue = _old_dq_epilogue
-    acc = _mm_f32(a16, b16)
-    del a16, b16
-    return epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e)
-
-
 def _launch_grouped_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
                                bias, out, b_mode, bias_mode, accumulate, splits, n, k, inv_e, config, decode):
     """Grouped GEMM with host split sizes: A (all experts' rows) and B (all experts' weights) expanded to
     FP16 once each, then per expert one cuBLAS fp32-output GEMM into its rows of a shared fp32 buffer
-    and the epilogue on those rows with the expert's amax and bias (the same numerics and kernels as
-    the dense dequant path, expert by expert). Launches: 2 + 2 per non-empty expert."""
+    and the epilogue kernel on those rows with the expert's amax and bias (the same numerics as the
+    dense dequant path, expert by expert). Launches: 2 + 2 per non-empty expert."""
     m = a_data.shape[0]
-    if dq_mm_variant() == "new":
-        a16 = _dq_expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, decode)
-        b16 = _dq_expand(b_data, b_sc, b_ss, b_c4, b_sw, b_data.shape[0], k, decode)
-        epilogue = _dq_epilogue
-    else:
-        if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
-            decode = 0
-        a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
-        b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, b_data.shape[0], k, config.block_k, decode)
-        epilogue = _old_dq_epilogue
+    if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
+        decode = 0
+    a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
+    b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, b_data.shape[0], k, config.block_k, decode)
     acc = torch.empty((m, n), dtype=torch.float32, device=a_data.device)
+    on_gpu = a16.is_cuda
+    bm, bn, warps = (64, 128, 8) if out.is_cuda and not _interpreting() else (32, 32, 4)
     a_rows = a_amax.numel() != 1
-    # the expert's amax and bias as a dense GEMM's: scalar or per-row B amax, (N,) bias
-    flags = dict(A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
-                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16)
     row = 0
     for e, m_e in enumerate(splits):
         r0, row = row, row + m_e
         if m_e == 0:
             continue
         b_e = b16[e * n:(e + 1) * n]
-        if a16.is_cuda:
+        if on_gpu:
             torch.mm(a16[r0:row], b_e.t(), out_dtype=torch.float32, out=acc[r0:row])
         else:  # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
             torch.mm(a16[r0:row].float(), b_e.float().t(), out=acc[r0:row])
+        # the expert's amax and bias as a dense GEMM's (scalar or per-row B amax, (N,) bias)
         b_amax_e = b_amax[e * n:(e + 1) * n] if b_mode == 2 else (b_amax[e:e + 1] if b_mode == 1 else b_amax)
         bias_e = bias if bias_mode == 1 else (bias[e] if bias_mode == 2 else a_amax)
-        epilogue(acc[r0:row], a_amax[r0:row] if a_rows else a_amax, b_amax_e, bias_e, out[r0:row], flags,
-                 m_e, n, inv_e)
+        _split_k_epilogue_kernel[(triton.cdiv(m_e, bm), triton.cdiv(n, bn))](
+            acc[r0:row], a_amax[r0:row] if a_rows else a_amax, b_amax_e, bias_e, out[r0:row],
+            m_e, n, out.stride(0), out.stride(1), inv_e,
+            SPLIT_K=1, A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
+            ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False,
+        )
     return out
 
 
