@@ -775,9 +775,9 @@ def test_pertoken_precompute_provided_amaxes(special, pt_precompute, monkeypatch
 
 def test_pt_precompute_switch_values(monkeypatch):
     monkeypatch.delenv("NVFP4LAB_PT_PRECOMPUTE", raising=False)
-    assert kq.pt_precompute() is (kq.PT_PRECOMPUTE == "1") and kq.PT_PRECOMPUTE == "0"  # opt-in
-    monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "1")
-    assert kq.pt_precompute()
+    assert kq.pt_precompute() is (kq.PT_PRECOMPUTE == "1") and kq.PT_PRECOMPUTE == "1"  # the default
+    monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "0")
+    assert not kq.pt_precompute()
     monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "yes")
     with pytest.raises(ValueError):
         kq.pt_precompute()

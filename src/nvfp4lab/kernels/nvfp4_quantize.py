@@ -4,8 +4,8 @@ Passes over x (M, K). Environment overrides, for tuning and comparison only: NVF
 "BMxBKxWARPS" (amax and generic cast tiles), NVFP4LAB_CAST16_TILE="BKxWARPS", NVFP4LAB_CAST16_MAXNREG
 (``cast16_launch_options``), NVFP4LAB_AMAX_STEPS (tiles per amax program), NVFP4LAB_QUANT_KERNEL=generic
 (no ``_cast16_kernel``), NVFP4LAB_CAST16_RHT=0 (RHT recipes on the generic kernel, see ``use_cast16``),
-NVFP4LAB_SR_VARIANT (``sr_variant``), NVFP4LAB_PT_PRECOMPUTE=1 (per-token global scales precomputed,
-see ``pt_precompute``; default 0).
+NVFP4LAB_SR_VARIANT (``sr_variant``), NVFP4LAB_PT_PRECOMPUTE=0 (per-token global scales computed in every
+tile instead of precomputed, see ``pt_precompute``; default 1).
 
 1. ``_amax_kernel``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
    column (K,), or per tensor of the bf16 RHT output; folded into zeroed fp32 buffers by ``atomic_max``
@@ -20,8 +20,8 @@ see ``pt_precompute``; default 0).
      for row+col (the generic kernel: 91; ``tools/sass_stats.py`` counts them without a GPU).
      Per token it computes S_enc, S_dec (two correct divisions) per row and column of each tile:
      48.0 instructions per element on the normal path (sm_90; H200 8192^2 row+col cast 219 us vs
-     191 per tensor). NVFP4LAB_PT_PRECOMPUTE=1 (opt-in, read at every launch; 40.8 instructions per
-     element, not yet timed) computes them once per row and column
+     191 per tensor). By default (NVFP4LAB_PT_PRECOMPUTE=1, read at every launch; 40.8 instructions
+     per element; H200 8192^2 row+col cast 196.7 us vs 220.0 us, same run) it computes them once per row and column
      instead, ``_pt_scales_kernel`` (a tiny launch over the (M,) and (K,) amaxes, grouped (n, K)
      included) writing (3, N) tables [amax, fl(S_enc * fl(1/6)), S_dec] that the cast loads (PT_PRE),
      bit for bit the same values; S_dec -1 marks an amax outside the normal range, so the tile's
@@ -1045,9 +1045,10 @@ def cast16_meta(rowwise, columnwise, block_2d, per_token, e4m3_max, stochastic_r
 # Per-token global scales of _cast16_kernel: "0" computes S_enc, S_dec from the row / column amax in
 # every program (two correctly rounded divisions per row and per column of each tile, the per-token
 # recipe's extra cost over per tensor); "1" has the launcher compute them once per row and column
-# (``_pt_scales_kernel``) for the cast to load (PT_PRE). Same bits either way. NVFP4LAB_PT_PRECOMPUTE
-# overrides, read at every launch.
-PT_PRECOMPUTE = "0"
+# (``_pt_scales_kernel``) for the cast to load (PT_PRE). Same bits either way. H200, 8192^2 bf16 row+col,
+# same run (benchmarks/quantize.py --variants): cast 220.0 -> 196.7 us, full op 267.4 -> 242.2 us (per
+# tensor: 235.7), so "1" is the default. NVFP4LAB_PT_PRECOMPUTE overrides, read at every launch.
+PT_PRECOMPUTE = "1"
 
 
 def pt_precompute() -> bool:
