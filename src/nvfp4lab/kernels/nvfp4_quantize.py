@@ -391,6 +391,16 @@ def _normal_range_pt(s_dec):
 
 
 @triton.jit
+def _pt_table_load(table_ptr, idx, n, ok):
+    """(fl(S_enc * fl(1/6)), S_dec, normal range?) of entries ``idx`` of a per-token table of length n
+    (planes 1 and 2; plane 0, the amax, only EXACT tiles read). Masked entries load S_dec 1, in
+    range, as ``_normal_range`` counts them (their amax loads as 0)."""
+    enc6 = tl.load(table_ptr + (idx + n), mask=ok, other=0.0)
+    s_dec = tl.load(table_ptr + ((idx + n) + n), mask=ok, other=1.0)
+    return enc6, s_dec, _normal_range_pt(s_dec)
+
+
+@triton.jit
 def _split_of(r, offsets_ptr, num_splits, STEPS: tl.constexpr):
     """Split of global row r (int64 tensor): the largest s < num_splits with offsets[s] <= r (so a
     zero-row split never owns a row), by binary lifting over the device offsets (2^STEPS >= num_splits)."""
@@ -841,11 +851,9 @@ def _cast16_kernel(
         else:
             rbytes = jj
         if PT_PRE:
-            # the tables' planes 1 and 2 (plane 0, the amax, only EXACT tiles read); masked rows
-            # load S_dec 1 as ``_normal_range`` counts them in range (their amax loads as 0)
-            row_enc6 = tl.load(row_amax_ptr + (rows + M), mask=row_ok, other=0.0)[:, None]
-            row_sdec = tl.load(row_amax_ptr + ((rows + M) + M), mask=row_ok, other=1.0)[:, None]
-            row_normal = _normal_range_pt(row_sdec)
+            row_enc6, row_sdec, row_normal = _pt_table_load(row_amax_ptr, rows, M, row_ok)
+            row_enc6 = row_enc6[:, None]
+            row_sdec = row_sdec[:, None]
         else:
             row_normal = _normal_range(outer)
         if row_normal:
@@ -928,9 +936,7 @@ def _cast16_kernel(
             else:
                 col_plane = K
                 col_idx = cols
-            col_enc6 = tl.load(col_amax_ptr + (col_idx + col_plane), mask=col_ok, other=0.0)
-            col_sdec = tl.load(col_amax_ptr + ((col_idx + col_plane) + col_plane), mask=col_ok, other=1.0)
-            col_normal = _normal_range_pt(col_sdec)
+            col_enc6, col_sdec, col_normal = _pt_table_load(col_amax_ptr, col_idx, col_plane, col_ok)
         else:
             col_normal = _normal_range(couter)
         if col_normal:
