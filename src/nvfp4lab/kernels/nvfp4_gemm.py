@@ -1015,21 +1015,25 @@ def _expand(data, sc, ss, c4, sw, rows, k, block_k, decode):
     return buf
 
 
-def _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
-                       flags, m, n, k, inv_e, config, decode):
-    """Both operands expanded to FP16 q * s (exact; the same permutation of K within every block_k tile
-    on both sides, so the products pair up as in the definition), one cuBLAS GEMM with fp32 accumulation
-    and fp32 output, then the reference epilogue (alpha, bias, out_old, cast) in one pass. Temporaries:
-    2MK + 2NK bytes of FP16 (freed before the epilogue) and 4MN bytes of fp32."""
+def _expand_both(a_data, a_sc, a_ss, a_c4, a_sw, b_data, b_sc, b_ss, b_c4, b_sw, k, config, decode):
+    """FP16 q * s of all rows of A and of B (the dequant paths' operands, same K permutation)."""
     if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
         decode = 0
-    a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
-    b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, n, k, config.block_k, decode)
+    a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, a_data.shape[0], k, config.block_k, decode)
+    b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, b_data.shape[0], k, config.block_k, decode)
+    return a16, b16
+
+
+def _mm_f32(a16, b16, out=None):
+    """a16 @ b16^T with fp32 accumulation and fp32 output (into ``out`` when given)."""
     if a16.is_cuda:
-        acc = torch.mm(a16, b16.t(), out_dtype=torch.float32)
-    else:  # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
-        acc = torch.mm(a16.float(), b16.float().t())
-    del a16, b16
+        return torch.mm(a16, b16.t(), out_dtype=torch.float32, out=out)
+    # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
+    return torch.mm(a16.float(), b16.float().t(), out=out)
+
+
+def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
+    """The reference epilogue (alpha, bias, out_old, cast) over an fp32 product (m, n), one pass."""
     bm, bn, warps = (64, 128, 8) if out.is_cuda and not _interpreting() else (32, 32, 4)
     _split_k_epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e,
@@ -1038,41 +1042,40 @@ def _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_s
     return out
 
 
+def _launch_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax, bias, out,
+                       flags, m, n, k, inv_e, config, decode):
+    """Both operands expanded to FP16 q * s (exact; the same permutation of K within every block_k tile
+    on both sides, so the products pair up as in the definition), one cuBLAS GEMM with fp32 accumulation
+    and fp32 output, then the reference epilogue (alpha, bias, out_old, cast) in one pass. Temporaries:
+    2MK + 2NK bytes of FP16 (freed before the epilogue) and 4MN bytes of fp32."""
+    a16, b16 = _expand_both(a_data, a_sc, a_ss, a_c4, a_sw, b_data, b_sc, b_ss, b_c4, b_sw, k, config, decode)
+    acc = _mm_f32(a16, b16)
+    del a16, b16
+    return _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e)
+
+
 def _launch_grouped_dequant_mm(a_data, a_sc, a_ss, a_c4, a_sw, a_amax, b_data, b_sc, b_ss, b_c4, b_sw, b_amax,
                                bias, out, b_mode, bias_mode, accumulate, splits, n, k, inv_e, config, decode):
     """Grouped GEMM with host split sizes: A (all experts' rows) and B (all experts' weights) expanded to
     FP16 once each, then per expert one cuBLAS fp32-output GEMM into its rows of a shared fp32 buffer
-    and the epilogue kernel on those rows with the expert's amax and bias (the same numerics as the
-    dense dequant path, expert by expert). Launches: 2 + 2 per non-empty expert."""
-    m = a_data.shape[0]
-    if decode == 1 and not _asm_fits(_EXPAND_ROWS, config.block_k, 4):
-        decode = 0
-    a16 = _expand(a_data, a_sc, a_ss, a_c4, a_sw, m, k, config.block_k, decode)
-    b16 = _expand(b_data, b_sc, b_ss, b_c4, b_sw, b_data.shape[0], k, config.block_k, decode)
-    acc = torch.empty((m, n), dtype=torch.float32, device=a_data.device)
-    on_gpu = a16.is_cuda
-    bm, bn, warps = (64, 128, 8) if out.is_cuda and not _interpreting() else (32, 32, 4)
+    and the epilogue on those rows with the expert's amax and bias (the dense dequant path, expert by
+    expert). Launches: 2 + 2 per non-empty expert."""
+    a16, b16 = _expand_both(a_data, a_sc, a_ss, a_c4, a_sw, b_data, b_sc, b_ss, b_c4, b_sw, k, config, decode)
+    acc = torch.empty((a_data.shape[0], n), dtype=torch.float32, device=a_data.device)
     a_rows = a_amax.numel() != 1
+    # each expert's amax and bias as a dense GEMM's: scalar or per-row B amax, (N,) bias
+    flags = dict(A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
+                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16)
     row = 0
     for e, m_e in enumerate(splits):
         r0, row = row, row + m_e
         if m_e == 0:
             continue
-        b_e = b16[e * n:(e + 1) * n]
-        if on_gpu:
-            torch.mm(a16[r0:row], b_e.t(), out_dtype=torch.float32, out=acc[r0:row])
-        else:  # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
-            torch.mm(a16[r0:row].float(), b_e.float().t(), out=acc[r0:row])
-        # the expert's amax and bias as a dense GEMM's (scalar or per-row B amax, (N,) bias)
+        _mm_f32(a16[r0:row], b16[e * n:(e + 1) * n], out=acc[r0:row])
         b_amax_e = b_amax[e * n:(e + 1) * n] if b_mode == 2 else (b_amax[e:e + 1] if b_mode == 1 else b_amax)
         bias_e = bias if bias_mode == 1 else (bias[e] if bias_mode == 2 else a_amax)
-        _split_k_epilogue_kernel[(triton.cdiv(m_e, bm), triton.cdiv(n, bn))](
-            acc[r0:row], a_amax[r0:row] if a_rows else a_amax, b_amax_e, bias_e, out[r0:row],
-            m_e, n, out.stride(0), out.stride(1), inv_e,
-            SPLIT_K=1, A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
-            ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16,
-            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False,
-        )
+        _dequant_epilogue(acc[r0:row], a_amax[r0:row] if a_rows else a_amax, b_amax_e, bias_e, out[r0:row], flags,
+                          m_e, n, inv_e)
     return out
 
 
