@@ -151,9 +151,48 @@ def test_rht_recipes_take_the_chosen_kernel(path, monkeypatch):
         monkeypatch.delenv("NVFP4LAB_CAST16_RHT", raising=False)  # the default
     else:
         monkeypatch.setenv("NVFP4LAB_CAST16_RHT", env)
+    monkeypatch.setenv("NVFP4LAB_CAST_SPLIT", "0")  # one launch for both copies (the default splits on cast16)
     launches = record_launches(monkeypatch, kq, kernel)
     test_matches_reference("rht-d7e8-rowcol", "48x80-bf16", monkeypatch)
     assert launches and all(call["RHT"] and call["RHT_MASK"] == 0xD7E8 for call in launches)
+
+
+SPLIT_CASES = {
+    "sr": dict(stochastic_rounding=True),
+    "rht-sr": dict(rht=True, stochastic_rounding=True),
+    "rht": dict(rht=True),
+    "pertoken-sr": dict(per_token=True, stochastic_rounding=True),
+    "pertoken": dict(per_token=True),
+    "16x16": dict(block="16x16"),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_split_cast_gives_the_same_bits(name, monkeypatch):
+    """A row+col cast as one launch or as a rowwise-only and a columnwise-only launch: identical outputs
+    (random bytes included: each copy's depend only on its own positions)."""
+    kwargs = dict(SPLIT_CASES[name], rowwise=True, columnwise=True)
+    x = make_input(kwargs, (48, 80), torch.bfloat16, seed=zlib.crc32(name.encode()) % 1000)
+    got = {}
+    for split in ("0", "1"):
+        monkeypatch.setenv("NVFP4LAB_CAST_SPLIT", split)
+        launches = record_launches(monkeypatch, kq, "_cast16_kernel")
+        got[split] = nvfp4lab.quantize_nvfp4(x, seed=77, backend="triton", **kwargs)
+        want = [(True, True)] if split == "0" else [(True, False), (False, True)]
+        assert [(call["ROWWISE"], call["COLWISE"]) for call in launches] == want
+    assert_same(got["1"], got["0"], name)
+
+
+def test_split_cast_default_rule(monkeypatch):
+    """By default row+col casts split exactly when SR or RHT is on (1x16 blocks, one tensor)."""
+    monkeypatch.delenv("NVFP4LAB_CAST_SPLIT", raising=False)
+    rule = kq.split_cast
+    assert rule(True, True, False, False, True, None, False) and rule(True, True, False, True, False, None, False)
+    assert not rule(True, True, False, False, False, None, False)  # plain / per-token: one launch
+    assert not rule(True, True, True, False, True, None, False)  # 16x16 blocks
+    assert not rule(True, False, False, True, True, None, False) and not rule(False, True, False, True, True, None, False)
+    assert not rule(True, True, False, False, True, None, True)  # the grouped cast
+    assert not rule(True, True, False, False, True, "mae", False)  # 4over6 runs the generic kernel
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -167,16 +206,20 @@ def test_generic_rht_matches_reference(name, case, monkeypatch):
                             for call in launches)
 
 
+@pytest.mark.parametrize("split", ["0", "auto"])
 @pytest.mark.parametrize("path", list(RHT_PATHS))
 @pytest.mark.usefixtures("sr_variant")
-def test_rht_special_values_and_sr_on_both_kernels(path, monkeypatch):
+def test_rht_special_values_and_sr_on_both_kernels(path, split, monkeypatch):
     env, kernel = RHT_PATHS[path]
     monkeypatch.setenv("NVFP4LAB_CAST16_RHT", env)
+    monkeypatch.setenv("NVFP4LAB_CAST_SPLIT", split)  # auto: cast16 row+col casts run as two launches
     launches = record_launches(monkeypatch, kq, kernel)
     test_special_values_rht()
     test_sr_rounds_to_a_neighbour_and_keeps_scales("rht")
     test_sr_mean_has_lower_error_than_rn("rht")
-    assert len(launches) >= 4 and all(call["RHT"] for call in launches)
+    col_launches = [call for call in launches if call["COLWISE"]]
+    assert len(col_launches) >= 4 and all(call["RHT"] for call in col_launches)
+    assert any(call["ROWWISE"] and call["COLWISE"] for call in launches) == (split == "0" or path == "generic")
 
 
 @pytest.mark.parametrize("kwargs", [
