@@ -557,6 +557,37 @@ def test_stream_ptx_decoder_in_kernel(emulated_asm, m, k, amax_a, amax_b, layout
         assert_equal(out, want)
 
 
+def test_stream_splits_rule():
+    """The computed K splits of the stream kernel: about ctas_per_sm programs per SM, never more than one
+    wave of max_resident programs per SM, at least split_min_k_tiles K tiles per split, every split
+    non-empty; an explicit split_k is taken as given (capped at the K tiles, rounded to non-empty splits)."""
+    def cdiv(a, b):
+        return -(-a // b)
+
+    def non_empty(s, k_tiles):
+        return cdiv(k_tiles, cdiv(k_tiles, s))
+
+    sms = 132
+    base = G.GemmConfig(64, 128, 128, 8, 4, 3, stream=True, split_k=0, ctas_per_sm=2)
+    for n, k in [(4096, 4096), (14336, 4096), (7168, 2048), (4096, 14336), (128, 128), (100000, 4096)]:
+        tiles, k_tiles = cdiv(n, 128), cdiv(k, 128)
+        free = G.stream_splits(base, 64, n, k, sms)
+        assert free == non_empty(max(1, min(k_tiles, cdiv(2 * sms, tiles))), k_tiles)
+        capped = G.stream_splits(dataclasses.replace(base, max_resident=2), 64, n, k, sms)
+        assert capped == non_empty(max(1, min(k_tiles, cdiv(2 * sms, tiles), 2 * sms // tiles)), k_tiles)
+        assert capped * tiles <= max(tiles, 2 * sms)  # one wave
+        long = G.stream_splits(dataclasses.replace(base, max_resident=2, split_min_k_tiles=8), 64, n, k, sms)
+        assert long <= capped and (long == 1 or k_tiles // long >= 8)
+        for s in (1, 3, 1000):
+            explicit = dataclasses.replace(base, split_k=s, max_resident=2, split_min_k_tiles=8)
+            assert G.stream_splits(explicit, 64, n, k, sms) == non_empty(min(s, k_tiles), k_tiles)
+    # the case that motivated the cap: 112 output tiles with 2 programs per SM: 3 splits start a second wave
+    assert G.stream_splits(base, 64, 14336, 4096, sms) == 3
+    assert G.stream_splits(dataclasses.replace(base, max_resident=2), 64, 14336, 4096, sms) == 2
+    row64 = next(cfg for max_m, cfg in G._DENSE_RULES["H200"]["stream"] if max_m == 64)
+    assert G.stream_splits(row64, 64, 14336, 4096, sms) * cdiv(14336, row64.block_n) <= row64.max_resident * sms
+
+
 @pytest.mark.parametrize("m", [5, 24, 40])  # one M per stream row of the dense rules (up to 16, 32, 64 rows)
 def test_stream_rule_rows_default_dispatch(m, monkeypatch):
     """The GPU's default path for few rows, run by the interpreter: nvfp4lab.nvfp4_gemm with no config,

@@ -679,6 +679,11 @@ class GemmConfig:
     stream: bool = False
     ctas_per_sm: int = 4
     a_pre: bool = False
+    # Stream kernel, computed splits only: at most max_resident programs per SM in all (the programs of
+    # this config that fit on an SM: more would start a second wave; 0 = no cap), and at least
+    # split_min_k_tiles K tiles per split (each split adds a BLOCK_M x BLOCK_N fp32 partial to reduce).
+    max_resident: int = 0
+    split_min_k_tiles: int = 1
 
 
 # Per GPU: (max M, config) rows, first match wins (M: rows per expert for grouped GEMMs). H100 and H200
@@ -713,8 +718,15 @@ _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
 #       64, 4096    12.1    25.2      16.9               -
 #       64, 14336   33.9    59.3      39.1               37.7 (64 x 128 tiles, 4 stages, 4 / SM)
 #   maxnreg=128 at 16 rows: 4 programs per SM without spills (Triton 3.6); 32 rows spill under that cap,
-#   so that row (not measured on a GPU) has none. At 64 rows a 64 x 256 tile with 2 stages keeps the
-#   pre-decoded A tiles (16 KB each) within shared memory for 2 programs per SM.
+#   so that row has none.
+#   Splits (eighth session, tools/stream_probe.py --splits: production calls over explicit K splits, us):
+#   each split adds a BLOCK_M x BLOCK_N fp32 partial that the tile's last program reads back, so at 32 and
+#   64 rows short splits cost more than they bring: split_min_k_tiles=8 (M=32, N=K=4096: 13.0 at 4 splits
+#   vs 14.2 at the previous 8). At 64 rows 128 x 128 tiles (217 registers: 2 programs per SM) with at most
+#   one wave of programs (max_resident=2): N, K = 4096, 4096: 15.1 vs 16.6 (previous row: 64 x 256
+#   tiles, 2 stages); 14336, 4096: 28.4 vs 38.1 (3 splits = 336 programs, two waves: 36.6); 7168, 2048:
+#   14.1 vs 14.8; 4096, 14336: 30.1 vs 34.9. At 16 rows the splits rule stayed (its best split was within
+#   0.6 us of it at every shape).
 # * the old skinny kernel (the previous M <= 64 path for N >= 8192) was removed after the stream kernel replaced
 #   it; its last H200 us per GEMM, skinny vs stream: 1x14336x4096 33.0 vs 20.0, 16x14336 34.9 vs 21.4, 64x14336
 #   59.3 vs 39.1.
@@ -723,8 +735,10 @@ _CONFIGS = {"H100": _HOPPER, "H200": _HOPPER, "default": _HOPPER}
 #   M=128 N=K=4096 135 vs 83 [291] TFLOP/s (cuBLAS BF16 in brackets): it beat the fused kernel at every M >= 128.
 _HOPPER_DENSE = dict(
     stream=((16, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
-            (32, GemmConfig(32, 128, 128, 8, 4, 3, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
-            (64, GemmConfig(64, 64, 256, 8, 4, 2, stream=True, a_pre=True, split_k=0, ctas_per_sm=2))),
+            (32, GemmConfig(32, 128, 128, 8, 4, 3, stream=True, a_pre=True, split_k=0, ctas_per_sm=2,
+                            split_min_k_tiles=8)),
+            (64, GemmConfig(64, 128, 128, 8, 4, 3, stream=True, a_pre=True, split_k=0, ctas_per_sm=2, max_resident=2,
+                            split_min_k_tiles=8))),
     dequant_min_m=128,
     dequant_min_mnk=1 << 30,
     dequant=GemmConfig(128, 128, 128, 8, 4, 1, dequant_mm=True),
@@ -771,13 +785,17 @@ def stream_block_m(m: int) -> int:
 
 
 def stream_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
-    """K splits for the stream kernel: about ``ctas_per_sm`` programs per SM (``split_k`` when
-    positive), every split non-empty."""
+    """K splits for the stream kernel: about ``ctas_per_sm`` programs per SM, within one wave of
+    ``max_resident`` per SM and with ``split_min_k_tiles`` K tiles per split (``split_k`` when positive),
+    every split non-empty."""
     k_tiles = triton.cdiv(k, cfg.block_k)
     split = cfg.split_k
     if split <= 0:
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         split = triton.cdiv(cfg.ctas_per_sm * num_sms, tiles)
+        if cfg.max_resident > 0:
+            split = min(split, cfg.max_resident * num_sms // tiles)
+        split = min(split, k_tiles // cfg.split_min_k_tiles)
     split = max(1, min(split, k_tiles))
     return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
 
