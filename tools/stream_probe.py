@@ -8,8 +8,11 @@ each program stores its own partial, no split-K reduction, no epilogue, A read p
     mma       load + the MMA on a stand-in operand made from the words without decoding (2 ops per word)
     full      load + decode + MMA: the production loop
 
-    python tools/stream_probe.py            # GPU, the issue-6 decode shapes
+    python tools/stream_probe.py            # GPU, the issue-6 decode shapes: the table above
+    python tools/stream_probe.py --shapes 16x4096x4096 --sweep 128x128x4x3x2x128,...   # other tiles, same modes
+    python tools/stream_probe.py --shapes 64x14336x4096 --splits ""   # production calls over explicit K splits
     python tools/stream_probe.py --smoke    # CPU interpreter: the probe's "full" partials equal the reference
+Results: benchmarks/RESULTS.md, eighth session.
 """
 import argparse
 import os
