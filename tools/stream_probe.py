@@ -39,11 +39,7 @@ def _probe_kernel(a_ptr, b_ptr, b_scale_ptr, ws_ptr, M, N, K, per_split, stride_
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BK: tl.constexpr = 128 * V
-    r = tl.arange(0, BLOCK_N)
-    G16: tl.constexpr = 16 * WARPS
-    r_mma = (r // G16) * G16 + ((r // 8) % WARPS) * 16 + ((r // (8 * WARPS)) % 2) * 8 + r % 8
-    offs_n = pid_n * BLOCK_N + r_mma
-    rows_b = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    rows_b = G._stream_rows(pid_n, N, BLOCK_N, WARPS)
     offs_m = tl.arange(0, BLOCK_M)
     k_first = pid_k * per_split
     k_last = tl.minimum(k_first + per_split, tl.cdiv(K, BK))
@@ -68,8 +64,7 @@ def _probe_kernel(a_ptr, b_ptr, b_scale_ptr, ws_ptr, M, N, K, per_split, stride_
                     b_val = tl.reshape(tl.permute(fake, (0, 2, 5, 4, 1, 3)), (BLOCK_N, 128))
                 else:
                     b_val = G._stream_decode(b_w, b_sc, BLOCK_N, DECODE)
-                b_val = tl.reshape(tl.permute(tl.reshape(b_val, (BLOCK_N // G16, 2, WARPS, 8, 128)), (0, 2, 1, 3, 4)),
-                                   (BLOCK_N, 128))
+                b_val = G._stream_rows_back(b_val, BLOCK_N, WARPS)
                 acc = tl.dot(b_val, tl.trans(a_val), acc)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N

@@ -521,6 +521,26 @@ def _stream_load(w_ptr, scale_ptr, rows, kk, stride_w, stride_s, cols4, K,
 
 
 @triton.jit
+def _stream_rows(pid_n, N, BLOCK_N: tl.constexpr, WARPS: tl.constexpr):
+    """The B rows (int64 [BLOCK_N]) that output tile ``pid_n`` loads, in load order: tile row r is read
+    from B row r_mma(r), because the load's blocked layout gives row r = (rep, warp w, lane row g) to a
+    thread and the MMA layout wants that thread to hold the rows (R, w, h, g). Padding rows read row 0
+    (never stored). :func:`_stream_rows_back` restores the tile order of the decoded values."""
+    r = tl.arange(0, BLOCK_N)
+    G16: tl.constexpr = 16 * WARPS
+    r_mma = (r // G16) * G16 + ((r // 8) % WARPS) * 16 + ((r // (8 * WARPS)) % 2) * 8 + r % 8
+    offs_n = pid_n * BLOCK_N + r_mma
+    return tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+
+
+@triton.jit
+def _stream_rows_back(b_val, BLOCK_N: tl.constexpr, WARPS: tl.constexpr):
+    """[BLOCK_N, 128] values loaded in :func:`_stream_rows` order -> tile row order (register renaming only)."""
+    G16: tl.constexpr = 16 * WARPS
+    return tl.reshape(tl.permute(tl.reshape(b_val, (BLOCK_N // G16, 2, WARPS, 8, 128)), (0, 2, 1, 3, 4)), (BLOCK_N, 128))
+
+
+@triton.jit
 def _stream_kernel(
     a_ptr, a_scale_ptr, a_amax_ptr,
     b_ptr, b_scale_ptr, b_amax_ptr,
@@ -548,13 +568,7 @@ def _stream_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BK: tl.constexpr = 128 * V
-    # Tile row r is read from B row r_mma(r): the load's blocked layout gives row r = (rep, warp w,
-    # lane row g) to a thread, and the MMA layout wants that thread to hold the rows (R, w, h, g).
-    r = tl.arange(0, BLOCK_N)
-    G16: tl.constexpr = 16 * WARPS
-    r_mma = (r // G16) * G16 + ((r // 8) % WARPS) * 16 + ((r // (8 * WARPS)) % 2) * 8 + r % 8
-    offs_n = pid_n * BLOCK_N + r_mma
-    rows_b = tl.where(offs_n < N, offs_n, 0).to(tl.int64)  # padding rows read row 0; never stored
+    rows_b = _stream_rows(pid_n, N, BLOCK_N, WARPS)
     pid_m = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_a = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
@@ -574,9 +588,7 @@ def _stream_kernel(
                                          A_SWIZZLED, EVEN_K, BLOCK_M)
             b_w, b_sc = _stream_load(b_ptr, b_scale_ptr, rows_b, kk, stride_b, stride_bs, b_cols4, K,
                                      B_SWIZZLED, EVEN_K, BLOCK_N)
-            b_val = _stream_decode(b_w, b_sc, BLOCK_N, DECODE)
-            b_val = tl.reshape(tl.permute(tl.reshape(b_val, (BLOCK_N // G16, 2, WARPS, 8, 128)), (0, 2, 1, 3, 4)),
-                               (BLOCK_N, 128))  # rows back to r_mma order
+            b_val = _stream_rows_back(_stream_decode(b_w, b_sc, BLOCK_N, DECODE), BLOCK_N, WARPS)
             if not A_PRE:
                 a_val = _stream_decode(a_w, a_sc, BLOCK_M, DECODE)
             acc = tl.dot(b_val, tl.trans(a_val), acc)
