@@ -54,7 +54,8 @@ this so; no shuffles or shared memory on the way). A (at most 64 rows) is decode
 Codes are decoded by bit placement as e2m1 * 2^-14 (exact in FP16 with the scale applied); the fp32 sums
 are multiplied by 2^28 before the epilogue (exact). Words and scales are loaded through Triton's
 cp.async pipeline (``num_stages``), ``block_k / 128`` sub-tiles per stage. K is split over programs for
-about ``ctas_per_sm`` programs per SM; the last program of an output tile to arrive (a counter per tile,
+about ``ctas_per_sm`` programs per SM (:func:`stream_splits`: within one wave of ``max_resident`` and with at
+least ``split_min_k_tiles`` K tiles per split); the last program of an output tile to arrive (a counter per tile,
 reset by that program, so no memset per call) sums the fp32 partials in a fixed order and runs the
 epilogue: one launch for the GEMM (two with ``a_pre``).
 
