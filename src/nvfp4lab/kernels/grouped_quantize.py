@@ -11,7 +11,7 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
   row maxima per split by a segmented scan and one ``atomic_max`` per split on the int32 view of
   zeroed fp32 buffers (same NaN handling as the single pass). Per-token row amaxes are per row, as in the single pass; per-token column amaxes are
   (n, K). It also writes the split of every 16-row group (int32 (cdiv(M, 16),)) for the cast.
-* the cast is the single op's cast kernel (``launch_cast``) with GROUPED=True: outer amaxes gathered
+* the cast is the single op's cast (``nvfp4_quantize_details.cast.launch_cast``) with GROUPED=True: outer amaxes gathered
   per 16-row group through that split table (rowwise-only splits, of any size, search the offsets per
   row), columnwise blocks written into the bulk layout of
   :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`. Same device functions as the single op, so every split
@@ -28,8 +28,10 @@ import triton.language as tl
 
 from ..config import NVFP4QuantConfig
 from ..tensors import GroupedNVFP4Tensor
-from . import nvfp4_quantize as kq
-from .nvfp4_quantize import _abs_bits, _load_rows, _program_columns, _rht_tile, _split_of
+from .nvfp4_quantize_details import opt_flags
+from .nvfp4_quantize_details.cast import FOUR_OVER_SIX_CODES, draw_seed, launch_cast, uninitialized
+from .nvfp4_quantize_details.common import abs_bits, load_rows, program_columns, split_of
+from .nvfp4_quantize_details.rht import rht_tile
 
 # amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output
 G_NONE, G_SPLIT, G_PER_TOKEN, G_SPLIT_RHT = 0, 1, 2, 3
@@ -88,26 +90,26 @@ def _grouped_amax_kernel(
     across the tiles and folded once, as in the single pass; otherwise each tile takes the row maxima's
     running max per split (a segmented scan) and issues one atomic per split it covers.
     """
-    pid_m, pid_k, cols, col_ok = _program_columns(K, BLOCK_K)
+    pid_m, pid_k, cols, col_ok = program_columns(K, BLOCK_K)
     first_row = (pid_m * STEPS_M * BLOCK_M).to(tl.int64)
     last_row = tl.minimum(first_row + STEPS_M * BLOCK_M, M) - 1
-    s_lo = _split_of(first_row, offsets_ptr, num_splits, SPLIT_STEPS)
-    s_hi = _split_of(last_row, offsets_ptr, num_splits, SPLIT_STEPS)
+    s_lo = split_of(first_row, offsets_ptr, num_splits, SPLIT_STEPS)
+    s_hi = split_of(last_row, offsets_ptr, num_splits, SPLIT_STEPS)
     PER_SPLIT: tl.constexpr = (ROW_MODE == 1) or (COL_MODE == 1)
     if s_lo == s_hi:
         t = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
         t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok, xf = _load_rows(x_ptr, rows, cols, col_ok, M, K)
-            abs_bits = _abs_bits(xf)
+            row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+            mag = abs_bits(xf)  # |x| bits
             if PER_SPLIT or COL_MODE == 2:
-                t = tl.maximum(t, abs_bits)
+                t = tl.maximum(t, mag)
             if ROW_MODE == 2:
-                tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(abs_bits, axis=1)), mask=row_ok, sem="relaxed")
+                tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(mag, axis=1)), mask=row_ok, sem="relaxed")
             if COL_MODE == 3:
-                y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
-                t_rht = tl.maximum(t_rht, _abs_bits(y))
+                y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+                t_rht = tl.maximum(t_rht, abs_bits(y))
             if pid_k == 0:
                 tl.store(group_split_ptr + rows // 16, (tl.zeros_like(rows) + s_lo).to(tl.int32), mask=row_ok & (rows % 16 == 0))
         if PER_SPLIT:
@@ -123,24 +125,24 @@ def _grouped_amax_kernel(
     else:
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok, xf = _load_rows(x_ptr, rows, cols, col_ok, M, K)
-            abs_bits = _abs_bits(xf)
+            row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+            mag = abs_bits(xf)  # |x| bits
             split = _split_in_range(rows, offsets_ptr, s_lo, s_hi)
             if PER_SPLIT:
-                _fold_rows_per_split(row_amax_ptr, col_amax_ptr, _canonical_nan(tl.max(abs_bits, axis=1)), rows, split,
+                _fold_rows_per_split(row_amax_ptr, col_amax_ptr, _canonical_nan(tl.max(mag, axis=1)), rows, split,
                                      row_ok, offsets_ptr, s_lo, s_hi, ROW_MODE == 1, COL_MODE == 1)
             if ROW_MODE == 2:
-                tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(abs_bits, axis=1)), mask=row_ok, sem="relaxed")
+                tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(mag, axis=1)), mask=row_ok, sem="relaxed")
             if COL_MODE == 2:
                 tile_lo = tl.min(tl.where(row_ok, split, num_splits), axis=0)
                 tile_hi = tl.max(tl.where(row_ok, split, 0), axis=0)
                 for s in range(tile_lo, tile_hi + 1):
-                    c = tl.max(tl.where((row_ok & (split == s))[:, None], abs_bits, 0), axis=0)
+                    c = tl.max(tl.where((row_ok & (split == s))[:, None], mag, 0), axis=0)
                     tl.atomic_max(col_amax_ptr + s * K + cols, _canonical_nan(c), mask=col_ok, sem="relaxed")
             if COL_MODE == 3:
                 # 16-row groups never straddle splits here (splits are multiples of 16 for columnwise output)
-                y = _rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
-                _fold_rows_per_split(col_amax_ptr, col_amax_ptr, _canonical_nan(tl.max(_abs_bits(y), axis=1)), rows, split,
+                y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+                _fold_rows_per_split(col_amax_ptr, col_amax_ptr, _canonical_nan(tl.max(abs_bits(y), axis=1)), rows, split,
                                      row_ok, offsets_ptr, s_lo, s_hi, False, True)
             if pid_k == 0:
                 tl.store(group_split_ptr + rows // 16, split.to(tl.int32), mask=row_ok & (rows % 16 == 0))
@@ -157,37 +159,46 @@ def _amax_shapes(m, k, n, row_mode, col_mode):
 
 
 @torch.library.custom_op("nvfp4lab::nvfp4_grouped_amax", mutates_args=())
-def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode: int,
-                       rht_sign_mask: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int,
+                       block_m: int = 0, block_k: int = 0, num_warps: int = 0,
+                       poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-split outer amaxes of x (M, K) split at the device int64 offsets (n + 1,), and the int32
-    split of each 16-row group's first row (cdiv(M, 16),), which the cast pass takes."""
+    split of each 16-row group's first row (cdiv(M, 16),), which the cast pass takes. block_m,
+    block_k, num_warps: an explicit tile (0: opt_flags' choice); poison: the group splits start as -1."""
     m, k = x.shape
     n = offsets.numel() - 1
     row_shape, col_shape = _amax_shapes(m, k, n, row_mode, col_mode)
     row_amax = torch.zeros(row_shape, dtype=torch.float32, device=x.device)
     col_amax = torch.zeros(col_shape, dtype=torch.float32, device=x.device)
     group_split = torch.empty(triton.cdiv(m, 16), dtype=torch.int32, device=x.device)
-    if kq.POISON_OUTPUTS:
+    if poison:
         group_split.fill_(-1)
     if x.numel() == 0:
         return row_amax, col_amax, group_split
-    kind = "amax-rht" if col_mode == G_SPLIT_RHT else ("amax-pertoken" if G_PER_TOKEN in (row_mode, col_mode) else "amax")
-    bm, bk, warps = kq._tile(m, k, rht=col_mode == G_SPLIT_RHT, four_over_six=False, kind=kind)
-    steps = kq.amax_steps(m, bm, per_token=G_PER_TOKEN in (row_mode, col_mode))
-    grid = (triton.cdiv(m, bm * steps) * triton.cdiv(k, bk),)
+    per_token = G_PER_TOKEN in (row_mode, col_mode)
+    bm, bk, warps = opt_flags.amax_tile(m, k, rht=col_mode == G_SPLIT_RHT, per_token=per_token, block_m=block_m,
+                                        block_k=block_k, num_warps=num_warps)
+    meta = dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk,
+                DOT_BF16=not opt_flags.interpreting(), SPLIT_STEPS=_split_steps(n),
+                STEPS_M=opt_flags.amax_steps(m, bm, per_token=per_token), num_warps=warps)
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
     col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
-    _grouped_amax_kernel[grid](
-        x, row_view, col_view, offsets, group_split, n, m, k,
-        ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask,
-        BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not kq._interpreting(), SPLIT_STEPS=_split_steps(n), STEPS_M=steps,
-        num_warps=warps, enable_fp_fusion=False,
-    )
+    launch_grouped_amax(x, row_view, col_view, offsets, group_split, opt_flags.amax_grid(m, k, meta), meta)
     return row_amax, col_amax, group_split
 
 
+def launch_grouped_amax(x, row_view, col_view, offsets, group_split, grid, meta: dict) -> None:
+    """The one launch of ``_grouped_amax_kernel``: x (M, K), the int32 views of the zeroed amax buffers
+    (an absent one gets the other's view, never touched), the device offsets, the group-split output,
+    the grid and the constexprs / num_warps built in ``nvfp4_grouped_amax``."""
+    m, k = x.shape
+    _grouped_amax_kernel[grid](x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k, **meta,
+                               enable_fp_fusion=False)
+
+
 @nvfp4_grouped_amax.register_fake
-def _nvfp4_grouped_amax_fake(x, offsets, row_mode, col_mode, rht_sign_mask):
+def _nvfp4_grouped_amax_fake(x, offsets, row_mode, col_mode, rht_sign_mask, block_m=0, block_k=0, num_warps=0,
+                             poison=False):
     m, k = x.shape
     row_shape, col_shape = _amax_shapes(m, k, offsets.shape[0] - 1, row_mode, col_mode)
     return (x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32),
@@ -204,25 +215,29 @@ def nvfp4_grouped_quantize_cast(
     x: torch.Tensor, offsets: torch.Tensor, group_split: torch.Tensor, row_amax: Optional[torch.Tensor], col_amax: Optional[torch.Tensor],
     seed_tensor: Optional[torch.Tensor], seed: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
     rht_sign_mask: int, four_over_six: int, e4m3_max: float, stochastic_rounding: bool,
+    block_m: int = 0, block_k: int = 0, num_warps: int = 0, poison: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cast pass of the grouped quantize into the bulk buffers (compact scales); absent outputs are (0,).
-    group_split: the amax pass's split of each 16-row group."""
+    group_split: the amax pass's split of each 16-row group. block_m, block_k, num_warps: an explicit
+    tile (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them."""
     m, k = x.shape
     n = offsets.numel() - 1
     shapes = _cast_shapes(m, k, rowwise, columnwise)
     # every byte of a present buffer belongs to a row of some split, and every row is written
-    row_data, row_scale, col_data, col_scale = (kq._uninitialized(s, x.device) for s in shapes)
+    row_data, row_scale, col_data, col_scale = (uninitialized(s, x.device, poison) for s in shapes)
     if x.numel() == 0:
         return row_data, row_scale, col_data, col_scale
-    kq.launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
-                   columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-                   "compact", offsets=offsets, num_splits=n, split_steps=_split_steps(n), group_split=group_split)
+    launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
+                columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
+                "compact", offsets=offsets, num_splits=n, split_steps=_split_steps(n), group_split=group_split,
+                block_m=block_m, block_k=block_k, num_warps=num_warps)
     return row_data, row_scale, col_data, col_scale
 
 
 @nvfp4_grouped_quantize_cast.register_fake
 def _nvfp4_grouped_quantize_cast_fake(x, offsets, group_split, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d,
-                                      per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding):
+                                      per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
+                                      block_m=0, block_k=0, num_warps=0, poison=False):
     m, k = x.shape
     return tuple(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise))
 
@@ -234,13 +249,18 @@ def quantize_grouped(
     *,
     seed: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
+    block_m: int = 0,
+    block_k: int = 0,
+    num_warps: int = 0,
+    poison: bool = False,
 ) -> GroupedNVFP4Tensor:
     """Quantize the splits [split_offsets[i], split_offsets[i+1]) of x2d (M, K) rows, each alone.
 
     split_offsets: int64 (n + 1,) on x2d's device, nondecreasing from 0 to M (not checked: no host
     sync). Each split must be a multiple of 16 rows when a columnwise or 16x16 output is asked.
     Compact scales. Stochastic rounding: ``seed`` (int) or an int64 seed drawn on the device from
-    ``generator`` (read by the kernel).
+    ``generator`` (read by the kernel). block_m, block_k, num_warps: the tile of every kernel of this
+    call (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them (tests).
     """
     if config.scale_layout != "compact":
         raise ValueError("grouped bulk buffers hold compact scales")
@@ -253,19 +273,21 @@ def quantize_grouped(
     if config.columnwise:
         col_mode = G_SPLIT_RHT if config.rht else (G_PER_TOKEN if config.per_token else G_SPLIT)
     rht_mask = config.rht_sign_mask if config.rht else 0
-    row_amax, col_amax, group_split = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode, rht_mask)
+    tile = dict(block_m=block_m, block_k=block_k, num_warps=num_warps)
+    row_amax, col_amax, group_split = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode, rht_mask, **tile,
+                                                         poison=poison)
 
     seed_tensor, seed_int = None, 0
     if config.stochastic_rounding:
         if seed is not None:
             seed_int = int(seed) % (1 << 63)
         else:
-            seed_tensor = kq.draw_seed(x2d.device, generator)
+            seed_tensor = draw_seed(x2d.device, generator)
     row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize_cast(
         x2d, offsets, group_split, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
         seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
-        config.rht_sign_mask if config.rht else -1, kq._FOUR_OVER_SIX_CODES[config.four_over_six],
-        config.e4m3_max, config.stochastic_rounding,
+        config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
+        config.e4m3_max, config.stochastic_rounding, **tile, poison=poison,
     )
     out = GroupedNVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config, split_offsets=offsets)
     if config.rowwise:

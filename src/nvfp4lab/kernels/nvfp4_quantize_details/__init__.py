@@ -1,0 +1,13 @@
+"""Internals of :mod:`nvfp4lab.kernels.nvfp4_quantize` and :mod:`nvfp4lab.kernels.grouped_quantize`, one
+module per kernel, each exporting public names:
+
+* ``common``: device helpers (global scales, correctly rounded division, normal-range test, packing,
+  scale layouts, split search, tile loads);
+* ``rht``, ``stochastic_rounding``: the RHT and the SR random bytes / rounding rule;
+* ``amax``: ``amax_kernel`` (outer amaxes) and its launcher;
+* ``pt_scales``: ``pt_scales_kernel`` (per-token global-scale tables) and its launcher;
+* ``cast16``: ``cast16_kernel``, the cast of every recipe without 4over6, and its launcher;
+* ``four_over_six``: ``four_over_six_kernel``, the 4over6 cast, and its launcher;
+* ``opt_flags``: every launch choice (tiles, warps, register cap, amax steps, kernel and launch split);
+* ``cast``: the cast pass (output buffers, kernel choice, tables, seed).
+"""

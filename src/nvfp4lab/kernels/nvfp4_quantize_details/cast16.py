@@ -1,0 +1,282 @@
+"""The NVFP4 cast of every recipe without 4over6: ``cast16_kernel``, one 16-row group x BLOCK_K columns
+per program, both outputs from one read of x.
+
+Layout: one 16-row group x 128 columns per one-warp program, laid out so that each thread holds 8 rows
+of 8 columns, i.e. half of a rowwise and half of a columnwise block, each packing one word of each;
+the cheaper encoders ``e2m1_scale_encode`` and ``_scale_and_factor_fast``, because on Hopper (no E2M1
+convert) the instruction count per element bounds the kernel (``tools/sass_stats.py`` counts them
+without a GPU). Per-token casts load their global scales from ``pt_scales_kernel``'s tables. RHT
+recipes (1x16 blocks) transform the columnwise side in registers (``rht16_cast16``). Stochastic
+rounding: :mod:`.stochastic_rounding`.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .._codecs import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast
+from .common import (FLT_MAX, ONE_SIXTH, abs_bits, bf16_rne, clamp_flt_max, encode_factor, global_scales,
+                     normal_range, pack_codes, scale_offsets, split_of)
+from .pt_scales import pt_table_load
+from .rht import rht16_cast16
+from .stochastic_rounding import pair_bytes_cols, pair_bytes_rows, sr_e2m1, sr_seed
+
+
+@triton.jit
+def _scale_and_factor(bamax, outer, E6: tl.constexpr, EXACT: tl.constexpr):
+    """Block scale (E4M3 bits) and encode factor fl(1 / fl(s * S_dec)) of every block (spec 3.1)."""
+    s_enc, s_dec = global_scales(outer, E6, EXACT)
+    scale = e4m3_encode(clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
+    return scale, encode_factor(e4m3_decode(scale), s_dec, EXACT)
+
+
+@triton.jit
+def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr):
+    """``_scale_and_factor`` for normal-range tiles (``normal_range``), in about half the instructions
+    (this per-block work is a third of the cast kernel's): the E4M3 scale by ``e4m3_encode_fast``
+    (bamax * S_enc / 6 >= 0; inf saturates like the clamp; NaN blocks get 0x7F), decoded exactly as
+    bits(code << 20) * 2^120 (the 7 magnitude bits at fp32 bits 26..20 read as value * 2^-120;
+    multiplication keeps subnormals: no FTZ), and the factor by one correctly rounded division."""
+    s_enc, s_dec = global_scales(outer, E6, False)
+    return _scale_and_factor_pre(bamax, s_enc * ONE_SIXTH, s_dec)
+
+
+@triton.jit
+def _scale_and_factor_pre(bamax, s_enc_sixth, s_dec):
+    """The per-block part of ``_scale_and_factor_fast`` from the outer amax's fl(S_enc * fl(1/6)) and
+    S_dec (computed per block there, read from ``pt_scales_kernel``'s tables for per-token casts)."""
+    code = e4m3_encode_fast(bamax * s_enc_sixth, 448.0) & 0xFF
+    scale = tl.where(bamax != bamax, 0x7F, code)
+    scale_f = (code << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
+    enc = tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_dec)
+    return scale, tl.minimum(enc, FLT_MAX)
+
+
+@triton.jit
+def _e2m1_codes(x, enc, rbytes, SR: tl.constexpr, EXACT: tl.constexpr):
+    """Codes of x scaled by enc (broadcast): stochastic, NaN-safe (EXACT tiles), or the fast encoder
+    (normal-range tiles; the caller zeroes the words of blocks whose factor is NaN)."""
+    if SR:
+        codes = sr_e2m1(x * enc, rbytes)
+    elif EXACT:
+        codes = e2m1_encode_fast(x * enc)
+    else:
+        codes = e2m1_scale_encode(x, enc)
+    return codes
+
+
+@triton.jit
+def cast16_kernel(
+    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, group_split_ptr, num_splits,
+    ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
+    E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
+    REUSE_2D: tl.constexpr = False,
+):
+    """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
+    4over6; RHT only on the columnwise side, 1x16 blocks: ``rht16_cast16``).
+
+    PER_TOKEN: row_amax_ptr / col_amax_ptr point at the (3, N) tables of ``pt_scales_kernel`` (amax,
+    fl(S_enc * fl(1/6)), S_dec or -1 outside the normal range) instead of the (N,) amaxes, N = M for
+    rows, K (grouped: num_splits * K) for columns, so normal-range tiles load their global scales
+    instead of dividing for them per row and column.
+    REUSE_2D (16x16 row+col, per tensor, no SR): the columnwise copy takes the rowwise codes when both
+    outer amaxes are equal (an element's columnwise block is then its rowwise block).
+    GROUPED, SPLIT_STEPS: as ``four_over_six_kernel`` (kernels/grouped_quantize.py).
+
+    Layout: with bf16 input, BLOCK_K = 128 and one warp, each thread loads 16 bytes of 8 of the 16
+    rows (see ``r16``): a rowwise block spans two threads, and so does a columnwise block, each thread
+    packing one of its two words (one shuffle per block amax; scale math duplicated in the pair).
+    """
+    KB: tl.constexpr = BLOCK_K // 16
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    g = (pid // n_k).to(tl.int64)  # 16-row group = columnwise block index along M
+    pid_k = pid % n_k
+    # tile row i holds row 8 * (i % 2) + i // 2 of the group: with bf16 (16-byte loads of 8 columns,
+    # 16 threads along a 128-column tile) the two threads that share a column hold rows 0-7 and 8-15,
+    # i.e. exactly one packed word of its columnwise block each
+    r16 = (tl.arange(0, 16) % 2) * 8 + tl.arange(0, 16) // 2
+    rows = g * 16 + r16.to(tl.int64)
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    row_ok = rows < M
+    col_ok = cols < K
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    xf = x.to(tl.float32)
+    ab = abs_bits(xf)
+    k_blocks = K // 16
+    m_blocks = M // 16
+    seed = sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
+    if BLOCK_2D:
+        bamax_2d = tl.max(tl.max(tl.reshape(ab, [16, KB, 16]), axis=2), axis=0).to(tl.float32, bitcast=True)  # [KB]
+
+    # ---------------------------------------------------------------- rowwise: blocks along K
+    if ROWWISE:
+        blks = pid_k * KB + tl.arange(0, KB).to(tl.int64)
+        blk_ok = blks < k_blocks
+        x3 = tl.reshape(xf, [16, KB, 16])
+        if BLOCK_2D:
+            bamax = tl.broadcast_to(bamax_2d[None, :], [16, KB])
+        else:
+            bamax = tl.max(tl.reshape(ab, [16, KB, 16]), axis=2).to(tl.float32, bitcast=True)
+        if PER_TOKEN:
+            pass  # the tables: only EXACT tiles read the amax, below
+        elif GROUPED:
+            if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
+                outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + g))
+            else:
+                outer = tl.load(row_amax_ptr + split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
+        else:
+            outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
+        jj = tl.arange(0, 16)[None, None, :]
+        if SR:
+            rbytes = pair_bytes_rows(seed, g, pid_k, k_blocks, KB)
+        else:
+            rbytes = jj
+        if PER_TOKEN:
+            row_enc6, row_sdec, row_normal = pt_table_load(row_amax_ptr, rows, M, row_ok)
+            row_enc6 = row_enc6[:, None]
+            row_sdec = row_sdec[:, None]
+        else:
+            row_normal = normal_range(outer)
+        if row_normal:
+            if PER_TOKEN:
+                row_scale, row_enc = _scale_and_factor_pre(bamax, row_enc6, row_sdec)
+            else:
+                row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6)
+            row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
+            row_words = pack_codes(row_codes, 16, KB)
+            if not SR:
+                row_words = tl.where((bamax != bamax)[:, :, None], 0, row_words)
+        else:
+            # (a new name: Triton types a name assigned in a runtime branch by every assignment in it)
+            if PER_TOKEN:
+                outer_x = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]
+            else:
+                outer_x = outer
+            row_scale_x, row_enc_x = _scale_and_factor(bamax, outer_x, E6, True)
+            row_codes = _e2m1_codes(x3, row_enc_x[:, :, None], rbytes, SR, True)
+            row_words = pack_codes(row_codes, 16, KB)
+            row_scale = row_scale_x
+        ok = row_ok[:, None] & blk_ok[None, :]
+        word = (rows[:, None] * k_blocks + blks[None, :]) * 2
+        tl.store(row_data_ptr + word[:, :, None] + tl.arange(0, 2)[None, None, :], row_words, mask=ok[:, :, None])
+        tl.store(row_scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), row_scale.to(tl.uint8), mask=ok)
+
+    # ---------------------------------------------------- columnwise: the 16 rows are one block per column
+    if COLWISE:
+        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (no 16x16 blocks with RHT: see use_cast16)
+            if x_ptr.dtype.element_ty == tl.bfloat16:
+                xf = rht16_cast16(xf, RHT_MASK, BLOCK_K)
+            else:
+                xf = rht16_cast16(bf16_rne(xf), RHT_MASK, BLOCK_K)
+            ab = abs_bits(xf)
+        if BLOCK_2D:
+            cbamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None], [KB, 16]), [BLOCK_K])
+        else:
+            cbamax = tl.max(ab, axis=0).to(tl.float32, bitcast=True)  # [BLOCK_K]
+        if GROUPED:
+            split = tl.load(group_split_ptr + g)
+            start = tl.load(offsets_ptr + split)
+            split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
+            blk2 = start // 16 * K + cols * split_blocks + (g - start // 16)  # bulk layout, [BLOCK_K]
+            unit_base = start // 16 * K + (g - start // 16) * 2  # SR: the same, in 2x8 units
+            unit_stride = split_blocks * 2
+            if PER_TOKEN:
+                pass  # the tables, below
+            else:
+                couter = tl.zeros([1], tl.float32) + tl.load(col_amax_ptr + split)
+        else:
+            blk2 = cols * m_blocks + g
+            unit_base = g * 2
+            unit_stride = m_blocks * 2
+            if PER_TOKEN:
+                pass  # the tables, below
+            else:
+                couter = tl.zeros([1], tl.float32) + tl.load(col_amax_ptr)
+        if SR:
+            cbytes = pair_bytes_cols(seed, unit_base, unit_stride, pid_k, BLOCK_K)
+        else:
+            cbytes = r16[:, None]
+        shift = tl.reshape((r16 % 8) * 4, [8, 2])[:, :, None]
+        # 16x16 blocks without SR: an element's columnwise block is its rowwise block, so with the same
+        # outer amax (per-tensor weights: always) its code is the rowwise one, already in registers
+        # in this very layout ([16, KB, 16] is a view of [16, BLOCK_K]): skip the second encoding.
+        # (REUSE_2D excludes per-token.)
+        if REUSE_2D:
+            same_outer = tl.max(tl.reshape(outer, [1]), axis=0) == tl.max(couter, axis=0)
+        else:
+            same_outer = False
+        if PER_TOKEN:
+            if GROUPED:
+                col_plane = num_splits * K
+                col_idx = split * K + cols
+            else:
+                col_plane = K
+                col_idx = cols
+            col_enc6, col_sdec, col_normal = pt_table_load(col_amax_ptr, col_idx, col_plane, col_ok)
+        else:
+            col_normal = normal_range(couter)
+        if col_normal:
+            if PER_TOKEN:
+                col_scale, col_enc = _scale_and_factor_pre(cbamax, col_enc6, col_sdec)
+            else:
+                col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6)
+            if REUSE_2D:
+                if same_outer:
+                    col_codes = tl.reshape(row_codes, [16, BLOCK_K])
+                else:
+                    col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
+            else:
+                col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
+            col_words = tl.sum(tl.reshape(col_codes, [8, 2, BLOCK_K]) << shift, axis=0)  # [2, BLOCK_K]: word h = rows 8h..8h+7
+            if not SR:
+                col_words = tl.where((cbamax != cbamax)[None, :], 0, col_words)
+        else:
+            if PER_TOKEN:
+                couter_x = tl.load(col_amax_ptr + col_idx, mask=col_ok, other=0.0)
+            else:
+                couter_x = couter
+            col_scale_x, col_enc_x = _scale_and_factor(cbamax, couter_x, E6, True)
+            if REUSE_2D:
+                if same_outer:
+                    col_codes_x = tl.reshape(row_codes, [16, BLOCK_K])
+                else:
+                    col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
+            else:
+                col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
+            col_words = tl.sum(tl.reshape(col_codes_x, [8, 2, BLOCK_K]) << shift, axis=0)
+            col_scale = col_scale_x
+        cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
+        tl.store(col_data_ptr + blk2[None, :] * 2 + tl.arange(0, 2)[:, None], col_words, mask=cok[None, :])
+        if GROUPED:
+            csoff = blk2  # compact
+        else:
+            csoff = scale_offsets(cols, g, m_blocks, LAYOUT)
+        tl.store(col_scale_ptr + csoff, col_scale.to(tl.uint8), mask=cok)
+
+
+def launch_cast16(x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, group_split, num_splits, grid,
+                  meta: dict) -> None:
+    """The one launch of ``cast16_kernel``: x (M, K), outputs (row_data, row_scale, col_data, col_scale)
+    (absent ones get a present one's pointer, never written), fp32 outer amaxes or per-token tables
+    (absent: any fp32 tensor), the SR seed (an int64 device tensor, else the int), the grouped cast's
+    device offsets / group split (x otherwise), the grid and ``opt_flags.cast16_meta``'s constexprs,
+    num_warps and launch options."""
+    m, k = x.shape
+    row_data, row_scale, col_data, col_scale = outputs
+    rowwise, columnwise = meta["ROWWISE"], meta["COLWISE"]
+    any_f32 = row_amax if row_amax is not None else col_amax
+    cast16_kernel[grid](
+        x,
+        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
+        row_scale if rowwise else col_scale,
+        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
+        col_scale if columnwise else row_scale,
+        row_amax if row_amax is not None else any_f32,
+        col_amax if col_amax is not None else any_f32,
+        seed_tensor if seed_tensor is not None else x,
+        seed,
+        m, k, offsets if offsets is not None else x, group_split if group_split is not None else x, num_splits,
+        **meta, enable_fp_fusion=False,
+    )

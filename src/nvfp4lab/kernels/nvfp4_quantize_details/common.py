@@ -1,0 +1,149 @@
+"""Device helpers shared by the NVFP4 quantize kernels: fp32 arithmetic of the spec's global scales,
+correctly rounded division, the normal-range test that picks a tile's division path, packing, scale
+layouts, split search and tile loads.
+
+Numerics (those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32): divisions are correctly rounded
+(``correct_div``). Tiles whose outer amaxes are all 0 or in [2^-100, 2^100] (``normal_range``) use
+``div_rn`` (Triton's ``/`` is approximate): there no operand or quotient that matters is subnormal, so
+it is exact even where Triton lowers it to the flushing ``div.rn.ftz.f32``. Other tiles take the
+EXACT path: fp64 divisions rounded once.
+"""
+import numpy as np
+import triton
+import triton.language as tl
+
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+ONE_SIXTH = tl.constexpr(float(np.float32(1.0 / 6.0)))  # fl(1/6), folded into S_enc first (spec 3.1)
+E4M3_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def abs_bits(v):
+    return v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def clamp_flt_max(v):
+    # not tl.minimum: on the GPU it returns the non-NaN operand, torch.clamp keeps the NaN
+    return tl.where(v > FLT_MAX, FLT_MAX, v)
+
+
+@triton.jit
+def bf16_rne(v):
+    """fp32 -> the fp32 value of its round-to-nearest-even bf16 (bit arithmetic, same on every backend)."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    rounded = tl.where(v != v, 0x7FC00000, rounded)
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def correct_div(a, b, F64: tl.constexpr):
+    """Correctly rounded fp32 a / b (a, b fp32 tensors of one shape).
+
+    F64: divide in fp64 and round once to fp32 (exact: 53 >= 2*24 + 2 bits), for tiles where an
+    operand or the quotient can be subnormal; ``div_rn`` flushes those on some Triton versions
+    (div.rn.ftz.f32). In normal-range tiles (``normal_range``) ``div_rn`` is exact.
+    """
+    if F64:
+        q = (a.to(tl.float64) / b.to(tl.float64)).to(tl.float32)
+    else:
+        q = tl.math.div_rn(a, b)
+    return q
+
+
+@triton.jit
+def global_scales(amax, E6: tl.constexpr, F64: tl.constexpr):
+    """S_enc = clamp(6E / amax) (1 for amax 0 or inf), S_dec = 1 / S_enc."""
+    s_enc = clamp_flt_max(correct_div(tl.zeros_like(amax) + E6, amax, F64))
+    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    s_dec = correct_div(tl.zeros_like(s_enc) + 1.0, s_enc, F64)
+    return s_enc, s_dec
+
+
+@triton.jit
+def encode_factor(scale_f, s_dec, F64: tl.constexpr):
+    """min(1 / (s * S_dec), FLT_MAX); a zero scale gives FLT_MAX."""
+    prod = scale_f * s_dec
+    return clamp_flt_max(correct_div(tl.zeros_like(prod) + 1.0, prod, F64))
+
+
+@triton.jit
+def pack_codes(codes, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 16] E2M1 codes -> [A, B, 2] int32 words, code i in bits 4(i%8).. of word i//8."""
+    shift = ((tl.arange(0, 16) % 8) * 4)[None, None, :]
+    return tl.sum(tl.reshape(codes << shift, [A, B, 2, 8]), axis=3)
+
+
+@triton.jit
+def normal_range(outer):
+    """Scalar: every outer amax of the tile is 0 or in [2^-100, 2^100] (not NaN).
+
+    Then every fp32 division meets normal operands and quotients (or only changes values that round
+    to a zero scale anyway), so ``div_rn`` is exact even where it flushes subnormals, and
+    dequant_4over6_fast is exact. Other tiles (tiny, huge or NaN amax) take the EXACT path: fp64
+    divisions, per-element 4over6 dequantization.
+    """
+    return tl.min(in_normal_range(outer).to(tl.int32)) == 1
+
+
+@triton.jit
+def in_normal_range(outer):
+    """Elementwise: outer amax 0 or in [2^-100, 2^100] (NaN fails), the test ``normal_range`` reduces."""
+    return (outer == 0.0) | ((outer >= 7.888609052210118e-31) & (outer <= 1.2676506002282294e30))
+
+
+@triton.jit
+def split_of(r, offsets_ptr, num_splits, STEPS: tl.constexpr):
+    """Split of global row r (int64 tensor): the largest s < num_splits with offsets[s] <= r (so a
+    zero-row split never owns a row), by binary lifting over the device offsets (2^STEPS >= num_splits)."""
+    pos = tl.zeros_like(r)
+    for i in tl.static_range(STEPS):
+        cand = pos + (1 << (STEPS - 1 - i))
+        inside = cand < num_splits
+        start = tl.load(offsets_ptr + cand, mask=inside, other=0)
+        pos = tl.where(inside & (start <= r), cand, pos)
+    return pos
+
+
+@triton.jit
+def scale_offsets(i, j, ncols, LAYOUT: tl.constexpr):
+    """Offset of scale (i, j) of an (R, ncols) matrix in the compact / padded / swizzled buffer."""
+    if LAYOUT == 0:
+        off = i * ncols + j
+    else:
+        cols_p = (ncols + 3) // 4 * 4
+        if LAYOUT == 1:
+            off = i * cols_p + j
+        else:
+            off = ((i // 128) * (cols_p // 4) + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+    return off
+
+
+@triton.jit
+def program_columns(K, BLOCK_K: tl.constexpr):
+    """(pid_m, pid_k, cols, col_ok) of this program over tiles ordered K-fastest (int64 columns)."""
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    pid_m = pid // n_k
+    pid_k = pid % n_k
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    return pid_m, pid_k, cols, cols < K
+
+
+@triton.jit
+def load_rows(x_ptr, rows, cols, col_ok, M, K):
+    """(row_ok, fp32 tile) of x (M, K) at int64 rows x cols, zeros outside."""
+    row_ok = rows < M
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    return row_ok, x.to(tl.float32)
+
+
+@triton.jit
+def load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's [BLOCK_M, BLOCK_K] tile of x (M, K) as fp32 (zeros outside), programs ordered
+    K-fastest; returns (rows, cols, row_ok, col_ok, pid_m, pid_k, xf) with int64 row/column indices."""
+    pid_m, pid_k, cols, col_ok = program_columns(K, BLOCK_K)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+    return rows, cols, row_ok, col_ok, pid_m, pid_k, xf

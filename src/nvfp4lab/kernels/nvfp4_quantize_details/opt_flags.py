@@ -1,0 +1,165 @@
+"""Launch choices of the NVFP4 quantize kernels, in one place: which cast kernel runs a recipe and in how
+many launches, tiles and num_warps, the register cap, tiles per amax program, and the constexpr dicts
+the launchers take.
+
+Every choice is a default: the ``*_meta`` builders take explicit ``block_m`` / ``block_k`` /
+``num_warps`` (0: the default here), which tests use to force masked tiles on small shapes. Any tile
+gives the same bits; the defaults are the fastest of ``benchmarks/quantize.py --tile-sweep`` at
+8192x8192 bf16 (figures in benchmarks/RESULTS.md). Register pressure, not memory bandwidth, decides:
+smaller per-thread footprints win for every kernel that produces columnwise blocks.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+
+from .amax import AMAX_PER_TOKEN, AMAX_TENSOR, AMAX_TENSOR_RHT
+
+# (BLOCK_M, BLOCK_K, num_warps) of the amax passes: per tensor, with a per-token output, post-RHT
+AMAX_TILE = (64, 128, 8)
+AMAX_PER_TOKEN_TILE = (32, 64, 2)
+AMAX_RHT_TILE = (32, 128, 4)
+RHT_MAX_BLOCK_M = 64  # the block-diagonal RHT dot costs BLOCK_M MACs per element
+FOUR_OVER_SIX_TILE = (16, 128, 4)
+# cast16_kernel: BLOCK_M is always 16 (one 16-row group)
+CAST16_BLOCK_K, CAST16_WARPS = 128, 1
+CAST16_ROW_MAXNREG = 128
+PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
+LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
+# keys of a meta dict that are launch options, not constexprs
+LAUNCH_OPTIONS = ("num_warps", "maxnreg")
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels under its interpreter (then no bf16 ``tl.dot``, no register cap)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def constexprs(meta: dict) -> dict:
+    """The constexpr arguments of a meta dict (without its launch options)."""
+    return {key: value for key, value in meta.items() if key not in LAUNCH_OPTIONS}
+
+
+def fit_tile(m: int, k: int, tile: tuple[int, int, int], *, rht: bool = False, block_m: int = 0, block_k: int = 0,
+             num_warps: int = 0) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_K, num_warps): ``tile`` with the explicit non-zero choices put in, BLOCK_M at most
+    RHT_MAX_BLOCK_M with the RHT dot, both blocks at least 16 and at most the next power of 2 of m, k."""
+    bm, bk, warps = block_m or tile[0], block_k or tile[1], num_warps or tile[2]
+    if rht:
+        bm = min(bm, RHT_MAX_BLOCK_M)
+    bm = max(16, min(bm, triton.next_power_of_2(max(m, 1))))
+    bk = max(16, min(bk, triton.next_power_of_2(max(k, 1))))
+    return bm, bk, warps
+
+
+# ------------------------------------------------------------------------------------------- amax
+def amax_tile(m: int, k: int, *, rht: bool, per_token: bool, block_m: int = 0, block_k: int = 0,
+              num_warps: int = 0) -> tuple[int, int, int]:
+    """Tile of the amax passes (single and grouped): ``rht`` when the post-RHT amax is asked,
+    ``per_token`` when a per-row or per-column amax is."""
+    tile = AMAX_RHT_TILE if rht else (AMAX_PER_TOKEN_TILE if per_token else AMAX_TILE)
+    return fit_tile(m, k, tile, rht=rht, block_m=block_m, block_k=block_k, num_warps=num_warps)
+
+
+def amax_steps(m: int, block_m: int, *, per_token: bool) -> int:
+    """Tiles (consecutive along M) per program of the amax passes: 4 for per-tensor amaxes (fewer
+    same-address atomics), 1 with a per-token output (its atomics are per row and column anyway)."""
+    return max(1, min(1 if per_token else 4, triton.cdiv(m, block_m)))
+
+
+def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, *, block_m: int = 0,
+              block_k: int = 0, num_warps: int = 0) -> dict:
+    """Constexprs and num_warps of ``amax_kernel`` for the amax modes of the two outputs."""
+    rht = col_mode == AMAX_TENSOR_RHT
+    per_token = AMAX_PER_TOKEN in (row_mode, col_mode)
+    bm, bk, warps = amax_tile(m, k, rht=rht, per_token=per_token, block_m=block_m, block_k=block_k,
+                              num_warps=num_warps)
+    return dict(ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode),
+                RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not interpreting(),
+                STEPS_M=amax_steps(m, bm, per_token=per_token), num_warps=warps)
+
+
+def amax_grid(m: int, k: int, meta: dict) -> tuple[int]:
+    return (triton.cdiv(m, meta["BLOCK_M"] * meta["STEPS_M"]) * triton.cdiv(k, meta["BLOCK_K"]),)
+
+
+# ------------------------------------------------------------------------------------------- cast
+def use_cast16(four_over_six) -> bool:
+    """Whether a recipe's cast runs ``cast16_kernel`` (every recipe without 4over6, RHT and SR ones
+    included) rather than ``four_over_six_kernel``."""
+    return not four_over_six
+
+
+def split_cast(rowwise: bool, columnwise: bool, block_2d: bool, rht: bool, stochastic_rounding: bool,
+               four_over_six, grouped: bool) -> bool:
+    """Whether a row+col cast runs as two launches of ``cast16_kernel`` (rowwise only, then columnwise
+    only) instead of one. Same bits either way (each output's codes and random bytes depend only on its
+    own position); with SR or RHT the two lighter kernels (fewer registers each) are faster than the one
+    that does both, while plain, per-token and 16x16 casts (whose columnwise copy reuses the rowwise
+    codes) keep one launch. The grouped cast always takes one."""
+    if not (rowwise and columnwise) or grouped or not use_cast16(four_over_six):
+        return False
+    return (stochastic_rounding or rht) and not block_2d
+
+
+def cast16_tile(k: int, *, block_k: int = 0, num_warps: int = 0) -> tuple[int, int]:
+    """(BLOCK_K, num_warps) of ``cast16_kernel``."""
+    bk = block_k or CAST16_BLOCK_K
+    return max(16, min(bk, triton.next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
+
+
+def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
+    """Launch options of ``cast16_kernel``: a ptxas register cap (``maxnreg``) for rowwise-only casts.
+
+    Uncapped, ptxas gives the one-warp programs 137-255 registers, i.e. 8-14 warps per SM, too few
+    to hide the load latency. A rowwise-only cast fits 128 registers without spilling on its
+    normal-range path (the rare EXACT path spills). Casts with a columnwise output spill at any cap
+    below ~180 and run slower capped, so they stay uncapped."""
+    cap = CAST16_ROW_MAXNREG if rowwise and not columnwise else 0
+    return {"maxnreg": cap} if cap and not interpreting() else {}
+
+
+def cast16_meta(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, rht_sign_mask: int,
+                e4m3_max: float, stochastic_rounding: bool, seed_from_ptr: bool, scale_layout: str, *,
+                split_steps: int | None = None, block_k: int = 0, num_warps: int = 0) -> dict:
+    """Constexprs, num_warps and launch options of ``cast16_kernel`` (rht_sign_mask < 0: no RHT;
+    split_steps: the grouped cast, 2^split_steps >= its number of splits). REUSE_2D (16x16 row+col,
+    per tensor, no SR): the columnwise copy takes the rowwise codes when both outer amaxes are equal."""
+    bk, warps = cast16_tile(k, block_k=block_k, num_warps=num_warps)
+    meta = dict(
+        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
+        SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_K=bk,
+        GROUPED=split_steps is not None, SPLIT_STEPS=split_steps or 0,
+        RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
+        REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
+                  and rht_sign_mask < 0),
+        num_warps=warps,
+    )
+    meta.update(cast16_launch_options(rowwise, columnwise))
+    return meta
+
+
+def cast16_grid(m: int, k: int, meta: dict) -> tuple[int]:
+    return (triton.cdiv(m, 16) * triton.cdiv(k, meta["BLOCK_K"]),)
+
+
+def four_over_six_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
+                       four_over_six: int, e4m3_max: float, scale_layout: str, *, split_steps: int | None = None,
+                       block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
+    """Constexprs and num_warps of ``four_over_six_kernel`` (four_over_six: 1 MAE, 2 MSE)."""
+    bm, bk, warps = fit_tile(m, k, FOUR_OVER_SIX_TILE, block_m=block_m, block_k=block_k, num_warps=num_warps)
+    return dict(
+        ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, FOUR_OVER_SIX=four_over_six,
+        E6=6.0 * e4m3_max, LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, BLOCK_K=bk,
+        GROUPED=split_steps is not None, SPLIT_STEPS=split_steps or 0, num_warps=warps,
+    )
+
+
+def four_over_six_grid(m: int, k: int, meta: dict) -> tuple[int]:
+    return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(k, meta["BLOCK_K"]),)
+
+
+def pt_scales_meta(e6: float) -> dict:
+    """Constexprs and num_warps of ``pt_scales_kernel``."""
+    return dict(E6=e6, BLOCK=PT_SCALES_BLOCK, num_warps=PT_SCALES_WARPS)

@@ -1,0 +1,60 @@
+"""Per-token global scales computed once per row or column for ``cast16_kernel``.
+
+``pt_scales_kernel`` (a tiny launch over the (M,) row or (K,) column amaxes, grouped (n, K) included)
+writes (3, N) tables [amax, fl(S_enc * fl(1/6)), S_dec] that the cast loads instead of dividing for
+them per row and column of every tile; the values are bit for bit those the cast would compute. S_dec
+-1 marks an amax outside the normal range, so the tile's ``normal_range`` decision is the same one,
+and EXACT tiles still recompute from the amax.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .common import ONE_SIXTH, global_scales, in_normal_range
+
+
+@triton.jit
+def normal_range_pt(s_dec):
+    """``normal_range`` of a tile read from per-token tables (``pt_scales_kernel``): there S_dec is
+    stored negated (-1) for an outer amax outside the normal range, and is > 0 for every other one
+    (S_enc in (0, FLT_MAX] for amax 0 or in [2^-100, 2^100]); masked rows/columns load 1."""
+    return tl.min((s_dec > 0.0).to(tl.int32)) == 1
+
+
+@triton.jit
+def pt_table_load(table_ptr, idx, n, ok):
+    """(fl(S_enc * fl(1/6)), S_dec, normal range?) of entries ``idx`` of a per-token table of length n
+    (planes 1 and 2; plane 0, the amax, only EXACT tiles read). Masked entries load S_dec 1, in
+    range, as ``normal_range`` counts them (their amax loads as 0)."""
+    enc6 = tl.load(table_ptr + (idx + n), mask=ok, other=0.0)
+    s_dec = tl.load(table_ptr + ((idx + n) + n), mask=ok, other=1.0)
+    return enc6, s_dec, normal_range_pt(s_dec)
+
+
+@triton.jit
+def pt_scales_kernel(amax_ptr, table_ptr, N, E6: tl.constexpr, BLOCK: tl.constexpr):
+    """Per-token global scales, once per row or column instead of once per block (``cast16_kernel``
+    with PER_TOKEN): amax (N,) -> table (3, N) = [amax, fl(S_enc * fl(1/6)), S_dec], with S_dec replaced
+    by -1 where the amax is outside the normal range (``in_normal_range``), which ``normal_range_pt``
+    reads as the tile's EXACT flag. S_enc and S_dec are those of ``_scale_and_factor_fast``: the same
+    ``global_scales`` (div_rn) and product, op for op, hence the same bits; EXACT tiles recompute
+    theirs in fp64 from the amax (plane 0), so their out-of-range values here are never read."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    outer = tl.load(amax_ptr + offs, mask=ok, other=0.0)
+    s_enc, s_dec = global_scales(outer, E6, False)
+    tl.store(table_ptr + offs, outer, mask=ok)
+    tl.store(table_ptr + (offs + N), s_enc * ONE_SIXTH, mask=ok)
+    tl.store(table_ptr + ((offs + N) + N), tl.where(in_normal_range(outer), s_dec, -1.0), mask=ok)
+
+
+def pt_scales_table(amax: torch.Tensor, n: int, meta: dict) -> torch.Tensor:
+    """The (3, n) fp32 table [amax, fl(S_enc * fl(1/6)), S_dec or -1] of per-token amaxes (n,) that
+    ``cast16_kernel`` reads for per-token casts (one tiny launch, no host sync); ``meta``: the
+    constexprs and num_warps of ``opt_flags.pt_scales_meta``."""
+    if amax.numel() != n:
+        raise ValueError(f"per-token amax has {amax.numel()} values, expected {n}")
+    table = torch.empty((3, n), dtype=torch.float32, device=amax.device)
+    if n:
+        pt_scales_kernel[(triton.cdiv(n, meta["BLOCK"]),)](amax, table, n, **meta, enable_fp_fusion=False)
+    return table

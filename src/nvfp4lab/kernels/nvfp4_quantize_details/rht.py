@@ -1,0 +1,76 @@
+"""Random Hadamard transform (RHT) of the columnwise NVFP4 output: bf16(v @ T) for every 16 consecutive
+rows v of a column of x (the rows of x^T), T = diag(s) H16 / 4 with the sign mask s.
+
+* ``rht_tile`` (the amax passes, for the post-RHT per-tensor amax): ``tl.dot`` of blockdiag(T^T)
+  [BLOCK_M, BLOCK_M] (entries +-0.25) with the tile rounded to bf16, fp32 accumulation, result rounded
+  to bf16 by integer RNE. (The interpreter truncates casts to bf16 and its bf16 ``tl.dot`` is wrong, so
+  there the same exact values go through an fp32 dot: DOT_BF16=False.)
+* ``rht16_cast16`` (the cast): butterflies in registers in ``cast16_kernel``'s layout, no dot.
+"""
+import triton
+import triton.language as tl
+
+from .common import bf16_rne
+
+
+@triton.jit
+def rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.constexpr, DOT_BF16: tl.constexpr):
+    """bf16(v @ T) for every 16-row group v of each column of the tile (the RHT of x^T's rows), fp32 out.
+
+    Done as D @ X with D = blockdiag(T^T): D[16g+j, 16g+i] = T[i, j] = s_i * H[i, j] / 4.
+    """
+    r = tl.arange(0, BLOCK_M)[:, None]
+    c = tl.arange(0, BLOCK_M)[None, :]
+    i = c % 16
+    p = i & (r % 16)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    negative = ((p ^ (RHT_MASK >> i)) & 1) != 0
+    d = tl.where((r // 16) == (c // 16), tl.where(negative, -0.25, 0.25), 0.0)
+    if IS_BF16:
+        xb = xf
+    else:
+        xb = bf16_rne(xf)
+    if DOT_BF16:
+        y = tl.dot(d.to(tl.bfloat16), xb.to(tl.bfloat16), out_dtype=tl.float32)
+    else:
+        y = tl.dot(d, xb, out_dtype=tl.float32)
+    return bf16_rne(y)
+
+
+@triton.jit
+def _butterfly_pairs(t):
+    """[..., 2] -> (a + b, a - b) of each pair on the last axis: one stage of a Hadamard transform."""
+    a, b = tl.split(t)
+    return tl.join(a + b, a - b)
+
+
+@triton.jit
+def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """bf16(v @ T) for the 16 rows v of each column of a ``cast16_kernel`` tile (fp32 values of bf16
+    x; tile row i holds row 8 (i % 2) + i // 2), fp32 out: the RHT of x^T's rows, as ``rht_tile``.
+
+    Done in registers, no dot: with row r = 8 h + j, Sylvester's H16 = H2 x H8 and each thread holds
+    the 8 rows j of one half h of a column, so T = diag(s) H16 / 4 is the sign flip and 1/4 (exact),
+    H8 over j as three butterfly stages inside the thread, then H2 across the two threads of the
+    column (one exchange). fp32 sums, rounded to bf16 once; the summation order differs from an MMA's,
+    which only matters where a 16-term sum is inexact (spec: unspecified order).
+    """
+    i = tl.arange(0, 16)
+    sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -0.25, 0.25)
+    # [16, BK] -> [8 (j), 2 (h), BK] -> [2 (h), BK, 8 (j)]: a thread's 8 rows on the last axis
+    t = tl.permute(tl.reshape(xb * sign[:, None], [8, 2, BLOCK_K]), (1, 2, 0))
+    PAIRS: tl.constexpr = 2 * BLOCK_K * 4
+    # one stage per bit of j: bit 0, bit 1, bit 2 (each pairs j with j ^ bit, the pair on the last axis)
+    t = tl.reshape(_butterfly_pairs(tl.reshape(t, [PAIRS, 2])), [2, BLOCK_K, 2, 2, 2])       # (h, c, b2, b1, b0)
+    t = tl.permute(t, (0, 1, 2, 4, 3))                                                      # (h, c, b2, b0, b1)
+    t = tl.reshape(_butterfly_pairs(tl.reshape(t, [PAIRS, 2])), [2, BLOCK_K, 2, 2, 2])
+    t = tl.permute(t, (0, 1, 3, 4, 2))                                                      # (h, c, b0, b1, b2)
+    t = tl.reshape(_butterfly_pairs(tl.reshape(t, [PAIRS, 2])), [2, BLOCK_K, 2, 2, 2])
+    t = tl.reshape(tl.permute(t, (0, 1, 4, 3, 2)), [2, BLOCK_K, 8])                          # (h, c, j')
+    # H2 across h: y_h' = u_0 + (-1)^h' u_1
+    first = (tl.arange(0, 2) == 0)[:, None, None]
+    total = tl.sum(t, axis=0)
+    diff = tl.sum(tl.where(first, t, -t), axis=0)
+    y = tl.where(first, total[None, :, :], diff[None, :, :])
+    return bf16_rne(tl.reshape(tl.permute(y, (2, 0, 1)), [16, BLOCK_K]))
