@@ -11,7 +11,6 @@ from nvfp4lab.kernels import swizzle as swizzle_kernels
 def test_stack_weights_of_swizzled_scales_equals_compact(backend, monkeypatch):
     """Swizzled weight scales are unswizzled (by the Triton kernel when the backend is triton, here under
     the interpreter) into the same compact stack as compact-scale weights."""
-    monkeypatch.setenv("NVFP4LAB_BACKEND", backend)
     kernel_calls = []
     unswizzle_kernel = swizzle_kernels.unswizzle_scales
     monkeypatch.setattr(swizzle_kernels, "unswizzle_scales", lambda *a: kernel_calls.append(a) or unswizzle_kernel(*a))
@@ -21,7 +20,7 @@ def test_stack_weights_of_swizzled_scales_equals_compact(backend, monkeypatch):
     for layout in ("compact", "swizzled"):
         quantized = [nvfp4lab.quantize_nvfp4(w, rowwise=True, columnwise=True, scale_layout=layout, backend="ref")
                      for w in weights]
-        stacks[layout] = moe.stack_weights(quantized)
+        stacks[layout] = moe.stack_weights(quantized, backend=backend)
     assert len(kernel_calls) == (3 if backend == "triton" else 0)
     got, want = stacks["swizzled"], stacks["compact"]
     assert got.shape == want.shape == torch.Size((3, 48, 80)) and got.scale_layout == "compact"

@@ -6,6 +6,8 @@ construction, so every backend (reference, Triton) receives a valid combination.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -77,7 +79,7 @@ class NVFP4QuantConfig:
         return 16 if self.block == "16x16" else 1
 
 
-MXFP8_FORMATS = ("e4m3", "e5m2")
+FP8_FORMATS = ("e4m3", "e5m2")  # the element encodings of MXFP8 data
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,16 @@ class MXFP8QuantConfig:
     def __post_init__(self):
         if not (self.rowwise or self.columnwise):
             raise ValueError("rowwise and columnwise: at least one output must be requested")
-        if self.fp8_format not in MXFP8_FORMATS:
-            raise ValueError(f"fp8_format must be one of {MXFP8_FORMATS}, got {self.fp8_format!r}")
+        if self.fp8_format not in FP8_FORMATS:
+            raise ValueError(f"fp8_format must be one of {FP8_FORMATS}, got {self.fp8_format!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def with_copies(config, rowwise: bool, columnwise: bool):
+    """``config`` (an NVFP4 or MXFP8 config) asking for exactly these copies; cached (configs are
+    frozen), so rebuilding a one-copy container costs no validation."""
+    if config.rowwise == rowwise and config.columnwise == columnwise:
+        return config
+    return dataclasses.replace(config, rowwise=rowwise, columnwise=columnwise)

@@ -53,8 +53,6 @@ def all_gather_nvfp4(local: NVFP4Tensor, group: Optional[dist.ProcessGroup] = No
         raise ValueError("local.scale_layout: all-gather moves compact scales; swizzle after gathering")
     world = dist.get_world_size(group)
     full_rows = local.m * world
-    out = NVFP4Tensor(shape=torch.Size((full_rows, local.k)), dtype=local.dtype, config=local.config)
-
     def gather_rows(t: torch.Tensor) -> torch.Tensor:
         buf = torch.empty((world * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
         if dist.get_backend(group) == "nccl":
@@ -65,18 +63,15 @@ def all_gather_nvfp4(local: NVFP4Tensor, group: Optional[dist.ProcessGroup] = No
             torch.cat(parts, dim=0, out=buf)
         return buf
 
+    row = col = None
     if local.rowwise_data is not None:
-        out.rowwise_data = gather_rows(local.rowwise_data)
-        out.rowwise_scale = gather_rows(local.rowwise_scale)
-        out.rowwise_amax = local.rowwise_amax.clone()
+        row = (gather_rows(local.rowwise_data), gather_rows(local.rowwise_scale), local.rowwise_amax.clone())
     if local.columnwise_data is not None:
         # (K, r/2) per rank -> gather as rows of the transposed layout, then put ranks side by side
         col_data = gather_rows(local.columnwise_data.t().contiguous())  # (world*r/2, K)
         col_scale = gather_rows(local.columnwise_scale.t().contiguous())
-        out.columnwise_data = col_data.t().contiguous()
-        out.columnwise_scale = col_scale.t().contiguous()
-        out.columnwise_amax = local.columnwise_amax.clone()
-    return out
+        col = (col_data.t().contiguous(), col_scale.t().contiguous(), local.columnwise_amax.clone())
+    return NVFP4Tensor.from_parts(torch.Size((full_rows, local.k)), local.dtype, local.config, rowwise=row, columnwise=col)
 
 
 def gathered_bytes(local: NVFP4Tensor, world: int) -> int:

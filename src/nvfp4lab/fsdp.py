@@ -59,7 +59,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from . import ops
-from .config import NVFP4QuantConfig
+from .config import NVFP4QuantConfig, with_copies
 from .recipes import NVFP4Recipe
 from .ref import codecs
 from .ref.swizzle import pad_scales
@@ -216,20 +216,16 @@ class NVFP4GatheredWeight(torch.Tensor):
         """The gathered copies as sent (compact scales; columnwise only when it travelled)."""
         out = self._outputs
         travelled = len(out) == 4
-        config = replace(self._config, columnwise=travelled, scale_layout="compact")
-        t = NVFP4Tensor(shape=self.shape, dtype=self.dtype, config=config,
-                        rowwise_data=out[0], rowwise_scale=out[1], rowwise_amax=self._amax)
-        if travelled:
-            t.columnwise_data, t.columnwise_scale, t.columnwise_amax = out[2].t().contiguous(), out[3].t().contiguous(), self._amax
-        return t
+        config = with_copies(replace(self._config, scale_layout="compact"), True, travelled)
+        col = (out[2].t().contiguous(), out[3].t().contiguous(), self._amax) if travelled else None
+        return NVFP4Tensor.from_parts(self.shape, self.dtype, config, rowwise=(out[0], out[1], self._amax), columnwise=col)
 
     @property
     def quantized(self) -> NVFP4Tensor:
         config, backend = self._config, self._backend
         gathered = self._compact()
-        t = NVFP4Tensor(shape=self.shape, dtype=self.dtype, config=config,
-                        rowwise_data=gathered.rowwise_data, rowwise_amax=self._amax,
-                        rowwise_scale=_apply_layout(gathered.rowwise_scale, config.scale_layout, backend))
+        row = (gathered.rowwise_data, _apply_layout(gathered.rowwise_scale, config.scale_layout, backend), self._amax)
+        col = None
         if config.columnwise:
             if gathered.columnwise_data is not None:
                 col_data, col_scale = gathered.columnwise_data, gathered.columnwise_scale
@@ -237,10 +233,8 @@ class NVFP4GatheredWeight(torch.Tensor):
                 col_data = codecs.pack_fp4(codecs.unpack_fp4(gathered.rowwise_data).t())
                 tile_grid = gathered.rowwise_scale[::16]  # (N/16, K/16): each tile's scale repeats on its 16 rows
                 col_scale = tile_grid.t().repeat_interleave(16, dim=0).contiguous()  # (K, N/16)
-            t.columnwise_data = col_data.contiguous()
-            t.columnwise_scale = _apply_layout(col_scale, config.scale_layout, backend)
-            t.columnwise_amax = self._amax
-        return t
+            col = (col_data.contiguous(), _apply_layout(col_scale, config.scale_layout, backend), self._amax)
+        return NVFP4Tensor.from_parts(self.shape, self.dtype, config, rowwise=row, columnwise=col)
 
     def __repr__(self):
         return f"NVFP4GatheredWeight(shape={tuple(self.shape)}, dtype={self.dtype}, block={self._config.block})"
@@ -264,13 +258,10 @@ class NVFP4GatheredWeight(torch.Tensor):
 
 # ------------------------------------------------------------------------------------- enabling
 def _weight_names(module) -> list:
-    from .modules import GroupedLinear, Linear
-
-    if isinstance(module, Linear):
-        return ["weight"]
-    if isinstance(module, GroupedLinear):
-        return [f"weight{i}" for i in range(module.num_gemms)]
-    return []
+    """The weight Parameters an nvfp4lab layer quantizes (its ``quantized_weight_names()``; the
+    layers live above this module, which therefore asks them instead of importing them)."""
+    names = getattr(module, "quantized_weight_names", None)
+    return list(names()) if callable(names) else []
 
 
 def enable_fp4_all_gather(model: nn.Module, *, shard_group_size: Optional[int] = None) -> list:

@@ -3,16 +3,17 @@
 :func:`nvfp4lab.nvfp4_grouped_gemm` takes the tokens as one (M, K) NVFP4Tensor plus cumulative row
 ends, and the weights as one NVFP4Tensor of logical shape (E, N, K). These helpers build both from
 per-expert tensors (each copies the codes and scales once; stack weights once, not per call).
+:mod:`nvfp4lab.ops` uses them, so this module sits below it and imports nothing above it.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from .ops import host_ints_on_device, unswizzle_scales
 from .ref.swizzle import compact_scales
+from .runtime import host_ints_on_device
 from .tensors import NVFP4Tensor, cumulative_offsets
 
 
@@ -35,43 +36,59 @@ def _check_list(name: str, ts, same_rows: bool) -> None:
             raise ValueError(f"{name}[{i}] has e4m3_max {t.e4m3_max}, {name}[0] {ts[0].e4m3_max}: all need the same E")
 
 
-def _compact_rowwise_scales(t: NVFP4Tensor) -> torch.Tensor:
-    """t's rowwise scales as a compact (M, K/16) matrix. Swizzled ones go through
-    :func:`nvfp4lab.ops.unswizzle_scales` (one kernel on CUDA; the reference's gather builds its int64
+def _use_kernel(backend: Optional[str], scale: torch.Tensor) -> bool:
+    if backend is None:  # the ops' default choice (a pure layout permutation: both give the same bytes)
+        if not scale.is_cuda:
+            return False
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False
+        return True
+    if backend not in ("ref", "triton"):
+        raise ValueError(f"backend must be 'ref', 'triton' or None, got {backend!r}")
+    return backend == "triton"
+
+
+def _compact_rowwise_scales(t: NVFP4Tensor, backend: Optional[str]) -> torch.Tensor:
+    """t's rowwise scales as a compact (M, K/16) matrix. Swizzled scales go through the Triton
+    unswizzle kernel with the triton backend (one launch; the reference's gather builds its int64
     offsets in five full-size elementwise passes and about 20 launches)."""
-    if t.scale_layout == "swizzled":
-        return unswizzle_scales(t.rowwise_scale, t.m, t.k // 16)
+    if t.scale_layout == "swizzled" and t.rowwise_scale.numel() > 0 and _use_kernel(backend, t.rowwise_scale):
+        from .kernels import swizzle as swizzle_kernels
+
+        return swizzle_kernels.unswizzle_scales(t.rowwise_scale, t.m, t.k // 16)
     return compact_scales(t.rowwise_scale, t.scale_layout, t.m, t.k // 16)
 
 
-def _concat_rows(ts, amax: torch.Tensor, shape, per_token: bool) -> NVFP4Tensor:
+def _concat_rows(ts, amax: torch.Tensor, shape, per_token: bool, backend: Optional[str]) -> NVFP4Tensor:
     t0 = ts[0]
-    scales = [_compact_rowwise_scales(t) for t in ts]
+    scales = [_compact_rowwise_scales(t, backend) for t in ts]
     config = replace(t0.config, scale_layout="compact", columnwise=False, rowwise=True)
     if per_token:
         config = replace(config, per_token=True, rht=False, block="1x16")
-    return NVFP4Tensor(
-        shape=torch.Size(shape), dtype=t0.dtype, config=config,
-        rowwise_data=torch.cat([t.rowwise_data for t in ts]), rowwise_scale=torch.cat(scales), rowwise_amax=amax,
-    )
+    return NVFP4Tensor.from_parts(torch.Size(shape), t0.dtype, config,
+                                  rowwise=(torch.cat([t.rowwise_data for t in ts]), torch.cat(scales), amax))
 
 
-def concat_tokens(tensors: Sequence[NVFP4Tensor]) -> tuple[NVFP4Tensor, torch.Tensor]:
+def concat_tokens(tensors: Sequence[NVFP4Tensor], *, backend: Optional[str] = None) -> tuple[NVFP4Tensor, torch.Tensor]:
     """Per-expert token splits (M_e, K), each with its own amax ((1,) or (M_e,)) -> one (M, K) tensor
     with per-row amax (each split's amax repeated over its rows) and ``offs`` (E,) int32 row ends
-    (built from the host sizes: one small host->device copy, fill kernels during CUDA graph capture)."""
+    (built from the host sizes: one small host->device copy, fill kernels during CUDA graph capture).
+    ``backend`` ("ref", "triton", None: Triton for CUDA tensors when installed) unswizzles scales."""
     _check_list("a", tensors, same_rows=False)
     amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m) for t in tensors])
     device = tensors[0].rowwise_data.device
     offs = host_ints_on_device(cumulative_offsets([t.m for t in tensors])[1:], device, dtype=torch.int32)
     m = sum(t.m for t in tensors)
-    return _concat_rows(tensors, amax, (m, tensors[0].k), per_token=True), offs
+    return _concat_rows(tensors, amax, (m, tensors[0].k), True, backend), offs
 
 
-def stack_weights(tensors: Sequence[NVFP4Tensor]) -> NVFP4Tensor:
+def stack_weights(tensors: Sequence[NVFP4Tensor], *, backend: Optional[str] = None) -> NVFP4Tensor:
     """E per-expert weights (N, K) -> one NVFP4Tensor of logical shape (E, N, K), compact scales, amax
-    (E,) (one per expert) or (E*N,) when any expert has per-row amax."""
+    (E,) (one per expert) or (E*N,) when any expert has per-row amax. ``backend`` as in
+    :func:`concat_tokens`."""
     _check_list("b", tensors, same_rows=True)
     per_row = any(t.rowwise_amax.numel() != 1 for t in tensors)
     amax = torch.cat([t.rowwise_amax.reshape(-1).float().expand(t.m if per_row else 1) for t in tensors])
-    return _concat_rows(tensors, amax, (len(tensors), tensors[0].m, tensors[0].k), per_token=False)
+    return _concat_rows(tensors, amax, (len(tensors), tensors[0].m, tensors[0].k), False, backend)

@@ -12,12 +12,15 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from . import ref
+from . import moe, ref
+from .checks import check_integer_vector, check_split_sizes
+from .checks import check_multiple as _check_multiple
+from .checks import check_tensor as _check_tensor
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
-from .tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets
+from .runtime import compiling, graph_capturing, host_ints_on_device  # noqa: F401  (ops.compiling etc. are public)
+from .tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets, register_dequantize
 
 BACKENDS = ("ref", "triton")
-HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -42,44 +45,6 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
     return backend
 
 
-def compiling() -> bool:
-    """True while torch.compile traces (values built then become part of the compiled graph)."""
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
-
-
-def graph_capturing(device) -> bool:
-    """True while the current CUDA stream is being captured into a CUDA graph (always False when
-    ``device`` is not a CUDA device)."""
-    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def host_ints_on_device(values: Sequence[int], device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """A small 1-D integer tensor holding the host ``values`` on ``device``.
-
-    Outside CUDA graph capture this is one host->device copy. A copy from pageable memory cannot be
-    captured, so during capture each entry is written by its own fill kernel instead: the values become
-    constants of the graph, which is right because the shapes captured with them are constants too.
-    Callers that repeat the same values keep the result (see :class:`nvfp4lab.functional.SplitLayoutCache`)
-    so that nothing is copied per call.
-    """
-    values = [int(v) for v in values]
-    if not compiling() and graph_capturing(device):
-        out = torch.empty(len(values), dtype=dtype, device=device)
-        for i, v in enumerate(values):
-            out[i].fill_(v)
-        return out
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
-def _check_tensor(name: str, x, dtypes=HIGH_PRECISION_DTYPES) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} must have dtype in ({names}), got {str(x.dtype).replace('torch.', '')}")
-
-
 def flatten_2d(name: str, x: torch.Tensor) -> torch.Tensor:
     """Leading dims flatten into M; the result is contiguous (M, K)."""
     if x.dim() < 2:
@@ -88,11 +53,6 @@ def flatten_2d(name: str, x: torch.Tensor) -> torch.Tensor:
     for d in x.shape[:-1]:
         m *= d
     return x.reshape(m, x.shape[-1]).contiguous()
-
-
-def _check_multiple(name: str, value: int, mult: int, why: str) -> None:
-    if value % mult != 0:
-        raise ValueError(f"{name} must be a multiple of {mult} ({why}), got {value}")
 
 
 def _check_amax(name: str, amax, expected: tuple[int, ...], device) -> Optional[torch.Tensor]:
@@ -187,16 +147,14 @@ def quantize_nvfp4(
 def _split_offsets(name: str, split_sections, m: int, device) -> torch.Tensor:
     """list of ints or 1-D integer tensor -> int64 offsets (n+1,) on ``device``; host lists are checked."""
     if isinstance(split_sections, torch.Tensor):
-        if split_sections.dim() != 1 or split_sections.dtype.is_floating_point or split_sections.dtype == torch.bool:
-            raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {split_sections.dtype} shape {tuple(split_sections.shape)}")
+        check_integer_vector(name, split_sections)
         sizes = split_sections.to(device=device, dtype=torch.int64)
         offsets = torch.zeros(sizes.numel() + 1, dtype=torch.int64, device=device)
         torch.cumsum(sizes, 0, out=offsets[1:])
         if split_sections.device.type == "cpu":
-            _check_sections(name, split_sections.tolist(), m)
+            check_split_sizes(name, split_sections.tolist(), m)
         return offsets
-    _check_section_list(name, split_sections)
-    _check_sections(name, split_sections, m)
+    check_split_sizes(name, split_sections, m)
     return host_ints_on_device(cumulative_offsets(split_sections), device)
 
 
@@ -204,15 +162,9 @@ def _sections_on_host(split_sections) -> bool:
     return not isinstance(split_sections, torch.Tensor) or split_sections.device.type == "cpu"
 
 
-def _check_section_list(name: str, split_sections) -> None:
-    if not isinstance(split_sections, (list, tuple)) or not all(isinstance(s, int) for s in split_sections):
-        raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got {split_sections!r}")
-
-
 def _given_split_offsets(split_offsets, split_sections, m: int, device) -> torch.Tensor:
     """Checks of a caller's device offsets for host ``split_sections`` (their values are not read: no sync)."""
-    _check_section_list("split_sections (with split_offsets)", split_sections)
-    _check_sections("split_sections", split_sections, m)
+    check_split_sizes("split_sections (with split_offsets)", split_sections, m)
     if not isinstance(split_offsets, torch.Tensor):
         raise TypeError(f"split_offsets must be a torch.Tensor or None, got {type(split_offsets).__name__}")
     if split_offsets.dtype != torch.int64:
@@ -224,15 +176,6 @@ def _given_split_offsets(split_offsets, split_sections, m: int, device) -> torch
     if split_offsets.device != device:
         raise ValueError(f"split_offsets must be on x's device {device}, got {split_offsets.device}")
     return split_offsets
-
-
-def _check_sections(name: str, sections, m: int) -> None:
-    if len(sections) == 0:
-        raise ValueError(f"{name} must name at least one split")
-    if any(s < 0 for s in sections):
-        raise ValueError(f"{name} must be >= 0 each, got {list(sections)}")
-    if sum(sections) != m:
-        raise ValueError(f"{name} must sum to M = {m} (rows of x), got {sum(sections)}")
 
 
 def quantize_nvfp4_grouped_bulk(
@@ -510,8 +453,6 @@ def nvfp4_grouped_gemm(
        smaller experts, one Triton launch covers all experts. A list of activations gives it here.
     Per expert the result is exactly :func:`nvfp4_gemm` of its rows and weights.
     """
-    from . import moe
-
     if isinstance(a, NVFP4Tensor):
         moe.check_rowwise("a", a)
         if offs is None:
@@ -521,13 +462,13 @@ def nvfp4_grouped_gemm(
     else:
         if m_splits is None:
             m_splits = [t.m for t in a]
-        a, offs = moe.concat_tokens(a)
+        a, offs = moe.concat_tokens(a, backend=backend)
     if isinstance(b, NVFP4Tensor):
         moe.check_rowwise("b", b)
         if len(b.shape) != 3:
             raise ValueError(f"b must have logical shape (E, N, K) (the experts' weights stacked), got {tuple(b.shape)}")
     else:
-        b = moe.stack_weights(b)
+        b = moe.stack_weights(b, backend=backend)
     num_experts = int(b.shape[0])
     if a.k != b.k:
         raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
@@ -575,3 +516,7 @@ def nvfp4_grouped_gemm(
         return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
                                                accumulate=accumulate, splits=m_splits)
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
+
+
+register_dequantize(NVFP4Tensor, dequantize_nvfp4)
+register_dequantize(MXFP8Tensor, dequantize_mxfp8)

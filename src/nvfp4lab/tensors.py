@@ -13,15 +13,34 @@ NVFP4 layout of a logical (M, K) tensor (leading dims of the original shape are 
     columnwise_amax  fp32 (1,)        or (K,) when per_token; post-RHT amax with RHT
 
 A value is ``code_value * e4m3(scale) * amax / (6 * e4m3_max)``.
+
+Build containers with ``from_parts`` (the one constructor path: it checks that the copies given are
+the copies the config asks for). ``.dequantize()`` calls the public op of :mod:`nvfp4lab.ops`, which
+registers itself here (:func:`register_dequantize`): this module imports nothing above it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
+
+# container class -> the public dequantize op (nvfp4lab.ops registers dequantize_nvfp4 / dequantize_mxfp8)
+_DEQUANTIZE_OPS: dict = {}
+
+
+def register_dequantize(cls: type, op: Callable) -> None:
+    """Make ``cls.dequantize`` call ``op(t, dtype=, which=)`` (done once by :mod:`nvfp4lab.ops`)."""
+    _DEQUANTIZE_OPS[cls] = op
+
+
+def _check_copies(cls: type, config, rowwise, columnwise) -> None:
+    if (rowwise is not None) != config.rowwise or (columnwise is not None) != config.columnwise:
+        raise ValueError(f"{cls.__name__}.from_parts: the copies given (rowwise={rowwise is not None}, "
+                         f"columnwise={columnwise is not None}) must be the copies the config asks for "
+                         f"(rowwise={config.rowwise}, columnwise={config.columnwise})")
 
 
 @dataclass
@@ -65,12 +84,25 @@ class NVFP4Tensor:
     def k(self) -> int:
         return int(self.shape[-1])
 
-    def dequantize(self, dtype: Optional[torch.dtype] = None, which: str = "rowwise") -> torch.Tensor:
-        """Back to high precision in the original shape. ``which="columnwise"`` reads the columnwise
-        copy (undoing the RHT in fp32 when it was applied) and also returns x's orientation."""
-        from .ops import dequantize_nvfp4
+    @classmethod
+    def from_parts(cls, shape, dtype: torch.dtype, config: NVFP4QuantConfig, rowwise: Optional[tuple] = None,
+                   columnwise: Optional[tuple] = None) -> "NVFP4Tensor":
+        """The container of ``shape`` / ``dtype`` quantized with ``config``; ``rowwise`` and
+        ``columnwise`` are the (data, scale, amax) of each copy, given exactly when ``config`` asks
+        for that copy (ValueError otherwise)."""
+        _check_copies(cls, config, rowwise, columnwise)
+        t = cls(shape, dtype, config)
+        if rowwise is not None:
+            t.rowwise_data, t.rowwise_scale, t.rowwise_amax = rowwise
+        if columnwise is not None:
+            t.columnwise_data, t.columnwise_scale, t.columnwise_amax = columnwise
+        return t
 
-        return dequantize_nvfp4(self, dtype=dtype, which=which)
+    def dequantize(self, dtype: Optional[torch.dtype] = None, which: str = "rowwise") -> torch.Tensor:
+        """Back to high precision in the original shape (:func:`nvfp4lab.dequantize_nvfp4`).
+        ``which="columnwise"`` reads the columnwise copy (undoing the RHT in fp32 when it was applied)
+        and also returns x's orientation."""
+        return _DEQUANTIZE_OPS[NVFP4Tensor](self, dtype=dtype, which=which)
 
 
 @dataclass
@@ -99,10 +131,21 @@ class MXFP8Tensor:
     def scale_layout(self) -> str:
         return self.config.scale_layout
 
-    def dequantize(self, dtype: Optional[torch.dtype] = None, which: str = "rowwise") -> torch.Tensor:
-        from .ops import dequantize_mxfp8
+    @classmethod
+    def from_parts(cls, shape, dtype: torch.dtype, config: MXFP8QuantConfig, rowwise: Optional[tuple] = None,
+                   columnwise: Optional[tuple] = None) -> "MXFP8Tensor":
+        """As :meth:`NVFP4Tensor.from_parts`, with (data, scale) pairs (MXFP8 has no amax)."""
+        _check_copies(cls, config, rowwise, columnwise)
+        t = cls(shape, dtype, config)
+        if rowwise is not None:
+            t.rowwise_data, t.rowwise_scale = rowwise
+        if columnwise is not None:
+            t.columnwise_data, t.columnwise_scale = columnwise
+        return t
 
-        return dequantize_mxfp8(self, dtype=dtype, which=which)
+    def dequantize(self, dtype: Optional[torch.dtype] = None, which: str = "rowwise") -> torch.Tensor:
+        """Back to high precision (M, K) (:func:`nvfp4lab.dequantize_mxfp8`)."""
+        return _DEQUANTIZE_OPS[MXFP8Tensor](self, dtype=dtype, which=which)
 
 
 @dataclass
@@ -135,6 +178,18 @@ class GroupedNVFP4Tensor:
     columnwise_scale: Optional[torch.Tensor] = None
     columnwise_amax: Optional[torch.Tensor] = None
 
+    @classmethod
+    def from_parts(cls, shape, dtype: torch.dtype, config: NVFP4QuantConfig, split_offsets: torch.Tensor,
+                   rowwise: Optional[tuple] = None, columnwise: Optional[tuple] = None) -> "GroupedNVFP4Tensor":
+        """As :meth:`NVFP4Tensor.from_parts`, with the bulk buffers and the split offsets."""
+        _check_copies(cls, config, rowwise, columnwise)
+        t = cls(shape, dtype, config, split_offsets)
+        if rowwise is not None:
+            t.rowwise_data, t.rowwise_scale, t.rowwise_amax = rowwise
+        if columnwise is not None:
+            t.columnwise_data, t.columnwise_scale, t.columnwise_amax = columnwise
+        return t
+
     @property
     def num_splits(self) -> int:
         return self.split_offsets.numel() - 1
@@ -147,16 +202,15 @@ class GroupedNVFP4Tensor:
         out = []
         for i in range(len(offsets) - 1):
             lo, hi = offsets[i], offsets[i + 1]
-            t = NVFP4Tensor(shape=torch.Size((hi - lo, k)), dtype=self.dtype, config=cfg)
+            row = col = None
             if cfg.rowwise:
-                t.rowwise_data = self.rowwise_data[lo:hi]
-                t.rowwise_scale = self.rowwise_scale[lo:hi]
-                t.rowwise_amax = self.rowwise_amax[lo:hi] if cfg.per_token else self.rowwise_amax[i : i + 1]
+                row = (self.rowwise_data[lo:hi], self.rowwise_scale[lo:hi],
+                       self.rowwise_amax[lo:hi] if cfg.per_token else self.rowwise_amax[i : i + 1])
             if cfg.columnwise:
-                t.columnwise_data = self.columnwise_data[k * lo // 2 : k * hi // 2].view(k, (hi - lo) // 2)
-                t.columnwise_scale = self.columnwise_scale[k * lo // 16 : k * hi // 16].view(k, (hi - lo) // 16)
-                t.columnwise_amax = self.columnwise_amax[i] if cfg.per_token else self.columnwise_amax[i : i + 1]
-            out.append(t)
+                col = (self.columnwise_data[k * lo // 2 : k * hi // 2].view(k, (hi - lo) // 2),
+                       self.columnwise_scale[k * lo // 16 : k * hi // 16].view(k, (hi - lo) // 16),
+                       self.columnwise_amax[i] if cfg.per_token else self.columnwise_amax[i : i + 1])
+            out.append(NVFP4Tensor.from_parts(torch.Size((hi - lo, k)), self.dtype, cfg, rowwise=row, columnwise=col))
         return out
 
 
@@ -166,3 +220,4 @@ def cumulative_offsets(sizes) -> list:
     for s in sizes:
         offsets.append(offsets[-1] + int(s))
     return offsets
+

@@ -329,9 +329,9 @@ def test_grouped_linear_forward_with_te_default_and_params():
 def test_grouped_linear_rejects_bad_splits():
     g = GroupedLinear(2, 64, 32)
     x = torch.randn(32, 64)
-    with pytest.raises(ValueError, match="m_splits must sum to the number of tokens"):
+    with pytest.raises(ValueError, match="m_splits must sum to M = 32"):
         g(x, [16, 8])
-    with pytest.raises(ValueError, match="m_splits must have num_gemms = 2 entries"):
+    with pytest.raises(ValueError, match="m_splits must have 2 entries"):
         g(x, [32])
     with pytest.raises(ValueError, match="m_splits must be >= 0"):
         g(x, [40, -8])

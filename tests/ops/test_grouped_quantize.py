@@ -63,7 +63,7 @@ def test_grouped_rejects_bad_splits():
         nvfp4lab.quantize_nvfp4_grouped(x, [80, -16])
     with pytest.raises(ValueError, match="multiples of 16"):
         nvfp4lab.quantize_nvfp4_grouped(x, [8, 56], columnwise=True)
-    with pytest.raises(TypeError, match="list of ints"):
+    with pytest.raises(TypeError, match="list or tuple of ints"):
         nvfp4lab.quantize_nvfp4_grouped(x, "16,48")
     with pytest.raises(ValueError, match="at least one split"):
         nvfp4lab.quantize_nvfp4_grouped(x[:0], [])
@@ -110,12 +110,12 @@ def test_bad_split_offsets(sections, split_offsets, exc, match):
 @pytest.mark.parametrize("capturing", [False, True], ids=["eager", "capturing"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_host_ints_on_device(capturing, dtype, monkeypatch):
-    from nvfp4lab import ops
+    from nvfp4lab import runtime
 
     if capturing:  # a pageable copy cannot be captured: the values must be written by fills
-        monkeypatch.setattr(ops, "graph_capturing", lambda device: True)
+        monkeypatch.setattr(runtime, "graph_capturing", lambda device: True)
         monkeypatch.setattr(torch, "tensor", lambda *a, **kw: pytest.fail("torch.tensor during capture"))
-    got = ops.host_ints_on_device([0, 16, 16, 80], "cpu", dtype=dtype)
+    got = runtime.host_ints_on_device([0, 16, 16, 80], "cpu", dtype=dtype)
     assert got.dtype == dtype and got.tolist() == [0, 16, 16, 80]
 
 

@@ -37,30 +37,22 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .. import ops
+from .. import moe, ops
+from ..checks import check_integer_vector, check_split_sizes
+from ..checks import check_tensor as _check_float
+from ..config import with_copies
+from ..layout import roundup as _roundup
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
-from ..tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets
+from ..tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor, cumulative_offsets
 
 QuantizedTensor = Union[NVFP4Tensor, MXFP8Tensor]
-_HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # -------------------------------------------------------------------------------------- helpers
-def _roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
 def _pad_rows(x2: torch.Tensor, rows: int) -> torch.Tensor:
     if x2.shape[0] == rows:
         return x2
     return torch.nn.functional.pad(x2, (0, 0, 0, rows - x2.shape[0]))
-
-
-def _check_float(name: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _HP_DTYPES:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -84,10 +76,8 @@ def transposed_operand(t: NVFP4Tensor) -> NVFP4Tensor:
     if t.columnwise_data is None:
         raise ValueError("t has no columnwise copy (quantize with columnwise=True)")
     config = dataclasses.replace(t.config, rowwise=True, columnwise=False, rht=False)
-    return NVFP4Tensor(
-        shape=torch.Size((t.k, t.m)), dtype=t.dtype, config=config,
-        rowwise_data=t.columnwise_data, rowwise_scale=t.columnwise_scale, rowwise_amax=t.columnwise_amax,
-    )
+    return NVFP4Tensor.from_parts(torch.Size((t.k, t.m)), t.dtype, config,
+                                  rowwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax))
 
 
 def _quantize(recipe, tensor: str, x2: torch.Tensor, *, rowwise: bool, columnwise: bool, backend) -> QuantizedTensor:
@@ -149,10 +139,10 @@ def _unpack(tensors, meta) -> Optional[QuantizedTensor]:
     if meta is None:
         return None
     cls, shape, dtype, config, copy = meta
-    fields = {f"{copy}_data": tensors[0], f"{copy}_scale": tensors[1]}
-    if cls is NVFP4Tensor:
-        fields[f"{copy}_amax"] = tensors[2]
-    return cls(shape=shape, dtype=dtype, config=config, **fields)
+    parts = tuple(tensors) if cls is NVFP4Tensor else tuple(tensors[:2])
+    rowwise = copy == "rowwise"
+    return cls.from_parts(shape, dtype, with_copies(config, rowwise, not rowwise),
+                          rowwise=parts if rowwise else None, columnwise=None if rowwise else parts)
 
 
 # ------------------------------------------------------------------------ one GEMM, both passes
@@ -235,8 +225,6 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
 def stack_grouped_weights(quantized_weights: Sequence[NVFP4Tensor], *, columnwise: bool = True) -> tuple:
     """Per-expert quantized weights (from :func:`quantize_weight`) -> (rowwise stack (E, N, K), columnwise
     stack (E, K, N) or None) for :func:`grouped_linear`'s ``stacked_weights`` (modules cache it)."""
-    from .. import moe
-
     rowwise = moe.stack_weights(list(quantized_weights))
     col = None
     if columnwise:
@@ -258,10 +246,7 @@ _TOKEN_BLOCK = 16  # columnwise NVFP4 copies block 16 tokens
 
 
 def _split_sizes(m_splits) -> tuple:
-    if not isinstance(m_splits, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in m_splits):
-        raise TypeError(f"m_splits must be a list or tuple of ints, got {m_splits!r}")
-    if len(m_splits) == 0 or any(s < 0 for s in m_splits):
-        raise ValueError(f"m_splits must hold one or more sizes >= 0, got {list(m_splits)}")
+    check_split_sizes("m_splits", m_splits)
     return tuple(m_splits)
 
 
@@ -368,8 +353,8 @@ def _token_operand(bulk) -> NVFP4Tensor:
         amax = torch.repeat_interleave(bulk.rowwise_amax, bulk.split_offsets.diff(), output_size=m)
     config = dataclasses.replace(bulk.config, rowwise=True, columnwise=False, per_token=True, rht=False,
                                  block="1x16", scale_layout="compact")
-    return NVFP4Tensor(shape=torch.Size((m, k)), dtype=bulk.dtype, config=config,
-                       rowwise_data=bulk.rowwise_data, rowwise_scale=bulk.rowwise_scale, rowwise_amax=amax)
+    return NVFP4Tensor.from_parts(torch.Size((m, k)), bulk.dtype, config,
+                                  rowwise=(bulk.rowwise_data, bulk.rowwise_scale, amax))
 
 
 def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdtype, need_dgrad, need_wgrads, backend):
@@ -408,8 +393,6 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
 
 def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
     """(dx, [dW_i], [db_i]) of the grouped path."""
-    from ..tensors import GroupedNVFP4Tensor
-
     n, k = meta["n"], meta["k"]
     layout, padded = meta["layout"], meta["padded"]
     sizes, offsets = layout.quantized_splits(padded)
@@ -427,16 +410,14 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
                             rowwise=need_dgrad, columnwise=any_wgrad, backend=backend)
     if need_dgrad:
         shape, dtype, config = meta["w_meta"]
-        w = NVFP4Tensor(shape=shape, dtype=dtype, config=config, rowwise_data=saved[4], rowwise_scale=saved[5],
-                        rowwise_amax=saved[6])
+        w = NVFP4Tensor.from_parts(shape, dtype, config, rowwise=tuple(saved[4:7]))
         dx = ops.nvfp4_grouped_gemm(_token_operand(qdy), w, qdy.split_offsets[1:], out_dtype=meta["x_dtype"],
                                     backend=backend, m_splits=list(sizes))
         if padded:
             dx = layout.unpad(dx)
     if any_wgrad:
         shape, dtype, config = meta["x_meta"]
-        qx = GroupedNVFP4Tensor(shape=shape, dtype=dtype, config=config, split_offsets=saved[0],
-                                columnwise_data=saved[1], columnwise_scale=saved[2], columnwise_amax=saved[3])
+        qx = GroupedNVFP4Tensor.from_parts(shape, dtype, config, saved[0], columnwise=tuple(saved[1:4]))
         x_parts, dy_parts = qx.split(sizes), qdy.split(sizes)
         for i in range(num):
             if not need_wgrads[i]:
@@ -598,18 +579,10 @@ def linear(
 
 def _splits_to_list(m_splits, num_gemms: int, total: int) -> tuple:
     if isinstance(m_splits, torch.Tensor):
-        if m_splits.dim() != 1 or m_splits.dtype.is_floating_point or m_splits.dtype == torch.bool:
-            raise TypeError(f"m_splits must be a 1-D integer tensor or a list of ints, got {m_splits.dtype} shape {tuple(m_splits.shape)}")
+        check_integer_vector("m_splits", m_splits)
         m_splits = m_splits.tolist()  # a device tensor costs one synchronization
-    elif not isinstance(m_splits, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in m_splits):
-        raise TypeError(f"m_splits must be a list of ints or a 1-D integer tensor, got {m_splits!r}")
-    if len(m_splits) != num_gemms:
-        raise ValueError(f"m_splits must have num_gemms = {num_gemms} entries, got {len(m_splits)}")
-    if any(v < 0 for v in m_splits):
-        raise ValueError(f"m_splits must be >= 0, got {list(m_splits)}")
-    if sum(m_splits) != total:
-        raise ValueError(f"m_splits must sum to the number of tokens ({total}), got sum {sum(m_splits)}")
-    return tuple(int(v) for v in m_splits)
+    check_split_sizes("m_splits", m_splits, total, count=num_gemms)
+    return tuple(m_splits)
 
 
 def grouped_linear(

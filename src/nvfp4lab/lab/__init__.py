@@ -6,7 +6,8 @@ sentences, then reports for each recipe the SQNR of every tensor copy and GEMM, 
 cosine similarity of the sentence embeddings with a fake-quantized forward pass.
 """
 from .recipes import CATALOGUE, DEFAULT_RECIPES, BF16Format, LabRecipe, nvfp4_recipe, resolve_recipes
-from .runner import LabResults, RecipeResult, run_lab
+from .results import LabResults, RecipeResult
+from .runner import run_lab
 
 __all__ = [
     "BF16Format", "CATALOGUE", "DEFAULT_RECIPES", "LabRecipe", "LabResults", "RecipeResult",

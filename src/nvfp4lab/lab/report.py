@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .metrics import GEMM_METRICS, METRICS
 from .recipes import BF16Format
-from .runner import LabResults
+from .results import LabResults
 
 PLOT_ROLES = (  # (metric, label) of the grouped-bar plot: the operands of fprop, then the three GEMMs
     ("weight_rowwise", "W"), ("activation_rowwise", "x"), ("gradient_rowwise", "dy"),

@@ -1,10 +1,8 @@
 """``run_lab``: capture real tensors once, measure every recipe on them, rank, write the outputs."""
 from __future__ import annotations
 
-import math
 import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -14,43 +12,11 @@ from .. import __version__
 from ..ops import resolve_backend
 from . import capture as cap
 from .metrics import GEMM_METRICS, METRICS, analyze_layer, cosine_per_sentence, quantized_embeddings
-from .recipes import LabRecipe, resolve_recipes
+from .recipes import resolve_recipes
+from .results import LabResults, RecipeResult
 
 DEFAULT_TOKENS = 256  # token rows per layer for the tensor and GEMM SQNRs (of 1322 real tokens in the bundled sentences)
 DEFAULT_OUT = "lab-out"
-
-
-@dataclass
-class RecipeResult:
-    recipe: LabRecipe
-    layers: list  # one {"layer": name, <metric>: dB, ...} per analysed Linear
-    cosine_mean: float  # end-to-end: mean over sentences of cos(embedding_quantized, embedding_fp32)
-    cosine_min: float
-    seconds: float
-    rank: int = 0
-
-    def values(self, metric: str) -> list[float]:
-        return [row[metric] for row in self.layers]
-
-    def mean(self, metric: str) -> float:
-        """Mean over layers of the per-layer SQNR in dB."""
-        vals = self.values(metric)
-        return math.fsum(vals) / len(vals)
-
-    def worst(self, metric: str) -> tuple[float, str]:
-        """(lowest per-layer SQNR, that layer's name)."""
-        row = min(self.layers, key=lambda r: r[metric])
-        return row[metric], row["layer"]
-
-
-@dataclass
-class LabResults:
-    meta: dict
-    results: list = field(default_factory=list)  # RecipeResult, best end-to-end first
-
-    @property
-    def layer_names(self) -> list[str]:
-        return [row["layer"] for row in self.results[0].layers] if self.results else []
 
 
 def _check_device(device) -> torch.device:

@@ -26,7 +26,7 @@ import math
 import platform
 import sysconfig
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -39,13 +39,13 @@ from ..ops import resolve_backend
 from ..recipes import MXFP8Recipe, NVFP4Recipe
 from .command import run_and_print
 from .recipes import split_names
+from .results import FINAL_LOSS_WINDOW, RecipeRun, TrainResults
 from .runner import _check_device, _check_out_dir, _progress, run_info
 
 VOCAB = 256  # bytes
 DEFAULT_OUT = "train-out"
 BASELINE = "bf16"
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
-FINAL_LOSS_WINDOW = 20  # "final train loss" = mean of the last this-many step losses (one batch is noisy)
 
 
 # ------------------------------------------------------------------------------------ recipes
@@ -292,44 +292,6 @@ def _keep_head(name: str, module: nn.Linear) -> bool:
 
 
 # --------------------------------------------------------------------------------------- runs
-@dataclass
-class RecipeRun:
-    name: str
-    summary: str
-    recipe: Optional[str]  # repr of the NVFP4Recipe / MXFP8Recipe; None for the baseline
-    converted: list
-    train_losses: list = field(default_factory=list)  # one per step (nan after a divergence)
-    val_steps: list = field(default_factory=list)  # steps completed at each evaluation
-    val_losses: list = field(default_factory=list)
-    train_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    diverged_at: Optional[int] = None  # first step whose loss was not finite
-
-    @property
-    def final_train_loss(self) -> float:
-        """Mean of the last FINAL_LOSS_WINDOW step losses (nan after a divergence)."""
-        tail = self.train_losses[-FINAL_LOSS_WINDOW:]
-        return math.fsum(tail) / len(tail) if tail else math.nan
-
-    @property
-    def final_val_loss(self) -> float:
-        return self.val_losses[-1] if self.val_losses else math.nan
-
-    def tokens_per_second(self, tokens_per_step: int) -> float:
-        done = len(self.train_losses) if self.diverged_at is None else self.diverged_at + 1
-        return done * tokens_per_step / self.train_seconds if self.train_seconds > 0 else math.nan
-
-
-@dataclass
-class TrainResults:
-    meta: dict
-    runs: list  # RecipeRun, baseline first
-
-    @property
-    def baseline(self) -> RecipeRun:
-        return self.runs[0]
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from .report import _finite_or_none, default_console
-from .train import FINAL_LOSS_WINDOW, TrainResults
+from .results import FINAL_LOSS_WINDOW, TrainResults
 
 FILES = ("train-results.json", "train-loss.png", "train-gap.png")
 

@@ -109,6 +109,10 @@ class Linear(nn.Linear, _WeightCacheMixin):
         new.train(linear.training)
         return new
 
+    def quantized_weight_names(self) -> list:
+        """The weight Parameters this layer quantizes (what :mod:`nvfp4lab.fsdp` may gather as FP4)."""
+        return ["weight"]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         quantized = self._quantized_weight("weight", self.weight, self._needs_weight_columnwise(x))
         return F.linear(x, self.weight, self.bias, recipe=self.recipe, quantized_weight=quantized, backend=self.backend)
@@ -166,6 +170,10 @@ class GroupedLinear(nn.Module, _WeightCacheMixin):
             if b is not None:
                 bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
                 nn.init.uniform_(b, -bound, bound)
+
+    def quantized_weight_names(self) -> list:
+        """The weight Parameters this layer quantizes (what :mod:`nvfp4lab.fsdp` may gather as FP4)."""
+        return [f"weight{i}" for i in range(self.num_gemms)]
 
     @property
     def weights(self) -> list:

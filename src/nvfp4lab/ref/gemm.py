@@ -10,10 +10,13 @@ contract: implementations agree within the golden tolerance (rtol 2^-7).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
+from ..config import with_copies
+from ..tensors import NVFP4Tensor
 from . import codecs
 from .swizzle import compact_scales
 
@@ -104,10 +107,6 @@ def nvfp4_grouped_gemm(
 
 def _rows(t, compact_scale: torch.Tensor, amax: torch.Tensor, r0: int, r1: int):
     """Rows r0:r1 of an NVFP4Tensor's rowwise copy as an NVFP4Tensor with compact scales."""
-    from dataclasses import replace
-
-    return replace(
-        t, shape=torch.Size((r1 - r0, t.k)), config=replace(t.config, scale_layout="compact"),
-        rowwise_data=t.rowwise_data[r0:r1], rowwise_scale=compact_scale[r0:r1], rowwise_amax=amax,
-        columnwise_data=None, columnwise_scale=None, columnwise_amax=None,
-    )
+    config = with_copies(replace(t.config, scale_layout="compact"), True, False)
+    return NVFP4Tensor.from_parts(torch.Size((r1 - r0, t.k)), t.dtype, config,
+                                  rowwise=(t.rowwise_data[r0:r1], compact_scale[r0:r1], amax))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..tensors import MXFP8Tensor
 from . import codecs
 from .swizzle import apply_scale_layout, compact_scales
 
@@ -37,25 +38,22 @@ def quantize_rows(y: torch.Tensor, fp8_format: str = "e4m3") -> tuple[torch.Tens
 
 def quantize(x: torch.Tensor, config):
     """Reference MXFP8 quantization of a 2-D (M, K) tensor with a :class:`MXFP8QuantConfig`."""
-    from ..tensors import MXFP8Tensor
-
-    out = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=config)
+    rowwise = columnwise = None
     if config.rowwise:
         data, scale = quantize_rows(x, config.fp8_format)
-        out.rowwise_data = data
-        out.rowwise_scale = apply_scale_layout(scale, config.scale_layout)
+        rowwise = (data, apply_scale_layout(scale, config.scale_layout))
     if config.columnwise:
         data_t, scale_t = quantize_rows(x.t(), config.fp8_format)
-        out.columnwise_data = data_t.t().contiguous()
         # compact columnwise scale is (M/32, K); padded is (roundup(M/32,4), roundup(K,128));
         # swizzled is the swizzle of its transpose (spec section 8).
         if config.scale_layout == "swizzled":
-            out.columnwise_scale = apply_scale_layout(scale_t, "swizzled")
+            col_scale = apply_scale_layout(scale_t, "swizzled")
         elif config.scale_layout == "padded":
-            out.columnwise_scale = apply_scale_layout(scale_t, "padded").t().contiguous()
+            col_scale = apply_scale_layout(scale_t, "padded").t().contiguous()
         else:
-            out.columnwise_scale = scale_t.t().contiguous()
-    return out
+            col_scale = scale_t.t().contiguous()
+        columnwise = (data_t.t().contiguous(), col_scale)
+    return MXFP8Tensor.from_parts(x.shape, x.dtype, config, rowwise=rowwise, columnwise=columnwise)
 
 
 def columnwise_scale_compact(t) -> torch.Tensor:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import torch
 
-
-def roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
+from ..layout import roundup, swizzled_offset
 
 
 def pad_scales(scale: torch.Tensor) -> torch.Tensor:
@@ -30,7 +28,7 @@ def swizzled_offsets(rows_padded: int, cols_padded: int, device=None) -> torch.T
     """Flat swizzled offset of every (i, j) of a padded (rows_padded, cols_padded) scale matrix."""
     i = torch.arange(rows_padded, device=device).view(-1, 1)
     j = torch.arange(cols_padded, device=device).view(1, -1)
-    return ((i // 128) * (cols_padded // 4) + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+    return swizzled_offset(i, j, cols_padded)
 
 
 def swizzle_scales(scale: torch.Tensor) -> torch.Tensor:
