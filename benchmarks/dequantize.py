@@ -5,12 +5,10 @@
 Sweep: rowwise (swizzled scales) and columnwise (transposed store) to bf16 at 8192 x 8192 and
 M in {1024..32768} x K in {2048, 4096, 8192}; at 8192 x 8192 also compact scales, per-token amax and
 fp16 / fp32 outputs. Bytes moved = packed data + scales + amax read, output written. Before timing,
-each variant's output at 8192 x 8192 is checked bit for bit against the reference.
+each case's output at 8192 x 8192 is checked bit for bit against the reference.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 from pathlib import Path
 
@@ -48,30 +46,7 @@ def check(data, scale, amax, layout, per_token, transpose, dtype):
         raise SystemExit(f"MISMATCH vs reference: {which} {layout} per_token={per_token} {dtype}")
 
 
-@contextlib.contextmanager
-def t_variant(variant):
-    """Run with NVFP4LAB_DQ_T_VARIANT=variant (None: leave it as it is)."""
-    if variant is None:
-        yield
-        return
-    saved = os.environ.get("NVFP4LAB_DQ_T_VARIANT")
-    os.environ["NVFP4LAB_DQ_T_VARIANT"] = variant
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["NVFP4LAB_DQ_T_VARIANT"]
-        else:
-            os.environ["NVFP4LAB_DQ_T_VARIANT"] = saved
-
-
-def run_case(results, m, k, *, variant=None, **kwargs):
-    """One timed row; ``variant``: the columnwise kernel variant (NVFP4LAB_DQ_T_VARIANT) to use."""
-    with t_variant(variant):
-        _run_case(results, m, k, **kwargs)
-
-
-def _run_case(results, m, k, *, layout="swizzled", per_token=False, transpose=False, dtype=torch.bfloat16, verify=False, tile=None):
+def run_case(results, m, k, *, layout="swizzled", per_token=False, transpose=False, dtype=torch.bfloat16, verify=False, tile=None):
     rows, cols = (k, m) if transpose else (m, k)  # the quantized matrix Q; x is (m, k)
     data, scale, amax = make_operand(rows, cols, layout, per_token)
     if verify:
@@ -88,23 +63,16 @@ def _run_case(results, m, k, *, layout="swizzled", per_token=False, transpose=Fa
     name = f"nvfp4 {'col' if transpose else 'row'} {layout[:4]}{' tok' if per_token else ''} ->{_DT[dtype]}"
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
-    variant = dq.t_variant() if transpose else None
-    if variant == "join" and dq.T_PAIRS:
-        name += " pairs"
-    elif variant is not None and variant != "join":
-        name += f" {variant}"
-    extra = dict(layout=layout, per_token=per_token, transpose=transpose, out_dtype=_DT[dtype],
-                 pairs=transpose and dq.T_PAIRS, t_variant=variant)
+    extra = dict(layout=layout, per_token=per_token, transpose=transpose, out_dtype=_DT[dtype])
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
-    del data, scale, amax, out
 
 
 def main():
     args = _bench.parse_args(__doc__.splitlines()[0])
     results: list = []
-    print(f"variants at {_bench.BASE[0]} x {_bench.BASE[1]} (each checked against the reference first)")
+    print(f"cases at {_bench.BASE[0]} x {_bench.BASE[1]} (each checked against the reference first)")
     for layout in ("swizzled", "compact"):
         for transpose in (False, True):
             run_case(results, *_bench.BASE, layout=layout, transpose=transpose, verify=True)
@@ -117,31 +85,12 @@ def main():
         print(f"tile shapes at {_bench.BASE[0]} x {_bench.BASE[1]} (BLOCK_ROWS x BLOCK_COLS, num_warps)")
         for tile in [(16, 256, 4), (32, 256, 4), (32, 512, 4), (64, 256, 8), (32, 512, 8), (64, 512, 8), (16, 512, 4)]:
             run_case(results, *_bench.BASE, tile=tile)
-        # transposed tiles: (8-row groups of Q, words of 8 codes per Q row, num_warps), with one word or
-        # (dq.T_PAIRS) one 2-word scale block per thread and Q row
-        for pairs, tiles in ((False, [(4, 32, 4), (4, 64, 8), (2, 64, 4), (8, 16, 4)]),
-                             (True, [(4, 64, 4), (4, 128, 8), (2, 128, 4), (8, 32, 4)])):
-            saved, dq.T_PAIRS = dq.T_PAIRS, pairs
-            try:
-                for tile in tiles:
-                    run_case(results, *_bench.BASE, transpose=True, tile=tile, verify=tile == tiles[0])
-            finally:
-                dq.T_PAIRS = saved
-        # columnwise kernel variants (NVFP4LAB_DQ_T_VARIANT, see dq.T_VARIANTS), each at its default tile,
-        # for the two cases below 85% and the per-tensor bf16 one (so that a regression shows)
-        print("columnwise kernel variants (default tiles)")
-        for variant in dq.T_VARIANTS:
-            run_case(results, *_bench.BASE, variant=variant, transpose=True, per_token=True, verify=True)
-            run_case(results, *_bench.BASE, variant=variant, transpose=True, dtype=torch.float32, verify=True)
-            run_case(results, *_bench.BASE, variant=variant, transpose=True, verify=True)
-            run_case(results, *_bench.BASE, variant=variant, transpose=True, dtype=torch.float16)
-        # their tiles: (groups of 8 Q rows, or of 4 for rows4 with fp32 output; words per Q row (even); warps)
+        # transposed tiles: (groups of 8 Q rows, of 4 for fp32 output; words of 8 codes per Q row (even); warps)
         for tile in [(16, 16, 4), (4, 64, 4), (8, 64, 8), (16, 32, 8), (8, 16, 2)]:
-            run_case(results, *_bench.BASE, variant="rows", transpose=True, per_token=True, tile=tile, verify=tile == (16, 16, 4))
-            run_case(results, *_bench.BASE, variant="rows", transpose=True, tile=tile)
-            run_case(results, *_bench.BASE, variant="rows", transpose=True, dtype=torch.float32, tile=tile)
+            run_case(results, *_bench.BASE, transpose=True, per_token=True, tile=tile, verify=tile == (16, 16, 4))
+            run_case(results, *_bench.BASE, transpose=True, tile=tile)
         for tile in [(8, 32, 4), (32, 8, 4), (32, 16, 8), (16, 32, 8), (8, 16, 2)]:
-            run_case(results, *_bench.BASE, variant="rows4", transpose=True, dtype=torch.float32, tile=tile, verify=tile == (8, 32, 4))
+            run_case(results, *_bench.BASE, transpose=True, dtype=torch.float32, tile=tile, verify=tile == (8, 32, 4))
     print("sweep (bf16 output, swizzled scales)")
     for m, k in _bench.shapes(args.quick):
         run_case(results, m, k)

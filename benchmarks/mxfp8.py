@@ -34,14 +34,7 @@ def _outputs(m, k, rowwise, columnwise, layout):
 
 
 def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="compact", in_dtype=torch.bfloat16,
-               fmt="e4m3", verify=False, tile=None, public_op=False, pack_words=None):
-    if pack_words is not None:  # time the kernel with mk.PACK_WORDS set so, then restore it
-        saved, mk.PACK_WORDS = mk.PACK_WORDS, pack_words
-        try:
-            return quant_case(results, m, k, cast=cast, rowwise=rowwise, columnwise=columnwise, layout=layout,
-                              in_dtype=in_dtype, fmt=fmt, verify=verify, tile=tile, public_op=public_op)
-        finally:
-            mk.PACK_WORDS = saved
+               fmt="e4m3", verify=False, tile=None, public_op=False):
     x = torch.randn(m, k, device=_bench.DEVICE).to(in_dtype)
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
     outs = _outputs(m, k, rowwise, columnwise, layout)
@@ -49,11 +42,7 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
 
     if public_op:  # the whole op: output allocation and zero-filled scale buffers included
         def fn():
-            saved, mk.FP8_CAST = mk.FP8_CAST, cast
-            try:
-                mk.quantize_mxfp8(x, cfg)
-            finally:
-                mk.FP8_CAST = saved
+            mk.quantize_mxfp8(x, cfg, fp8_cast=cast)
     else:
         def fn():
             mk.launch_mxfp8_quantize(x, *outs, fp8_format=fmt, scale_layout=layout, fp8_cast=cast,
@@ -80,10 +69,7 @@ def quant_case(results, m, k, *, cast, rowwise=True, columnwise=True, layout="co
         name += " (op)"
     if tile:
         name += f" {block_rows}x{block_cols}w{warps}"
-    if not mk.PACK_WORDS and columnwise and cast == "soft":
-        name += " bytes"  # columnwise data stored byte by byte, not the default uint32 words
-    extra = dict(kind="quantize", cast=cast, direction=direction, layout=layout, in_dtype=_DT[in_dtype], fmt=fmt,
-                 pack_words=mk.PACK_WORDS)
+    extra = dict(kind="quantize", cast=cast, direction=direction, layout=layout, in_dtype=_DT[in_dtype], fmt=fmt)
     if tile:
         extra["tile"] = list(tile)
     _bench.record(results, name, m, k, ms, moved, **extra)
@@ -123,7 +109,7 @@ def dequant_case(results, m, k, *, which, layout="compact", dtype=torch.bfloat16
 def main():
     args = _bench.parse_args(__doc__.splitlines()[0])
     results: list = []
-    print(f"variants at {_bench.BASE[0]} x {_bench.BASE[1]} (each checked against the reference first)")
+    print(f"cases at {_bench.BASE[0]} x {_bench.BASE[1]} (each checked against the reference first)")
     for cast in _CASTS:
         quant_case(results, *_bench.BASE, cast=cast, verify=True)
         quant_case(results, *_bench.BASE, cast=cast, columnwise=False, verify=True)
@@ -138,8 +124,6 @@ def main():
         dequant_case(results, *_bench.BASE, which=which, dtype=torch.float32, verify=True)
     if args.tune:
         print(f"tile shapes at {_bench.BASE[0]} x {_bench.BASE[1]} (BLOCK_ROWS x BLOCK_COLS, num_warps)")
-        for direction in ("both", "col"):  # columnwise data stored as bytes (mk.PACK_WORDS off: the default's baseline)
-            quant_case(results, *_bench.BASE, cast="soft", rowwise=direction == "both", pack_words=False, verify=True)
         for cast, direction in [(cast, d) for cast in _CASTS for d in ("both", "row", "col")]:
             for tile in [(32, 256, 2), (32, 256, 4), (32, 64, 1), (32, 128, 1), (32, 256, 1), (32, 128, 2), (64, 128, 2)]:
                 quant_case(results, *_bench.BASE, cast=cast, tile=tile, rowwise=direction != "col", columnwise=direction != "row")

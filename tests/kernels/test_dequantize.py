@@ -20,14 +20,6 @@ OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 LAYOUTS = ["compact", "padded", "swizzled"]
 
 
-@pytest.fixture(params=dq.T_VARIANTS)
-def t_variant(request, monkeypatch):
-    """Each columnwise (transposing) kernel variant in turn, the env override cleared."""
-    monkeypatch.delenv("NVFP4LAB_DQ_T_VARIANT", raising=False)
-    monkeypatch.setattr(dq, "T_VARIANT", request.param)
-    return request.param
-
-
 def _x(m, k, seed=0, dtype=torch.bfloat16, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     # rows of very different magnitude exercise per-token amax and subnormal block scales
@@ -80,7 +72,7 @@ def test_recipes_both_copies(recipe, layout):
 @pytest.mark.parametrize("shape", [(128, 64), (48, 80), (48, 128), (256, 48)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
-def test_columnwise_matches_ref(shape, layout, dtype, t_variant):
+def test_columnwise_matches_ref(shape, layout, dtype):
     q = nvfp4lab.quantize_nvfp4(_x(*shape, seed=2), columnwise=True, rowwise=False, scale_layout=layout, backend="ref")
     got = _check(q, dtype, "columnwise")
     assert got.shape == shape  # x's orientation
@@ -89,8 +81,8 @@ def test_columnwise_matches_ref(shape, layout, dtype, t_variant):
 @pytest.mark.parametrize("recipe", ["per_token", "per_token_4over6", "4over6_mae_e256"])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
-def test_columnwise_recipes_variants(recipe, layout, dtype, t_variant):
-    """Per-token amax (one per Q row) and e4m3_max 256 through each columnwise kernel variant: Q = x^T
+def test_columnwise_recipes(recipe, layout, dtype):
+    """Per-token amax (one per Q row) and e4m3_max 256 through the transposing kernel: Q = x^T
     (96, 80) is 1.5 row tiles (64 Q rows) and 10 of a tile's words (5 scale blocks)."""
     q = nvfp4lab.quantize_nvfp4(_x(80, 96, seed=8), columnwise=True, rowwise=False, scale_layout=layout, backend="ref",
                                 **RECIPES[recipe])
@@ -154,84 +146,57 @@ def test_random_bytes_match_ref(layout, per_token, e4m3_max, dtype):
 @pytest.mark.parametrize("layout,per_token,dtype", [("compact", False, torch.bfloat16), ("padded", True, torch.float32),
                                                     ("swizzled", True, torch.bfloat16), ("compact", True, torch.float16),
                                                     ("swizzled", False, torch.float32)])
-@pytest.mark.parametrize("variant,pairs", [("join", False), ("join", True), ("rows", True), ("rows4", True)])
-def test_transposed_tiles_and_ragged_rows(layout, per_token, dtype, variant, pairs, monkeypatch):
-    """The transposing kernels (columnwise copy -> x's orientation) for every tile override, on random
-    bytes (NaN scales included) whose row count is not a multiple of its 8-row (4-row) groups and whose
-    word count is not one of its tile: each output element is written once with the reference's bits.
-    The rows variants fall back to the join kernel for a 1-word tile."""
-    monkeypatch.setattr(dq, "T_PAIRS", pairs)  # one word or one 2-word scale block per thread and Q row
-    monkeypatch.delenv("NVFP4LAB_DQ_T_VARIANT", raising=False)
-    monkeypatch.setattr(dq, "T_VARIANT", variant)
+def test_transposed_tiles_and_ragged_rows(layout, per_token, dtype):
+    """The transposing kernel (columnwise copy -> x's orientation) for every tile override, on random
+    bytes (NaN scales included) whose row count is not a multiple of its 8-row (fp32: 4-row) groups and
+    whose word count is not one of its tile: each output element is written once with the reference's bits."""
     t, _ = _random_tensor(44, 96, layout, per_token, 448.0, seed=15)  # Q (44, 96): 12 words per row
     want = ref.nvfp4.dequantize(t, dtype, "rowwise").t()
-    for tile in [(None, None, None), (1, 4, 1), (2, 8, 2), (4, 16, 1), (2, 1, 1)]:  # WORDS = 1: never pairs
+    for tile in [(None, None, None), (1, 4, 1), (2, 8, 2), (4, 16, 1), (2, 2, 1)]:
         out = torch.full((96, 44), float("nan"), dtype=dtype)
         dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout=layout,
                                    e4m3_max=448.0, transpose=True, block_rows=tile[0], block_cols=tile[1], num_warps=tile[2])
         assert_same_bits(out, want, nan_equal=True)
 
 
-@pytest.mark.parametrize("layout,per_token,dtype", [("swizzled", False, torch.bfloat16), ("compact", True, torch.float16),
-                                                    ("padded", False, torch.float32)])
-@pytest.mark.parametrize("q_shape", [(128, 512), (72, 528)])
-def test_transposed_default_tile(layout, per_token, dtype, q_shape, monkeypatch):
-    """The join kernel's default tile (8 groups x 32 words, pairs) on random bytes, outputs poisoned with
-    -inf (which no input can produce: amax is finite): Q (128, 512) is 2 x 2 whole tiles; Q (72, 528)
-    has a last row tile of 8 of 64 rows and a last word tile of 1 pair of 16."""
-    monkeypatch.setenv("NVFP4LAB_DQ_T_VARIANT", "join")
-    launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_kernel")
-    t, _ = _random_tensor(*q_shape, layout, per_token, 448.0, seed=16)
-    out = torch.full(q_shape[::-1], float("-inf"), dtype=dtype)
-    dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout=layout,
-                               e4m3_max=448.0, transpose=True)
-    assert {k: launches[-1][k] for k in ("GROUPS", "WORDS", "PAIRS", "num_warps")} == dict(GROUPS=8, WORDS=32, PAIRS=True, num_warps=4)
-    assert_same_bits(out, ref.nvfp4.dequantize(t, dtype, "rowwise").t(), nan_equal=True)
+def test_transposed_tile_needs_whole_scale_blocks():
+    """A transposing tile of one word per Q row would split a 16-code scale block: refused."""
+    t, _ = _random_tensor(16, 32, "compact", False, 448.0, seed=15)
+    out = torch.empty((32, 16), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="block_cols must be >= 2"):
+        dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout="compact",
+                                   e4m3_max=448.0, transpose=True, block_rows=2, block_cols=1)
 
 
-@pytest.mark.parametrize("variant", ["rows", "rows4"])
 @pytest.mark.parametrize("layout,per_token,dtype", [("swizzled", True, torch.bfloat16), ("compact", False, torch.float16),
                                                     ("padded", True, torch.float32), ("swizzled", False, torch.float32)])
 @pytest.mark.parametrize("q_shape", [(128, 512), (72, 528)])
-def test_transposed_rows_variant_default_tile(variant, layout, per_token, dtype, q_shape, monkeypatch):
-    """The per-output-row kernel at its default tile: 16 groups of 8 Q rows (with rows4 and fp32 output:
-    of 4 rows) x 32 words, 8 warps; poisoned outputs as above."""
-    monkeypatch.setenv("NVFP4LAB_DQ_T_VARIANT", variant)
-    launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_rows_kernel")
+def test_transposed_default_tile(layout, per_token, dtype, q_shape, monkeypatch):
+    """The transposing kernel at its default tile: 16 groups of 8 Q rows (fp32 output: of 4 rows) x 32
+    words, 8 warps, on random bytes, outputs poisoned with -inf (which no input can produce: amax is
+    finite): Q (128, 512) is whole tiles; Q (72, 528) has partial row and word tiles."""
+    launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_kernel")
     t, _ = _random_tensor(*q_shape, layout, per_token, 448.0, seed=17)
     out = torch.full(q_shape[::-1], float("-inf"), dtype=dtype)
     dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout=layout,
                                e4m3_max=448.0, transpose=True)
-    four = variant == "rows4" and dtype == torch.float32
-    want = dict(GR=4, SPLIT=1) if four else dict(GR=8, SPLIT=2 if dtype == torch.float32 else 1)
-    want.update(GROUPS=16, WORDS=32, num_warps=8)
+    want = dict(GR=4 if dtype == torch.float32 else 8, GROUPS=16, WORDS=32, num_warps=8)
     assert {k: launches[-1][k] for k in want} == want
     assert_same_bits(out, ref.nvfp4.dequantize(t, dtype, "rowwise").t(), nan_equal=True)
 
 
 @pytest.mark.parametrize("per_token,dtype", [(True, torch.bfloat16), (False, torch.float32)])
-def test_transposed_local_i64(per_token, dtype, t_variant, monkeypatch):
-    """The 64-bit in-tile offset path (LOCAL_I64, taken for tiles spanning 2^31 elements) of each
-    columnwise kernel, forced on a small ragged shape by lowering the launcher's limit."""
+def test_transposed_local_i64(per_token, dtype, monkeypatch):
+    """The 64-bit in-tile offset path (LOCAL_I64, taken for tiles spanning 2^31 elements) of the
+    transposing kernel, forced on a small ragged shape by lowering the launcher's limit."""
     monkeypatch.setattr(dq, "_INT32_LIMIT", 1)
-    launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_rows_kernel" if t_variant != "join" else
-                               "_nvfp4_dequantize_t_kernel")
+    launches = record_launches(monkeypatch, dq, "_nvfp4_dequantize_t_kernel")
     t, _ = _random_tensor(76, 80, "swizzled", per_token, 448.0, seed=19)
     out = torch.full((80, 76), float("-inf"), dtype=dtype)
     dq.launch_nvfp4_dequantize(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, out, scale_layout="swizzled",
                                e4m3_max=448.0, transpose=True)
     assert launches[-1]["LOCAL_I64"]
     assert_same_bits(out, ref.nvfp4.dequantize(t, dtype, "rowwise").t(), nan_equal=True)
-
-
-def test_t_variant_env(monkeypatch):
-    monkeypatch.setenv("NVFP4LAB_DQ_T_VARIANT", "rows")
-    assert dq.t_variant() == "rows"
-    monkeypatch.setenv("NVFP4LAB_DQ_T_VARIANT", "nope")
-    with pytest.raises(ValueError, match="NVFP4LAB_DQ_T_VARIANT"):
-        dq.t_variant()
-    monkeypatch.delenv("NVFP4LAB_DQ_T_VARIANT")
-    assert dq.t_variant() == dq.T_VARIANT == "rows4"  # the timed default (fifth session)
 
 
 def test_layouts_give_identical_outputs():
@@ -354,7 +319,7 @@ def test_gpu_random_bytes(layout, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_64bit_offsets(t_variant):
+def test_gpu_64bit_offsets():
     """2^31 + 2^24 output elements: compare the last rows (beyond the int32 range) with the reference."""
     m, k = 65536 + 512, 32768
     g = torch.Generator(device="cuda").manual_seed(13)
@@ -380,8 +345,8 @@ def test_gpu_64bit_offsets(t_variant):
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 @pytest.mark.parametrize("q_shape", [(8192, 8192), (4104, 3088)])
-def test_gpu_columnwise_variants(q_shape, layout, per_token, dtype, t_variant):
-    """Each columnwise kernel variant on the benchmark's shape and on one with partial row and word tiles,
+def test_gpu_columnwise(q_shape, layout, per_token, dtype):
+    """The transposing kernel on the benchmark's shape and on one with partial row and word tiles,
     random bytes (NaN scales included)."""
     t, _ = _random_tensor(*q_shape, layout, per_token, 448.0, seed=18, device="cuda")
     out = torch.empty(q_shape[::-1], dtype=dtype, device="cuda")

@@ -36,9 +36,9 @@ def _x(m, k, seed=0, dtype=torch.bfloat16, device="cpu"):
     return x.to(dtype).to(device)
 
 
-def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=True):
+def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=True, fp8_cast="soft"):
     cfg = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=layout)
-    got = mk.quantize_mxfp8(x, cfg)
+    got = mk.quantize_mxfp8(x, cfg, fp8_cast=fp8_cast)
     want = ref.mxfp8.quantize(x, cfg)
     assert_same_quantization(got, want)
     return got
@@ -179,9 +179,8 @@ def test_quantize_layouts(shape, layout):
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 def test_quantize_packed_words(fmt, layout, monkeypatch):
-    """PACK_WORDS (the default: columnwise data stored as uint32 words of 4 codes): whole tiles, a
-    partial one (byte stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
-    monkeypatch.setattr(mk, "PACK_WORDS", True)
+    """Columnwise data stored as uint32 words of 4 codes (PACK): whole tiles, a partial one (byte
+    stores), an inf tile and a NaN tile (the saturating path), 0xFF-poisoned outputs."""
     launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
     x = _x(96, 256, seed=17)  # whole row+col tiles (32 x 128)
     x[40, 70] = float("inf")
@@ -268,12 +267,10 @@ def test_quantize_nan_blocks():
         assert torch.equal(data[keep], want_data[keep])
 
 
-@pytest.mark.parametrize("pack_words", [True, False])
-@pytest.mark.parametrize("shape", [(64, 96), (64, 128)])  # partial tiles (byte stores), whole tiles
-def test_quantize_every_byte_written(shape, pack_words, monkeypatch):
+@pytest.mark.parametrize("shape", [(64, 96), (64, 128)])  # partial tiles (byte stores), whole tiles (word stores)
+def test_quantize_every_byte_written(shape, monkeypatch):
     """Data and compact scales: 0xFF-poisoned buffers. Padded / swizzled scales: real entries poisoned,
     padding zero (the launcher's contract), so each real entry must be written."""
-    monkeypatch.setattr(mk, "PACK_WORDS", pack_words)
     launches = record_launches(monkeypatch, mk, "_mxfp8_quantize_kernel")
     x = _x(*shape, seed=7)
     rows, cols = x.shape
@@ -292,7 +289,7 @@ def test_quantize_every_byte_written(shape, pack_words, monkeypatch):
         row_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         col_data = torch.full((rows, cols), 0xFF, dtype=torch.uint8)
         mk.launch_mxfp8_quantize(x, row_data, row_scale, col_data, col_scale, fp8_format="e4m3", scale_layout=layout)
-        assert launches[-1]["PACK"] == (pack_words and cols % 64 == 0)
+        assert launches[-1]["PACK"] == (cols % 64 == 0)
         got = MXFP8Tensor(shape=x.shape, dtype=x.dtype, config=want.config, rowwise_data=row_data,
                           rowwise_scale=row_scale, columnwise_data=col_data, columnwise_scale=col_scale)
         assert_same_quantization(got, want)
@@ -472,24 +469,22 @@ def test_custom_ops_trace():
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32])
-def test_gpu_quantize_large(fp8_cast, fmt, layout, in_dtype, monkeypatch):
-    monkeypatch.setattr(mk, "FP8_CAST", fp8_cast)
+def test_gpu_quantize_large(fp8_cast, fmt, layout, in_dtype):
     x = _x(4096, 3072, seed=15, dtype=in_dtype, device="cuda")
     x[:32, :32] = 0.0
     x[100, 200] = float("inf")
     x[200, 100] = float("-inf")
     x[64:96, 64:128] *= 1e-38
-    _quantize_both(x, fmt=fmt, layout=layout)
+    _quantize_both(x, fmt=fmt, layout=layout, fp8_cast=fp8_cast)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8_cast", ["soft", "hw"])
 @pytest.mark.parametrize("shape", [(1000, 4096), (4096, 1000), (8192, 8192)])
-def test_gpu_quantize_odd_shapes(fp8_cast, shape, monkeypatch):
-    monkeypatch.setattr(mk, "FP8_CAST", fp8_cast)
+def test_gpu_quantize_odd_shapes(fp8_cast, shape):
     m, k = shape
     x = _x(m, k, seed=16, device="cuda")
-    _quantize_both(x, layout="swizzled", rowwise=k % 32 == 0, columnwise=m % 32 == 0)
+    _quantize_both(x, layout="swizzled", rowwise=k % 32 == 0, columnwise=m % 32 == 0, fp8_cast=fp8_cast)
 
 
 @pytest.mark.gpu

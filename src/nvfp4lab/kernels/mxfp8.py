@@ -23,12 +23,15 @@ swizzled scale buffers are zero-filled before the kernel writes the real entries
 
 The fp8 rounding is integer/fp32 bit arithmetic (``_codecs.e4m3_encode_finite`` / ``e5m2_...``:
 one fma onto the fp8 grid of the value's binade, the code read by one integer multiply-add), bit
-identical to the reference's integer encoder; :data:`FP8_CAST` = "hw" selects the GPU's
-cvt.rn.satfinite instead (GPU only). With a columnwise copy, a tile whose column block maxima are all
+identical to the reference's integer encoder (the house rule: no float8 casts in kernels, the
+interpreter's do not round to nearest even); ``fp8_cast="hw"`` selects the GPU's cvt.rn.satfinite
+instead (GPU only: the same operation, spec 2.2, so the same bits for every non-NaN input, which the
+GPU tier of tests/kernels/test_mxfp8.py checks). With a columnwise copy, a tile whose column block maxima are all
 finite (ordinary data: one reduction of the maxima decides it) skips the saturation and uses the
 6-instruction E8M0 scale (``_codecs.e8m0_scale_finite``); a tile holding an inf or NaN takes the
-general scale and clamps |x * mult| first. With :data:`PACK_WORDS`, columnwise data of whole tiles
-is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`). On sm_90 these kernels are bound by
+general scale and clamps |x * mult| first. With the integer encoder, columnwise data of whole tiles
+(K % 4 == 0, 4-byte aligned outputs) is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`:
+fewer instructions and registers than byte stores); other tiles store bytes. On sm_90 these kernels are bound by
 instruction issue, the integer ALU pipe (half the fp32 pipe's width) first: ``tools/sass_kernels.py``
 counts their SASS instructions per element.
 
@@ -47,23 +50,12 @@ import triton
 import triton.language as tl
 
 from . import _codecs
-from .dequantize import cast_to_out, check_tile, e4m3_decode_exact, rcp_f32, roundup, soft_bf16_cast
+from .decode_common import cast_to_out, check_tile, e4m3_decode_exact, rcp_f32, roundup, soft_bf16_cast
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-# How the quantize kernel rounds to fp8: "soft" = the encoders of ._codecs (the team rule: no float8
-# casts in kernels, the interpreter's are not RNE); "hw" = cvt.rn.satfinite on the GPU: the same
-# operation (spec 2.2), so the same bits for every non-NaN input (the GPU tier of
-# tests/kernels/test_mxfp8.py checks it). The soft encoder is ~6 instructions per element and
-# direction, 3 of them on the integer ALU pipe (benchmarks/mxfp8.py times both).
-FP8_CAST = "soft"
-# Columnwise soft-cast data of whole tiles stored as uint32 words packed from the codes' top bytes
-# instead of byte stores (fewer SASS instructions and registers: tools/sass_kernels.py mx-col). H200,
-# Triton 3.6, 8192 x 8192 (benchmarks/mxfp8.py --tune): columnwise only 57.0 us = 92.3% of a copy
-# against 61.9 us (85.1%) with byte stores; row+col 108.4 us (64.2%) against 107.7 us (64.6%), within
-# run-to-run noise. Partial tiles, K % 4 != 0 and outputs not 4-byte aligned store bytes.
-PACK_WORDS = True
+FP8_CASTS = ("soft", "hw")  # integer encoders of ._codecs | the GPU's cvt.rn.satfinite
 
 
 @triton.jit
@@ -240,7 +232,6 @@ def _mxfp8_quantize_kernel(
     PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
 ):
     RB: tl.constexpr = BLOCK_ROWS // 32
-    CB: tl.constexpr = BLOCK_COLS // 32
     pid = tl.program_id(0)
     col_tiles = tl.cdiv(cols, BLOCK_COLS)
     row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS
@@ -382,13 +373,11 @@ def _mxfp8_dequantize_kernel(
 
 # ------------------------------------------------------------------------------------- launchers
 def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, hw_cast: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_ROWS, BLOCK_COLS, num_warps) per direction, timed on an H200 at 8192 x 8192
-    (benchmarks/mxfp8.py --tune): rowwise only 32 x 256 with 2 warps; columnwise only one 32-row
-    block x 64 columns per single-warp program (each thread 8 rows x 8 columns: the columnwise amax is
-    8 in-thread maxima and 2 shuffles; 127 registers): 61.8 us vs 64.1 for 32 x 128 w1 and 105.5 for
-    32 x 256 w1 (255 registers, spills). Row+col, same run (fifth session): integer encoders 32 x 128 w1
-    100.9 us vs 108.3 for 32 x 64 w1 and 121.6 for 32 x 128 w2; hardware cast 32 x 128 w2 79.4 us vs
-    81.8 for 32 x 64 w1. 32 x 64 with 4 warps when K % 16 != 0 (scalar accesses)."""
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps) per direction. Rowwise only: 32 x 256, 2 warps. Columnwise
+    only: one 32-row block x 64 columns per single-warp program (each thread 8 rows x 8 columns: the
+    columnwise amax is 8 in-thread maxima and 2 shuffles; wider tiles spill). Row+col: 32 x 128, 1 warp
+    with the integer encoders, 2 with the hardware cast. 32 x 64 with 4 warps when K % 16 != 0 (scalar
+    accesses). (Timings of the alternatives: benchmarks/RESULTS.md.)"""
     if cols % 16 != 0:
         return 32, 64, 4
     if rowwise and not colwise:
@@ -415,7 +404,7 @@ def launch_mxfp8_quantize(
     *,
     fp8_format: str,
     scale_layout: str,
-    fp8_cast: str | None = None,
+    fp8_cast: str = "soft",
     block_rows: int | None = None,
     block_cols: int | None = None,
     num_warps: int | None = None,
@@ -423,11 +412,11 @@ def launch_mxfp8_quantize(
     """Quantize x (M, K) into the given outputs (None where that direction is not wanted).
 
     Scale buffers must already hold zeros in their padding (padded / swizzled layouts).
-    fp8_cast: "soft" (integer encoders) or "hw" (GPU only); None = :data:`FP8_CAST`.
+    fp8_cast: "soft" (the integer encoders, bit-identical to the reference everywhere) or "hw" (the
+    GPU's cvt.rn.satfinite: same bits, fewer instructions; CUDA only).
     """
     rows, cols = x.shape
-    fp8_cast = fp8_cast or FP8_CAST
-    if fp8_cast not in ("soft", "hw"):
+    if fp8_cast not in FP8_CASTS:
         raise ValueError(f"fp8_cast must be 'soft' or 'hw', got {fp8_cast!r}")
     if fp8_cast == "hw" and x.device.type != "cuda":
         raise ValueError("fp8_cast='hw' needs a CUDA tensor: the interpreter's float8 casts are not round-to-nearest-even")
@@ -449,7 +438,7 @@ def launch_mxfp8_quantize(
         rcp_f32(FP8_MAX[fp8_format]),
         ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
-        EVEN=even, HW_CAST=fp8_cast == "hw", PACK=PACK_WORDS and even and cols % 4 == 0 and fp8_cast == "soft"
+        EVEN=even, HW_CAST=fp8_cast == "hw", PACK=even and cols % 4 == 0 and fp8_cast == "soft"
         and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)), num_warps=num_warps,
     )
 
@@ -512,7 +501,7 @@ def _quantize_outputs(x: torch.Tensor, rowwise: bool, columnwise: bool, scale_la
 
 @torch.library.custom_op("nvfp4lab::quantize_mxfp8", mutates_args=())
 def _quantize_mxfp8_op(
-    x: torch.Tensor, rowwise: bool, columnwise: bool, fp8_format: str, scale_layout: str
+    x: torch.Tensor, rowwise: bool, columnwise: bool, fp8_format: str, scale_layout: str, fp8_cast: str = "soft"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     def alloc(shape, dtype, fn=torch.empty):
         return fn(shape, dtype=dtype, device=x.device)
@@ -520,13 +509,13 @@ def _quantize_mxfp8_op(
     row_data, row_scale, col_data, col_scale = _quantize_outputs(x, rowwise, columnwise, scale_layout, alloc)
     launch_mxfp8_quantize(
         x.contiguous(), row_data if rowwise else None, row_scale, col_data if columnwise else None, col_scale,
-        fp8_format=fp8_format, scale_layout=scale_layout,
+        fp8_format=fp8_format, scale_layout=scale_layout, fp8_cast=fp8_cast,
     )
     return row_data, row_scale, col_data, col_scale
 
 
 @_quantize_mxfp8_op.register_fake
-def _(x, rowwise, columnwise, fp8_format, scale_layout):
+def _(x, rowwise, columnwise, fp8_format, scale_layout, fp8_cast="soft"):
     return _quantize_outputs(x, rowwise, columnwise, scale_layout, lambda shape, dtype, fn=None: x.new_empty(shape, dtype=dtype))
 
 
@@ -545,9 +534,10 @@ def _(data, scale, fp8_format, scale_layout, columnwise, out_dtype):
 
 
 # ------------------------------------------------------------------------------------ entry points
-def quantize_mxfp8(x2d: torch.Tensor, config):
+def quantize_mxfp8(x2d: torch.Tensor, config, *, fp8_cast: str = "soft"):
     """MXFP8-quantize a 2-D (M, K) tensor with an :class:`MXFP8QuantConfig`; identical to
-    ``ref.mxfp8.quantize``. Rowwise needs K % 32 == 0, columnwise M % 32 == 0."""
+    ``ref.mxfp8.quantize``. Rowwise needs K % 32 == 0, columnwise M % 32 == 0. ``fp8_cast``: see
+    :func:`launch_mxfp8_quantize`."""
     from ..config import MXFP8QuantConfig
     from ..tensors import MXFP8Tensor
 
@@ -563,7 +553,7 @@ def quantize_mxfp8(x2d: torch.Tensor, config):
     if config.columnwise and rows % 32 != 0:
         raise ValueError(f"x2d.shape[0] (M) must be a multiple of 32 (MXFP8 columnwise blocks hold 32 rows), got {rows}")
     row_data, row_scale, col_data, col_scale = _quantize_mxfp8_op(
-        x2d, config.rowwise, config.columnwise, config.fp8_format, config.scale_layout
+        x2d, config.rowwise, config.columnwise, config.fp8_format, config.scale_layout, fp8_cast
     )
     out = MXFP8Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config)
     if config.rowwise:

@@ -20,12 +20,10 @@ from typing import Optional
 
 import torch
 
-from ..tensors import GroupedNVFP4Tensor, NVFP4Tensor
+from ..rht import DEFAULT_RHT_SIGN_MASK, apply_rht, inverse_rht, rht_matrix  # noqa: F401  (the RHT lives in nvfp4lab.rht)
 from . import codecs
 from .codecs import FLT_MAX
-from .swizzle import apply_scale_layout, compact_scales
 
-DEFAULT_RHT_SIGN_MASK = 0xD7E8  # TE's fixed wgrad sign vector, bit i set where s_i = -1
 _F32 = torch.float32
 _ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=_F32).item()  # fl(1/6) = 0.16666667163...
 
@@ -41,38 +39,6 @@ def global_encode_scale(amax: torch.Tensor, e4m3_max: float = 448.0) -> torch.Te
     s_enc = _f32(6.0 * e4m3_max, amax.device) / amax
     s_enc = torch.clamp(s_enc, max=FLT_MAX)
     return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
-
-
-# ---------------------------------------------------------------------------- Hadamard transform
-def rht_matrix(sign_mask: int = DEFAULT_RHT_SIGN_MASK, device=None) -> torch.Tensor:
-    """T = diag(s) @ H16 / 4 in fp32 (entries +-0.25, exact in bf16); H16 is Sylvester's matrix."""
-    idx = torch.arange(16, device=device)
-    parity = torch.zeros(16, 16, dtype=torch.int64, device=device)
-    anded = idx.view(-1, 1) & idx.view(1, -1)
-    for bit in range(4):
-        parity ^= (anded >> bit) & 1
-    hadamard = 1.0 - 2.0 * parity.to(_F32)
-    signs = torch.tensor([-1.0 if (sign_mask >> i) & 1 else 1.0 for i in range(16)], dtype=_F32, device=device)
-    return signs.view(-1, 1) * hadamard * 0.25
-
-
-def apply_rht(y: torch.Tensor, sign_mask: int = DEFAULT_RHT_SIGN_MASK) -> torch.Tensor:
-    """Random Hadamard transform along the last dim, in chunks of 16: v -> bf16(v @ T).
-
-    The input is taken as bf16 (TE defines the RHT on BF16 tensors; other dtypes are rounded to bf16
-    first). The 16 products are accumulated in fp32 and the sum is rounded once to bf16.
-    """
-    rows, cols = y.shape
-    v = y.to(torch.bfloat16).to(_F32).reshape(rows, cols // 16, 16)
-    out = torch.matmul(v, rht_matrix(sign_mask, y.device))
-    return out.reshape(rows, cols).to(torch.bfloat16)
-
-
-def inverse_rht(y: torch.Tensor, sign_mask: int = DEFAULT_RHT_SIGN_MASK) -> torch.Tensor:
-    """Inverse of the transform in fp32 (T is orthogonal: T @ T^T = I)."""
-    rows, cols = y.shape
-    v = y.to(_F32).reshape(rows, cols // 16, 16)
-    return torch.matmul(v, rht_matrix(sign_mask, y.device).T).reshape(rows, cols)
 
 
 # ------------------------------------------------------------------------------ rounding to E2M1
@@ -225,9 +191,12 @@ def quantize(
     amax for the columnwise output ((1,), (K,) per token, or the post-RHT amax). Stochastic rounding
     draws rowwise bits first, then columnwise bits, from ``generator``.
     """
+    from ..tensors import NVFP4Tensor
+    from .swizzle import apply_scale_layout
+
     m, k = x.shape
     xf = x.to(_F32)
-    rowwise = columnwise = None
+    out = NVFP4Tensor(shape=x.shape, dtype=x.dtype, config=config)
     kwargs = dict(block_rows=config.block_rows, e4m3_max=config.e4m3_max, four_over_six=config.four_over_six)
 
     def outer_amax(mat: torch.Tensor) -> torch.Tensor:
@@ -239,7 +208,9 @@ def quantize(
         row_amax = amax.to(_F32).reshape(-1) if amax is not None else outer_amax(xf)
         rand = _sr_bytes((m, k), generator, x.device) if config.stochastic_rounding else None
         codes, scale = quantize_rows(xf, row_amax, rand_bytes=rand, **kwargs)
-        rowwise = (codecs.pack_fp4(codes), apply_scale_layout(scale, config.scale_layout), row_amax.clone())
+        out.rowwise_data = codecs.pack_fp4(codes)
+        out.rowwise_scale = apply_scale_layout(scale, config.scale_layout)
+        out.rowwise_amax = row_amax.clone()
     if config.columnwise:
         xt = apply_rht(x.t(), config.rht_sign_mask).to(_F32) if config.rht else xf.t()
         if columnwise_amax is not None:
@@ -250,8 +221,10 @@ def quantize(
             col_amax = outer_amax(xt)
         rand = _sr_bytes((k, m), generator, x.device) if config.stochastic_rounding else None
         codes, scale = quantize_rows(xt.contiguous(), col_amax, rand_bytes=rand, **kwargs)
-        columnwise = (codecs.pack_fp4(codes), apply_scale_layout(scale, config.scale_layout), col_amax.clone())
-    return NVFP4Tensor.from_parts(x.shape, x.dtype, config, rowwise=rowwise, columnwise=columnwise)
+        out.columnwise_data = codecs.pack_fp4(codes)
+        out.columnwise_scale = apply_scale_layout(scale, config.scale_layout)
+        out.columnwise_amax = col_amax.clone()
+    return out
 
 
 def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
@@ -260,6 +233,8 @@ def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
     ``which="columnwise"`` dequantizes the columnwise copy, undoes the RHT (in fp32) when it was
     applied, and transposes back, so both copies return x's orientation.
     """
+    from .swizzle import compact_scales
+
     m, k = t.m, t.k
     if which == "rowwise":
         scale = compact_scales(t.rowwise_scale, t.scale_layout, m, k // 16)
@@ -276,19 +251,21 @@ def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
 def quantize_grouped(x: torch.Tensor, split_offsets: torch.Tensor, config, *, generator=None):
     """Reference grouped quantize: each split of rows quantized alone (the definition), written into
     the bulk buffers of a :class:`GroupedNVFP4Tensor`."""
+    from ..tensors import GroupedNVFP4Tensor
+
     m, k = x.shape
     offsets = [int(v) for v in split_offsets.tolist()]
     n = len(offsets) - 1
     dev = x.device
-    rowwise = columnwise = None
+    out = GroupedNVFP4Tensor(shape=x.shape, dtype=x.dtype, config=config, split_offsets=split_offsets)
     if config.rowwise:
-        rowwise = (torch.zeros(m, k // 2, dtype=torch.uint8, device=dev), torch.zeros(m, k // 16, dtype=torch.uint8, device=dev),
-                   torch.zeros(m if config.per_token else n, dtype=_F32, device=dev))
+        out.rowwise_data = torch.zeros(m, k // 2, dtype=torch.uint8, device=dev)
+        out.rowwise_scale = torch.zeros(m, k // 16, dtype=torch.uint8, device=dev)
+        out.rowwise_amax = torch.zeros(m if config.per_token else n, dtype=_F32, device=dev)
     if config.columnwise:
-        columnwise = (torch.zeros(k * m // 2, dtype=torch.uint8, device=dev),
-                      torch.zeros(k * m // 16, dtype=torch.uint8, device=dev),
-                      torch.zeros((n, k) if config.per_token else (n,), dtype=_F32, device=dev))
-    out = GroupedNVFP4Tensor.from_parts(x.shape, x.dtype, config, split_offsets, rowwise=rowwise, columnwise=columnwise)
+        out.columnwise_data = torch.zeros(k * m // 2, dtype=torch.uint8, device=dev)
+        out.columnwise_scale = torch.zeros(k * m // 16, dtype=torch.uint8, device=dev)
+        out.columnwise_amax = torch.zeros((n, k) if config.per_token else (n,), dtype=_F32, device=dev)
     for i, view in enumerate(out.split([offsets[j + 1] - offsets[j] for j in range(n)])):
         lo, hi = offsets[i], offsets[i + 1]
         if hi == lo:
