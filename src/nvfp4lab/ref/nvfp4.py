@@ -21,8 +21,10 @@ from typing import Optional
 import torch
 
 from ..rht import DEFAULT_RHT_SIGN_MASK, apply_rht, inverse_rht, rht_matrix  # noqa: F401  (the RHT lives in nvfp4lab.rht)
+from ..tensors import GroupedNVFP4Tensor, NVFP4Tensor
 from . import codecs
 from .codecs import FLT_MAX
+from .swizzle import apply_scale_layout, compact_scales
 
 _F32 = torch.float32
 _ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=_F32).item()  # fl(1/6) = 0.16666667163...
@@ -191,12 +193,9 @@ def quantize(
     amax for the columnwise output ((1,), (K,) per token, or the post-RHT amax). Stochastic rounding
     draws rowwise bits first, then columnwise bits, from ``generator``.
     """
-    from ..tensors import NVFP4Tensor
-    from .swizzle import apply_scale_layout
-
     m, k = x.shape
     xf = x.to(_F32)
-    out = NVFP4Tensor(shape=x.shape, dtype=x.dtype, config=config)
+    rowwise = columnwise = None
     kwargs = dict(block_rows=config.block_rows, e4m3_max=config.e4m3_max, four_over_six=config.four_over_six)
 
     def outer_amax(mat: torch.Tensor) -> torch.Tensor:
@@ -208,9 +207,7 @@ def quantize(
         row_amax = amax.to(_F32).reshape(-1) if amax is not None else outer_amax(xf)
         rand = _sr_bytes((m, k), generator, x.device) if config.stochastic_rounding else None
         codes, scale = quantize_rows(xf, row_amax, rand_bytes=rand, **kwargs)
-        out.rowwise_data = codecs.pack_fp4(codes)
-        out.rowwise_scale = apply_scale_layout(scale, config.scale_layout)
-        out.rowwise_amax = row_amax.clone()
+        rowwise = (codecs.pack_fp4(codes), apply_scale_layout(scale, config.scale_layout), row_amax.clone())
     if config.columnwise:
         xt = apply_rht(x.t(), config.rht_sign_mask).to(_F32) if config.rht else xf.t()
         if columnwise_amax is not None:
@@ -221,10 +218,8 @@ def quantize(
             col_amax = outer_amax(xt)
         rand = _sr_bytes((k, m), generator, x.device) if config.stochastic_rounding else None
         codes, scale = quantize_rows(xt.contiguous(), col_amax, rand_bytes=rand, **kwargs)
-        out.columnwise_data = codecs.pack_fp4(codes)
-        out.columnwise_scale = apply_scale_layout(scale, config.scale_layout)
-        out.columnwise_amax = col_amax.clone()
-    return out
+        columnwise = (codecs.pack_fp4(codes), apply_scale_layout(scale, config.scale_layout), col_amax.clone())
+    return NVFP4Tensor.from_parts(x.shape, x.dtype, config, rowwise=rowwise, columnwise=columnwise)
 
 
 def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
@@ -233,8 +228,6 @@ def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
     ``which="columnwise"`` dequantizes the columnwise copy, undoes the RHT (in fp32) when it was
     applied, and transposes back, so both copies return x's orientation.
     """
-    from .swizzle import compact_scales
-
     m, k = t.m, t.k
     if which == "rowwise":
         scale = compact_scales(t.rowwise_scale, t.scale_layout, m, k // 16)
@@ -251,21 +244,19 @@ def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
 def quantize_grouped(x: torch.Tensor, split_offsets: torch.Tensor, config, *, generator=None):
     """Reference grouped quantize: each split of rows quantized alone (the definition), written into
     the bulk buffers of a :class:`GroupedNVFP4Tensor`."""
-    from ..tensors import GroupedNVFP4Tensor
-
     m, k = x.shape
     offsets = [int(v) for v in split_offsets.tolist()]
     n = len(offsets) - 1
     dev = x.device
-    out = GroupedNVFP4Tensor(shape=x.shape, dtype=x.dtype, config=config, split_offsets=split_offsets)
+    rowwise = columnwise = None
     if config.rowwise:
-        out.rowwise_data = torch.zeros(m, k // 2, dtype=torch.uint8, device=dev)
-        out.rowwise_scale = torch.zeros(m, k // 16, dtype=torch.uint8, device=dev)
-        out.rowwise_amax = torch.zeros(m if config.per_token else n, dtype=_F32, device=dev)
+        rowwise = (torch.zeros(m, k // 2, dtype=torch.uint8, device=dev), torch.zeros(m, k // 16, dtype=torch.uint8, device=dev),
+                   torch.zeros(m if config.per_token else n, dtype=_F32, device=dev))
     if config.columnwise:
-        out.columnwise_data = torch.zeros(k * m // 2, dtype=torch.uint8, device=dev)
-        out.columnwise_scale = torch.zeros(k * m // 16, dtype=torch.uint8, device=dev)
-        out.columnwise_amax = torch.zeros((n, k) if config.per_token else (n,), dtype=_F32, device=dev)
+        columnwise = (torch.zeros(k * m // 2, dtype=torch.uint8, device=dev),
+                      torch.zeros(k * m // 16, dtype=torch.uint8, device=dev),
+                      torch.zeros((n, k) if config.per_token else (n,), dtype=_F32, device=dev))
+    out = GroupedNVFP4Tensor.from_parts(x.shape, x.dtype, config, split_offsets, rowwise=rowwise, columnwise=columnwise)
     for i, view in enumerate(out.split([offsets[j + 1] - offsets[j] for j in range(n)])):
         lo, hi = offsets[i], offsets[i + 1]
         if hi == lo:
