@@ -6,14 +6,15 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
 (n + 1,), on the device) are read by the kernels (no host sync, CUDA-graph capturable).
 
 * ``_grouped_amax_kernel``: per-split amaxes. A program finds the splits of its first and last row
-  (binary lifting over the offsets, ``_split_of``); within one split it carries maxima across its
+  (binary lifting over the offsets, ``split_of``); within one split it carries maxima across its
   tiles and folds them once, as the single pass does; a program straddling splits folds each tile's
   row maxima per split by a segmented scan and one ``atomic_max`` per split on the int32 view of
-  zeroed fp32 buffers (same NaN handling as the single pass). Per-token row amaxes are per row, as in the single pass; per-token column amaxes are
-  (n, K). It also writes the split of every 16-row group (int32 (cdiv(M, 16),)) for the cast.
-* the cast is the single op's cast (``nvfp4_quantize_details.cast.launch_cast``) with GROUPED=True: outer amaxes gathered
-  per 16-row group through that split table (rowwise-only splits, of any size, search the offsets per
-  row), columnwise blocks written into the bulk layout of
+  zeroed fp32 buffers (same NaN handling as the single pass). Per-token row amaxes are per row, as in
+  the single pass; per-token column amaxes are (n, K). It also writes the split of every 16-row group
+  (int32 (cdiv(M, 16),)) for the cast.
+* the cast is the single op's cast (``nvfp4_quantize_details.cast.launch_cast``) with GROUPED=True:
+  outer amaxes gathered per 16-row group through that split table (rowwise-only splits, of any size,
+  search the offsets per row), columnwise blocks written into the bulk layout of
   :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`. Same device functions as the single op, so every split
   gets the bits of quantizing it alone; SR block counters are bulk block indices (split 0 and a single
   split reproduce the single op's random bits for the same seed; the others differ, statistically alike).

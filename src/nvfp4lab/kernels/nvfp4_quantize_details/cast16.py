@@ -165,7 +165,7 @@ def cast16_kernel(
 
     # ---------------------------------------------------- columnwise: the 16 rows are one block per column
     if COLWISE:
-        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (no 16x16 blocks with RHT: see use_cast16)
+        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (RHT recipes have 1x16 blocks)
             if x_ptr.dtype.element_ty == tl.bfloat16:
                 xf = rht16_cast16(xf, RHT_MASK, BLOCK_K)
             else:
