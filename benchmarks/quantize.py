@@ -12,21 +12,18 @@ For each recipe and shape (bf16 x of M x K) it reports, all medians of ``triton.
 
 Usage (from the repo root):  PYTHONPATH=src python benchmarks/quantize.py [--quick] [--out FILE]
 ``--quick`` runs 8192x8192 only, ``--shapes MxK,...`` the given shapes (to split the sweep across runs);
-``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` overrides the
-kernel tile (same as env NVFP4LAB_QUANT_TILE); ``--no-baseline`` skips the torch.compile reference;
-``--tile-sweep [LIST]`` times every recipe at 8192x8192 for each tile of LIST (default: a grid of
-common tiles) instead of the sweep, to pick the kernels' defaults. ``--variants`` times each set of
-environment settings in turn, e.g. the per-token global scales computed in the cast or precomputed
-(cast_us then includes the small ``_pt_scales_kernel`` launch, which runs inside the cast op):
-    --quick --recipes pertoken-rowcol,tensor-1x16-rowcol --variants NVFP4LAB_PT_PRECOMPUTE=0,NVFP4LAB_PT_PRECOMPUTE=1
-The table is printed last.
+``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` gives every kernel that tile (the explicit
+block_m / block_k / num_warps of ``quantize``; ``cast16_kernel`` takes BK and WARPS, its BLOCK_M is 16);
+``--no-baseline`` skips the torch.compile reference; ``--tile-sweep [LIST]`` times every recipe at
+8192x8192 for each tile of LIST (default: a grid of common tiles) instead of the sweep, to pick the
+defaults of ``nvfp4_quantize_details.opt_flags``. Per-token cast_us includes the small
+``pt_scales_kernel`` launch, which runs inside the cast op. The table is printed last.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -80,26 +77,32 @@ def min_bytes(m: int, k: int, config: NVFP4QuantConfig, x_bytes: int) -> int:
     return m * k * x_bytes + per_side * (int(config.rowwise) + int(config.columnwise))
 
 
-def cast_only_fn(x, config):
+def parse_tile(text: str) -> dict:
+    """'BMxBKxWARPS' -> the block_m / block_k / num_warps arguments of the quantize ops."""
+    bm, bk, warps = (int(v) for v in text.lower().split("x"))
+    return dict(block_m=bm, block_k=bk, num_warps=warps)
+
+
+def cast_only_fn(x, config, tile):
     """The cast kernel with precomputed amaxes (what quantize() launches after the amax pass)."""
-    t = kq.quantize(x, config)
+    t = kq.quantize(x, config, **tile)
     row_amax, col_amax = t.rowwise_amax, t.columnwise_amax
     seed_tensor = kq.draw_seed(x.device) if config.stochastic_rounding else None
     args = (
         x, row_amax, col_amax, seed_tensor, 0, config.rowwise, config.columnwise, config.block == "16x16",
-        config.per_token, config.rht_sign_mask if config.rht else -1, kq._FOUR_OVER_SIX_CODES[config.four_over_six],
+        config.per_token, config.rht_sign_mask if config.rht else -1, kq.FOUR_OVER_SIX_CODES[config.four_over_six],
         config.e4m3_max, config.stochastic_rounding, config.scale_layout,
     )
-    return lambda: kq.nvfp4_quantize_cast(*args)
+    return lambda: kq.nvfp4_quantize_cast(*args, **tile)
 
 
-def amax_only_fn(x, config):
-    row_mode, col_mode = kq._amax_modes(config, None, None)
+def amax_only_fn(x, config, tile):
+    row_mode, col_mode = kq.amax_modes(config, None, None)
     mask = config.rht_sign_mask if config.rht else 0
-    return lambda: kq.nvfp4_amax(x, row_mode, col_mode, mask)
+    return lambda: kq.nvfp4_amax(x, row_mode, col_mode, mask, **tile)
 
 
-def run_one(name, m, k, copy_cache, baseline, compiled_refs):
+def run_one(name, m, k, copy_cache, baseline, compiled_refs, tile):
     config = NVFP4QuantConfig(**RECIPES[name])
     x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
     nbytes = min_bytes(m, k, config, x.element_size())
@@ -110,11 +113,11 @@ def run_one(name, m, k, copy_cache, baseline, compiled_refs):
         del src, dst
     copy_ms = copy_cache[nbytes]
 
-    full = lambda: kq.quantize(x, config)  # noqa: E731
+    full = lambda: kq.quantize(x, config, **tile)  # noqa: E731
     eager_ms = bench(full)
     full_ms = bench(graphed(full))
-    amax_ms = bench(graphed(amax_only_fn(x, config)))
-    cast_ms = bench(graphed(cast_only_fn(x, config)))
+    amax_ms = bench(graphed(amax_only_fn(x, config, tile)))
+    cast_ms = bench(graphed(cast_only_fn(x, config, tile)))
     row = dict(
         recipe=name, M=m, K=k, full_us=full_ms * 1e3, eager_us=eager_ms * 1e3, amax_us=amax_ms * 1e3,
         cast_us=cast_ms * 1e3, GBps=nbytes / full_ms / 1e6, copy_us=copy_ms * 1e3,
@@ -179,20 +182,24 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="8192x8192 only")
     parser.add_argument("--shapes", help="comma-separated MxK shapes replacing the sweep (to split it across runs)")
     parser.add_argument("--out", help="write results to this .json or .md file")
-    parser.add_argument("--tile", help="BMxBKxWARPS tile override for every kernel (NVFP4LAB_QUANT_TILE)")
+    parser.add_argument("--tile", help="BMxBKxWARPS tile of every kernel (default: opt_flags' choices)")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated subset of: " + ", ".join(RECIPES))
     parser.add_argument("--no-baseline", action="store_true", help="skip the torch.compile reference")
     parser.add_argument("--tile-sweep", nargs="?", const=",".join(SWEEP_TILES), default=None,
                         help="comma-separated BMxBKxWARPS tiles to time at 8192x8192 (no baseline)")
-    parser.add_argument("--variants", default=None,
-                        help="comma-separated variants, each 'KEY=VAL[;KEY=VAL]' environment settings (e.g. "
-                             "NVFP4LAB_QUANT_KERNEL=generic), timed in turn in this run (no baseline)")
     args = parser.parse_args(argv)
+    tiles = [args.tile]
+    if args.tile_sweep:
+        tiles = [t.strip() for t in args.tile_sweep.split(",") if t.strip()]
+    try:
+        for tile in tiles:
+            if tile:
+                parse_tile(tile)
+    except ValueError:
+        parser.error(f"tiles are BMxBKxWARPS; got {tiles}")
     if not torch.cuda.is_available():
         print("benchmarks/quantize.py needs a CUDA GPU", file=sys.stderr)
         return 1
-    if args.tile:
-        os.environ["NVFP4LAB_QUANT_TILE"] = args.tile
     shapes = [QUICK_SHAPE] if args.quick else [(m, k) for m in MS for k in KS]
     if args.shapes:
         try:
@@ -210,30 +217,20 @@ def main(argv=None) -> int:
             setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
     rows, copy_cache, compiled_refs = [], {}, {}
     t0 = time.time()
-    tiles = [None]
     if args.tile_sweep:
-        tiles = [f"NVFP4LAB_QUANT_TILE={t.strip()}" for t in args.tile_sweep.split(",") if t.strip()]
         shapes = [QUICK_SHAPE]
-    if args.variants:
-        tiles = [v.strip() for v in args.variants.split(",") if v.strip()]
-    saved_env = dict(os.environ)
     for tile in tiles:
-        os.environ.clear()
-        os.environ.update(saved_env)
-        for setting in (tile or "").split(";"):
-            if setting:
-                key, _, val = setting.partition("=")
-                os.environ[key.strip()] = val.strip()
         for name in recipes:
             for m, k in shapes:
-                row = run_one(name, m, k, copy_cache, not (args.no_baseline or args.tile_sweep or args.variants), compiled_refs)
+                row = run_one(name, m, k, copy_cache, not (args.no_baseline or args.tile_sweep), compiled_refs,
+                              parse_tile(tile) if tile else {})
                 torch.cuda.empty_cache()  # release this shape's input and graph pools before the next
                 if tile:
-                    row["tile"] = tile.replace("NVFP4LAB_", "")
+                    row["tile"] = tile
                 rows.append(row)
                 if args.out and args.out.endswith(".json"):  # after every row: a run cut short keeps its rows
                     write_json(args.out, rows, args, t0)
-                print(f"  {name} {m}x{k} tile {tile or args.tile or 'default'}: full {row['full_us']:.1f} us "
+                print(f"  {name} {m}x{k} tile {tile or 'default'}: full {row['full_us']:.1f} us "
                       f"({row['pct_copy_full']:.0f}% of copy), cast {row['cast_us']:.1f} us, amax {row['amax_us']:.1f} us",
                       file=sys.stderr, flush=True)
     device = torch.cuda.get_device_name()

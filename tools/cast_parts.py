@@ -1,13 +1,12 @@
 """Cast-only times (amax given) of each training role, rowwise only / columnwise only / both, 8192^2 bf16 (GPU).
 
-For the split decision of ``kernels.nvfp4_quantize.split_cast``: prints, per preset and role, the row-only,
-column-only and row+col cast of one run side by side (CUDA-graph replay, triton.testing.do_bench median).
-RHT columnwise casts include the RHT amax pass (its amax cannot be given from outside). Not a CI test.
+For the split rule of ``kernels.nvfp4_quantize_details.opt_flags.split_cast``: prints, per preset and role,
+the row-only, column-only and row+col cast of one run side by side (CUDA-graph replay, triton.testing.do_bench
+median); row+col is the library's own launch plan (two launches where the rule splits). RHT columnwise casts
+include the RHT amax pass (its amax cannot be given from outside). Not a CI test.
 
     python tools/cast_parts.py
 """
-import os
-
 import torch, triton
 import nvfp4lab as nl
 from nvfp4lab import NVFP4Recipe
@@ -31,7 +30,6 @@ for pname, recipe in (("te_default", NVFP4Recipe.te_default()), ("per_token", NV
             camax = (c_amax if cfg.per_token else t_amax) if cw else None
             if cw and cfg.rht:
                 camax = None  # RHT amax differs: let the op compute it (includes the amax pass)
-            os.environ["NVFP4LAB_CAST_SPLIT"] = "0"  # "both": the one-launch kernel
             try:
                 res[copies] = bench(lambda: nl.quantize_nvfp4(x, config=cfg, amax=amax, columnwise_amax=camax))
             except Exception as e:

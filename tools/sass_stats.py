@@ -1,10 +1,13 @@
 """Static SASS statistics of a quantize cast kernel built for sm_90 on this machine (no GPU needed).
 
 Prints registers, spills, instruction count per thread and per element, and an opcode histogram, for
-the cast kernel of each named recipe at its default tile (or NVFP4LAB_QUANT_TILE). Instruction count
-per element is the one number that bounds these kernels on Hopper (see kernels/nvfp4_quantize.py).
+the cast kernel of each named recipe (``cast16_kernel``, or ``four_over_six_kernel`` for 4over6) as the
+launcher builds it (one launch for rowwise and columnwise, ``--side`` for one output) at its default
+tile (or ``--tile``). Instruction count per element is the one number that bounds these kernels on
+Hopper (see kernels/nvfp4_quantize.py).
 
-    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--cast16] [--grouped STEPS] [--dump DIR]\n    (MAXNREG=128: try a register cap; NVFP4LAB_PT_PRECOMPUTE=1: per-token global scales loaded)
+    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR]
+    (MAXNREG=128: try a register cap)
 """
 import argparse
 import collections
@@ -19,7 +22,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig  # noqa: E402
-from nvfp4lab.kernels import nvfp4_quantize as kq  # noqa: E402
+from nvfp4lab.kernels.nvfp4_quantize import FOUR_OVER_SIX_CODES  # noqa: E402
+from nvfp4lab.kernels.nvfp4_quantize_details import cast16, four_over_six, opt_flags, pt_scales  # noqa: E402
 
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
@@ -36,38 +40,39 @@ MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch op
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_cast(kwargs, tile=None, cast16=False, split_steps=0):
+def compile_cast(kwargs, tile=None, side=None, split_steps=0):
+    """Compile the recipe's cast kernel for sm_90; ``tile`` (BM, BK, WARPS) as ``quantize``'s explicit tile,
+    ``side`` "row" or "col" for a one-output launch."""
     cfg = NVFP4QuantConfig(**kwargs)
-    meta = kq.config_meta(cfg)
-    if split_steps:
-        meta.update(GROUPED=True, SPLIT_STEPS=split_steps)
-    if cast16:  # RHT recipes build the kernel's RHT path (the default; NVFP4LAB_CAST16_RHT=0: generic)
-        bk, warps = (tile[1], tile[2]) if tile else kq.cast16_tile(8192)
-        meta = dict(kq.cast16_meta(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.e4m3_max,
-                                   cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, bk,
-                                   cfg.rht_sign_mask if cfg.rht else -1),
-                    **{k: v for k, v in meta.items() if k in ("GROUPED", "SPLIT_STEPS")})
-        fn = kq._cast16_kernel
-        bm = 16
+    rowwise = cfg.rowwise if side is None else side == "row"
+    columnwise = cfg.columnwise if side is None else side == "col"
+    block_2d = cfg.block == "16x16"
+    steps = split_steps or None
+    explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
+    if opt_flags.use_cast16(cfg.four_over_six):
+        meta = opt_flags.cast16_meta(8192, rowwise, columnwise, block_2d, cfg.per_token,
+                                     cfg.rht_sign_mask if cfg.rht else -1, cfg.e4m3_max, cfg.stochastic_rounding,
+                                     cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps, **explicit)
+        fn, bm, bk = cast16.cast16_kernel, 16, meta["BLOCK_K"]
     else:
-        kind = kq.cast_kind(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.rht,
-                            cfg.stochastic_rounding, cfg.four_over_six is not None)
-        bm, bk, warps = tile or kq._tile(8192, 8192, rht=cfg.rht, four_over_six=cfg.four_over_six is not None, kind=kind)
-        meta.update(BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=True)
-        fn = kq._quantize_kernel
+        meta = opt_flags.four_over_six_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
+                                            FOUR_OVER_SIX_CODES[cfg.four_over_six], cfg.e4m3_max, cfg.scale_layout,
+                                            split_steps=steps, block_m=tile[0] if tile else 0, **explicit)
+        fn, bm, bk = four_over_six.four_over_six_kernel, meta["BLOCK_M"], meta["BLOCK_K"]
+    warps = meta["num_warps"]
     pointers = dict(x_ptr="*bf16", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
                     row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64",
                     group_split_ptr="*i32")
     scalars = dict(seed_value="i64", M="i32", K="i32", num_splits="i32")
     sig = {n: pointers.get(n) or scalars.get(n) or "constexpr" for n in fn.arg_names}
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers if n in fn.arg_names}
     attrs.update({(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("M", "K")})
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
-                                    constexprs={(fn.arg_names.index(k),): v for k, v in meta.items()})
+                                    constexprs={(fn.arg_names.index(k),): v for k, v in opt_flags.constexprs(meta).items()})
     options = dict(num_warps=warps, enable_fp_fusion=False)
-    if cast16 and not MAXNREG:
-        options.update(kq.cast16_launch_options(cfg.rowwise, cfg.columnwise))  # the cap the launcher uses
-    elif MAXNREG:
+    if "maxnreg" in meta:  # the cap the launcher uses
+        options["maxnreg"] = meta["maxnreg"]
+    if MAXNREG:
         options["maxnreg"] = MAXNREG
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     return c, (bm, bk, warps)
@@ -103,7 +108,8 @@ def main():
     p.add_argument("recipes", nargs="*", default=["row", "rowcol"])
     p.add_argument("--tile", default=None, help="BMxBKxWARPS")
     p.add_argument("--dump", default=None)
-    p.add_argument("--cast16", action="store_true", help="the 16-row-group kernel (_cast16_kernel)")
+    p.add_argument("--side", choices=("row", "col"), default=None,
+                   help="one output only (the two launches of a split row+col cast)")
     p.add_argument("--grouped", type=int, default=0, metavar="STEPS",
                    help="the grouped (MoE) cast with 2^STEPS splits (kernels/grouped_quantize.py)")
     p.add_argument("--normal-only", action="store_true",
@@ -114,11 +120,12 @@ def main():
         def _always(outer):
             return True
 
-        kq._normal_range = _always
-        kq._normal_range_pt = _always  # per token with NVFP4LAB_PT_PRECOMPUTE=1
+        cast16.normal_range = _always
+        four_over_six.normal_range = _always
+        pt_scales.normal_range_pt = _always  # per token: the tables' range flag
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:
-        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.cast16, a.grouped)
+        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped)
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))
