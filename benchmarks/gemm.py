@@ -5,7 +5,7 @@
     python benchmarks/gemm.py --paths         # dequant+cuBLAS vs the fused kernel at M >= 128
     python benchmarks/gemm.py --variants      # M = 1/16/64, N = 4096/14336: stream-kernel variants, the fused
                                               # kernel's row and cuBLAS BF16 in one run, us and x cuBLAS (sets the
-                                              # stream rows of _DENSE_RULES; compiles in a process pool first)
+                                              # stream rows of opt_flags.DENSE_RULES; compiles in a process pool first)
     python benchmarks/gemm.py --sweep         # also time candidate block configs (prints the best)
     python benchmarks/gemm.py --out res.json  # write every measurement as JSON
 
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from
 import nvfp4lab  # noqa: E402
 from nvfp4lab import moe  # noqa: E402
 from nvfp4lab.kernels import nvfp4_gemm as G  # noqa: E402
+from nvfp4lab.kernels.nvfp4_gemm_details import opt_flags  # noqa: E402
 
 SQUARE = [2048, 4096, 8192, 16384]
 LLM_M = [1, 16, 64, 256, 4096, 16384]
@@ -145,7 +146,7 @@ def bench_dense(m, n, k, gen, sweep=False):
     outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in sets]
     res["nvfp4_portable_decoder"] = tflops(time_graph(
         [lambda s=s, o=o: G.run(s["a_tensor"], s["b"], o, decode=0) for s, o in zip(sets, outs)]))
-    res["config"] = str(G.choose_config(m, n, k, torch.device(DEVICE)))
+    res["config"] = str(opt_flags.choose_config(m, n, k, torch.device(DEVICE)))
     if sweep:
         res["sweep"] = sweep_configs(sets, outs, m, n, k, tflops)
     return res
@@ -154,10 +155,8 @@ def bench_dense(m, n, k, gen, sweep=False):
 def candidate_configs(m, n):
     """About ten alternatives per regime (each is a compile on first use)."""
     C = G.GemmConfig
-    if m <= 64:
-        bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-        cands = [C(bm, bn, 256, 8, 4 if bn == 32 else 8, 4, split_k=sk) for bn in (32, 64, 128) for sk in (1, 2, 4, 8)]
-        return cands + [C(bm, 64, 128, 8, 8, 6, split_k=4), C(bm, 128, 128, 8, 8, 6, split_k=8)]
+    if m <= 64:  # the stream kernel (dense M <= 64)
+        return list(stream_variant_configs(m).values())
     if m <= 1024:
         return [C(64, 128, 128, 8, 4, 4), C(128, 128, 128, 8, 8, 3), C(128, 128, 64, 8, 4, 4),
                 C(64, 64, 128, 8, 4, 4), C(64, 128, 64, 8, 4, 4, b_predecode=True),
@@ -250,7 +249,7 @@ def sweep_paths(gen, out_path=None):
         outs = [torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16) for _ in sets]
         r = dict(m=m, n=n, k=k)
         r["cublas"] = tflops(m, n, k, time_graph([lambda s=s: torch.mm(s["x"], s["w"].t()) for s in sets]))
-        old = G.choose_config(m, n, k, dev, grouped=True)
+        old = opt_flags.choose_config(m, n, k, dev, grouped=True)
         r["fused_old"] = tflops(m, n, k, time_graph([lambda s=s, o=o: G.run(s["a_tensor"], s["b"], o, config=old)
                                                      for s, o in zip(sets, outs)]))
         want = outs[0].clone()
@@ -266,7 +265,6 @@ def sweep_paths(gen, out_path=None):
                 except Exception as exc:
                     r[key] = f"{type(exc).__name__}: {str(exc)[:100]}"
         # breakdown at this shape: expansion of both operands, the fp32-output GEMM, the epilogue
-        s0 = sets[0]
         a16 = torch.empty(m, k, device=DEVICE, dtype=torch.float16)
         b16 = torch.empty(n, k, device=DEVICE, dtype=torch.float16)
         try:
@@ -274,7 +272,6 @@ def sweep_paths(gen, out_path=None):
         except Exception as exc:
             r["mm_f16_f32out_only"] = f"{type(exc).__name__}: {str(exc)[:100]}"
         r["mm_f16_f16out_only"] = tflops(m, n, k, time_graph([lambda: torch.mm(a16, b16.t())]))
-        del a16, b16
         print(f"paths M={m} N={n} K={k}: " + " ".join(f"{kk}={v:.1f}" if isinstance(v, float) else f"{kk}={v}"
                                                        for kk, v in r.items()), flush=True)
         rows.append(r)
@@ -290,13 +287,12 @@ def _stream_cfg(bm, bn, bk=128, w=4, st=3, cps=4, pre=True, reg=None):
 
 
 def fused_config(m, n, k):
-    """The fused kernel's table row with its split-K (the epilogue in a second kernel): the dense default for
-    M <= 64 before the stream kernel at N < 8192 (at N >= 8192 it was the skinny kernel, since removed)."""
-    return G.choose_config(m, n, k, torch.device(DEVICE), grouped=True)
+    """The fused kernel's table row (the row grouped GEMMs use), timed as the stream kernel's baseline."""
+    return opt_flags.choose_config(m, n, k, torch.device(DEVICE), grouped=True)
 
 
 def stream_variant_configs(m):
-    bm = G.stream_block_m(m)
+    bm = opt_flags.stream_block_m(m)
     if m <= 32:
         return {
             "s128st3c2r128": _stream_cfg(bm, 128, cps=2, reg=128), "s128st3c4r128": _stream_cfg(bm, 128, cps=4, reg=128),
@@ -384,7 +380,7 @@ def stream_variants(gen, out_path=None, workers=8):
                   " ".join(f"{kk}={v:.1f}({cub / v:.2f}x)" if isinstance(v, float) else f"{kk}={v}"
                            for kk, v in r.items() if kk.startswith("s")), flush=True)
             rows.append(r)
-        del ws, bs, src, dst
+        del ws, bs
         torch.cuda.empty_cache()
     if out_path:
         Path(out_path).write_text(json.dumps(rows, indent=1))

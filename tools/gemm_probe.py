@@ -21,19 +21,22 @@ import triton.language as tl  # noqa: E402
 import gemm as B  # noqa: E402  (benchmarks/gemm.py: puts src on the path)
 
 G = B.G
+opt_flags = B.opt_flags
+from nvfp4lab.kernels.nvfp4_gemm_details import stream  # noqa: E402
+
 FREE = "--free" in sys.argv
 
 if FREE:
-    _f16_halves = G._f16_halves
+    f16_halves = stream.f16_halves
 
     @triton.jit
     def _decode_free(w, sc, ROWS: tl.constexpr, DECODE: tl.constexpr):
-        h = _f16_halves(w)  # [ROWS, t, u, e]: the same register layout as the real decoder's output
+        h = f16_halves(w)  # [ROWS, t, u, e]: the same register layout as the real decoder's output
         v = tl.join(tl.join(h, h), tl.join(h, h))
         v = tl.permute(v, (0, 2, 5, 4, 1, 3))
         return tl.reshape(v, (ROWS, 128))
 
-    G._stream_decode = _decode_free  # before any compilation in this process
+    stream.stream_decode = _decode_free  # before any compilation in this process (the kernel reads the global)
 
 
 def S(bm, bn, bk=128, w=4, st=3, cps=2, reg=None, pre=True):
@@ -42,11 +45,11 @@ def S(bm, bn, bk=128, w=4, st=3, cps=2, reg=None, pre=True):
 
 def configs(m):
     """The table's rows and a few neighbours (names: block_n, V sub-tiles, stages, programs per SM)."""
-    bm = G.stream_block_m(m)
+    bm = opt_flags.stream_block_m(m)
     if m <= 32:
-        return {"table": G.choose_config(m, 4096, 4096, torch.device("cuda")), "n64v2st3c4": S(bm, 64, 256, cps=4),
+        return {"table": opt_flags.choose_config(m, 4096, 4096, torch.device("cuda")), "n64v2st3c4": S(bm, 64, 256, cps=4),
                 "inA": S(bm, 128, reg=128 if bm == 16 else None, pre=False)}
-    return {"table": G.choose_config(m, 4096, 4096, torch.device("cuda")), "n64st4c4": S(bm, 64, st=4, cps=4)}
+    return {"table": opt_flags.choose_config(m, 4096, 4096, torch.device("cuda")), "n64st4c4": S(bm, 64, st=4, cps=4)}
 
 
 SHAPES = [(16, 14336, 4096), (16, 4096, 4096), (64, 14336, 4096), (64, 4096, 4096)]

@@ -1,7 +1,7 @@
 """Where the M <= 64 weight-stream GEMM spends its time (issue 6): the stream kernel's main loop rebuilt with
 parts switched off, timed side by side with the production call, cuBLAS BF16 and a copy of the weight bytes.
 
-Modes (same grid, tiles, K splits, pipeline depth and loads as :func:`nvfp4lab.kernels.nvfp4_gemm._stream_kernel`;
+Modes (same grid, tiles, K splits, pipeline depth and loads as :func:`nvfp4lab.kernels.nvfp4_gemm_details.stream.stream_kernel`;
 each program stores its own partial, no split-K reduction, no epilogue, A read pre-decoded):
     load      B's code words and scales only (summed, so nothing is dead)
     decode    load + decode of B to FP16 (elementwise max kept, no MMA)
@@ -28,6 +28,7 @@ import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from nvfp4lab.kernels import nvfp4_gemm as G  # noqa: E402
+from nvfp4lab.kernels.nvfp4_gemm_details import common, opt_flags, stream  # noqa: E402
 
 MODES = {"load": 1, "decode": 2, "mma": 3, "full": 0}
 
@@ -39,7 +40,7 @@ def _probe_kernel(a_ptr, b_ptr, b_scale_ptr, ws_ptr, M, N, K, per_split, stride_
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BK: tl.constexpr = 128 * V
-    rows_b = G._stream_rows(pid_n, N, BLOCK_N, WARPS)
+    rows_b = stream.stream_rows(pid_n, N, BLOCK_N, WARPS)
     offs_m = tl.arange(0, BLOCK_M)
     k_first = pid_k * per_split
     k_last = tl.minimum(k_first + per_split, tl.cdiv(K, BK))
@@ -50,21 +51,21 @@ def _probe_kernel(a_ptr, b_ptr, b_scale_ptr, ws_ptr, M, N, K, per_split, stride_
     for k in range(k_first, k_last):
         for v in tl.static_range(V):
             kk = k * V + v
-            b_w, b_sc = G._stream_load(b_ptr, b_scale_ptr, rows_b, kk, stride_b, 0, b_cols4, K, True, True, BLOCK_N)
+            b_w, b_sc = stream.stream_load(b_ptr, b_scale_ptr, rows_b, kk, stride_b, 0, b_cols4, K, True, True, BLOCK_N)
             if MODE == 1:
                 acc_w += b_w
                 acc_s += b_sc.to(tl.int32)
             elif MODE == 2:
-                acc_h = tl.maximum(acc_h, G._stream_decode(b_w, b_sc, BLOCK_N, DECODE))
+                acc_h = tl.maximum(acc_h, stream.stream_decode(b_w, b_sc, BLOCK_N, DECODE))
             else:
                 a_val = tl.load(a_ptr + offs_m[:, None] * stride_a + kk * 128 + tl.arange(0, 128)[None, :])
-                if MODE == 3:  # the words' low bits as FP16 values, in _stream_decode's register order
+                if MODE == 3:  # the words' low bits as FP16 values, in stream_decode's register order
                     lo = (b_w & 0x3FF).to(tl.float16)
                     fake = tl.broadcast_to(lo[:, :, :, None, None, None], (BLOCK_N, 4, 4, 2, 2, 2))
                     b_val = tl.reshape(tl.permute(fake, (0, 2, 5, 4, 1, 3)), (BLOCK_N, 128))
                 else:
-                    b_val = G._stream_decode(b_w, b_sc, BLOCK_N, DECODE)
-                b_val = G._stream_rows_back(b_val, BLOCK_N, WARPS)
+                    b_val = stream.stream_decode(b_w, b_sc, BLOCK_N, DECODE)
+                b_val = stream.stream_rows_back(b_val, BLOCK_N, WARPS)
                 acc = tl.dot(b_val, tl.trans(a_val), acc)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -81,16 +82,16 @@ def _probe_kernel(a_ptr, b_ptr, b_scale_ptr, ws_ptr, M, N, K, per_split, stride_
 def probe_args(a, b, m, n, k, cfg, device):
     """(grid, args, constexprs) of the probe for A, B (NVFP4Tensors, B swizzled), as the production launcher."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    num_sms = G._num_sms(device) if device.type == "cuda" else 4
-    splits = G.stream_splits(cfg, m, n, k, num_sms)
+    splits = opt_flags.stream_splits(cfg, m, n, k, opt_flags.num_sms(device))
     per_split = triton.cdiv(triton.cdiv(k, bk), splits)
-    a_w, b_w = G._words(a.rowwise_data), G._words(b.rowwise_data)
-    a_sc, a_ss, a_c4, a_sw = G._scale_args(a.rowwise_scale, "swizzled", m, k)
-    b_sc, _, b_c4, _ = G._scale_args(b.rowwise_scale, "swizzled", n, k)
-    a16 = torch.empty((bm, G._roundup(k, bk)), dtype=torch.float16, device=device)
-    decode = G.default_decode(device)
-    G._stream_expand_kernel[(bm // 16, a16.shape[1] // 128)](a_w, a_sc, a16, m, k, a_w.stride(0), a_ss, a_c4, a16.stride(0),
-                                                            A_SWIZZLED=a_sw, DECODE=decode, ROWS=16, num_warps=4)
+    a_op = common.operand(a.rowwise_data, a.rowwise_scale, "swizzled", a.rowwise_amax, k)
+    b_op = common.operand(b.rowwise_data, b.rowwise_scale, "swizzled", b.rowwise_amax, k)
+    a_w, b_w = common.words(a_op.data), common.words(b_op.data)
+    b_sc, b_c4 = b_op.scale, b_op.cols4
+    a16 = torch.empty((bm, common.roundup(k, bk)), dtype=torch.float16, device=device)
+    decode = opt_flags.default_decode(device)
+    stream.launch_a_expand_kernel((bm // 16, a16.shape[1] // 128), a_w, a_op, a16, m, k,
+                                  dict(A_SWIZZLED=True, DECODE=decode, ROWS=16, num_warps=4))
     ws = torch.full((splits, m, n), float("nan"), dtype=torch.float32, device=device)
     grid = (triton.cdiv(n, bn), splits)
     extra = {} if cfg.maxnreg is None or SMOKE else {"maxnreg": cfg.maxnreg}
@@ -141,7 +142,7 @@ def sweep(spec, a, bs, m, n, k, base, dev, bench):
                 row[mode] = f"{type(exc).__name__[:7]:>7}"
         outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in bs]
         row["prod"] = f"{bench.time_graph([lambda b=b, o=o: G.run(a, b, o, config=cfg) for b, o in zip(bs, outs)], replays=10) * 1e3:7.1f}"
-        print(f"{m}x{n}x{k} {item:>22} splits {G.stream_splits(cfg, m, n, k, G._num_sms(dev)):3d} | "
+        print(f"{m}x{n}x{k} {item:>22} splits {opt_flags.stream_splits(cfg, m, n, k, opt_flags.num_sms(dev)):3d} | "
               f"load {row['load']} mma {row['mma']} full {row['full']} prod {row['prod']} us", flush=True)
 
 
@@ -163,10 +164,10 @@ def split_sweep(spec, a, bs, m, n, k, base, dev, bench):
             if s > k_tiles:
                 break
             c = replace(cfg, split_k=s)
-            eff = G.stream_splits(c, m, n, k, G._num_sms(dev))
+            eff = opt_flags.stream_splits(c, m, n, k, opt_flags.num_sms(dev))
             t = bench.time_graph([lambda b=b, o=o: G.run(a, b, o, config=c) for b, o in zip(bs, outs)], replays=10) * 1e3
             cells.append(f"{eff}:{t:.1f}")
-        dflt = G.stream_splits(cfg, m, n, k, G._num_sms(dev))
+        dflt = opt_flags.stream_splits(cfg, m, n, k, opt_flags.num_sms(dev))
         print(f"{m}x{n}x{k} {name:>18} tiles {tiles:4d} default splits {dflt:2d} | splits:us " + " ".join(cells), flush=True)
 
 
@@ -194,7 +195,7 @@ def main():
         bs = [bench.quantize(w, scale_layout="swizzled") for w in ws_bf16]
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
         a = bench.quantize(x, scale_layout="swizzled")
-        cfg = G.choose_config(m, n, k, dev)
+        cfg = opt_flags.choose_config(m, n, k, dev)
         if args.splits is not None:
             split_sweep(args.splits, a, bs, m, n, k, cfg, dev, bench)
             continue
@@ -217,8 +218,8 @@ def main():
         row["w-copy"] = bench.time_graph([lambda: dst.copy_(src)], replays=10) * 1e3 / copies / 2
         print(f"{shape:>16} | " + " ".join(f"{row[c]:7.1f}" for c in ("cuBLAS", "prod", "full", "mma", "decode", "load", "w-copy"))
               + f" | {row['cuBLAS'] / row['prod']:.2f}x  ({cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} "
-              f"st{cfg.num_stages} splits {G.stream_splits(cfg, m, n, k, G._num_sms(dev))})", flush=True)
-        del ws_bf16, bs, src, dst
+              f"st{cfg.num_stages} splits {opt_flags.stream_splits(cfg, m, n, k, opt_flags.num_sms(dev))})", flush=True)
+        del ws_bf16, bs
         torch.cuda.empty_cache()
 
 

@@ -1,0 +1,118 @@
+"""Helpers shared by the NVFP4 GEMM paths: the reference epilogue (alpha, bias, out_old, cast) as a
+device function, exact E4M3 decoding, scale-buffer addressing, and host-side operand preparation."""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+def roundup(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_inv(e4m3_max_a: float, e4m3_max_b: float) -> float:
+    """fl32(1 / (36 E_a E_b)) as a Python float holding an exact fp32 value."""
+    return torch.tensor(1.0 / (36.0 * e4m3_max_a * e4m3_max_b), dtype=torch.float32).item()
+
+
+class Operand(NamedTuple):
+    """One GEMM operand as the kernels take it."""
+    data: torch.Tensor  # packed codes (rows, K/2) uint8, unit stride along K
+    scale: torch.Tensor  # E4M3 scales: 2-D compact / padded, or the flat swizzled buffer
+    scale_stride: int  # row stride of a compact / padded scale matrix (0 when swizzled)
+    cols4: int  # roundup(K/16, 4) // 4: 4-column groups of the swizzled layout (0 otherwise)
+    swizzled: bool
+    amax: torch.Tensor  # fp32, flat: (1,) | per row | per expert
+
+
+def scale_args(scale: torch.Tensor, layout: str, k: int):
+    """(tensor, row stride, cols4, swizzled?) for a scale buffer of the given layout."""
+    k16 = k // 16
+    if layout == "swizzled":
+        return scale.reshape(-1), 0, roundup(k16, 4) // 4, True
+    if scale.dim() != 2 or scale.stride(1) != 1:
+        scale = scale.contiguous()
+    return scale, scale.stride(0), 0, False
+
+
+def operand(data: torch.Tensor, scale: torch.Tensor, layout: str, amax: torch.Tensor, k: int) -> Operand:
+    """An :class:`Operand` from a rowwise copy's parts (``layout``: the scale layout)."""
+    if data.stride(-1) != 1:
+        data = data.contiguous()
+    return Operand(data, *scale_args(scale, layout, k), amax.reshape(-1).to(torch.float32))
+
+
+def words(data: torch.Tensor) -> torch.Tensor:
+    """Packed codes (rows, K/2) uint8 viewed as int32 words (rows, K/8): 8 codes per word, code i of a
+    word in bits 4i..4i+3 (little-endian bytes). A copy only when the view is impossible (misaligned)."""
+    try:
+        return data.view(torch.int32)
+    except RuntimeError:  # a row stride or storage offset that is not a multiple of 4 bytes
+        return data.clone(memory_format=torch.contiguous_format).view(torch.int32)
+
+
+@triton.jit
+def f32_to_bf16_rne(v):
+    """fp32 -> bf16 with round-to-nearest-even from bits (the interpreter's own cast truncates)."""
+    bits = v.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(v != v, 0x7FC0, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def scale_offsets(rows, cols, stride, cols4, SWIZZLED: tl.constexpr):
+    """Byte offsets of scale entries (rows[:, None], cols[None, :]) in a compact/padded (row stride
+    ``stride``) or swizzled (cuBLAS 128x4, ``cols4`` = roundup(K/16,4)/4) scale buffer."""
+    if SWIZZLED:
+        r = (rows // 128) * (cols4 * 512) + (rows % 32) * 16 + ((rows % 128) // 32) * 4
+        c = (cols // 4) * 512 + (cols % 4)
+        return r[:, None] + c[None, :]
+    else:
+        return rows[:, None] * stride + cols[None, :]
+
+
+@triton.jit
+def e4m3_to_f32(bits):
+    """E4M3 bits (int32) -> fp32, exact: the 7 low bits at FP16 bits 13..7 read as s * 2^-8 for every
+    code (E4M3 subnormals land on FP16 subnormals), widened exactly and rescaled; 0x7F/0xFF -> NaN."""
+    h = ((bits & 0x7F) << 7) | ((bits & 0x80) << 8)
+    s = h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    return tl.where((bits & 0x7F) == 0x7F, float("nan"), s)
+
+
+@triton.jit
+def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
+             out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr,
+             BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings."""
+    if A_AMAX_ROWS:
+        amax_a = tl.load(a_amax_ptr + rows_a)
+    else:
+        amax_a = tl.load(a_amax_ptr + tl.zeros((BLOCK_M,), dtype=tl.int32))
+    if B_AMAX_MODE == 2:
+        amax_b = tl.load(b_amax_ptr + rows_b)
+    elif B_AMAX_MODE == 1:
+        amax_b = tl.load(b_amax_ptr + expert + tl.zeros((BLOCK_N,), dtype=tl.int32))
+    else:
+        amax_b = tl.load(b_amax_ptr + tl.zeros((BLOCK_N,), dtype=tl.int32))
+    alpha = (amax_a[:, None] * amax_b[None, :]) * inv_e
+    res = acc * alpha
+    if BIAS_MODE == 1:
+        res = res + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    elif BIAS_MODE == 2:
+        res = res + tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n.to(tl.int64)[None, :] * stride_on
+    omask = mask_m[:, None] & mask_n[None, :]
+    if ACCUMULATE:
+        res = res + tl.load(out_ptrs, mask=omask, other=0.0).to(tl.float32)
+    if OUT_BF16:
+        tl.store(out_ptrs, f32_to_bf16_rne(res), mask=omask)
+    else:
+        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)

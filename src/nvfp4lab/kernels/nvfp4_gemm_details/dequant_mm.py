@@ -1,0 +1,102 @@
+"""The NVFP4 GEMM for large M: operands expanded to FP16, one cuBLAS GEMM, one epilogue kernel.
+
+Both operands are expanded to FP16 q * s by :func:`.fused.expand` (exact: every product of an E2M1 value
+and an E4M3 scale is an FP16 normal number or zero; the same permutation of K within every block_k tile
+on both sides, so the products pair up as in the definition). cuBLAS multiplies them with fp32
+accumulation and fp32 output, and :func:`epilogue_kernel` applies the reference epilogue (alpha, bias,
+out_old, cast) in one pass. Temporaries: 2MK + 2NK bytes of FP16 (freed before the epilogue) and 4MN bytes
+of fp32. Grouped GEMMs with host split sizes expand A and B once each, then run one cuBLAS GEMM and one
+epilogue per non-empty expert (launches: 2 + 2 per non-empty expert).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import opt_flags
+from .common import epilogue
+from .fused import expand
+
+
+@triton.jit
+def epilogue_kernel(
+    acc_ptr, a_amax_ptr, b_amax_ptr, bias_ptr, out_ptr,
+    M, N, stride_om, stride_on, inv_e,
+    A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
+    ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The epilogue over an fp32 product (M, N), row stride N."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
+    rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    mask = mask_m[:, None] & mask_n[None, :]
+    ptrs = acc_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
+             out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
+             OUT_BF16, BLOCK_M, BLOCK_N)
+
+
+def _launch_epilogue_kernel(grid, acc, a_amax, b_amax, bias, out, m, n, inv_e, constexprs: dict):
+    epilogue_kernel[grid](acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e, **constexprs)
+
+
+def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
+    """The reference epilogue (alpha, bias, out_old, cast) over an fp32 product (m, n), one pass."""
+    bm, bn, warps = (64, 128, 8) if out.is_cuda and not opt_flags.interpreting() else (32, 32, 4)
+    _launch_epilogue_kernel((triton.cdiv(m, bm), triton.cdiv(n, bn)), acc, a_amax, b_amax, bias, out, m, n, inv_e,
+                            dict(**flags, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False))
+    return out
+
+
+def _expand_both(a, b, k, config, decode):
+    """FP16 q * s of all rows of A and of B (same K permutation)."""
+    decode = opt_flags.expand_decode(decode, config.block_k)
+    a16 = expand(a, a.data.shape[0], k, config.block_k, decode)
+    b16 = expand(b, b.data.shape[0], k, config.block_k, decode)
+    return a16, b16
+
+
+def _mm_f32(a16, b16, out=None):
+    """a16 @ b16^T with fp32 accumulation and fp32 output (into ``out`` when given)."""
+    if a16.is_cuda:
+        return torch.mm(a16, b16.t(), out_dtype=torch.float32, out=out)
+    # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
+    return torch.mm(a16.float(), b16.float().t(), out=out)
+
+
+def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, config, decode: int) -> torch.Tensor:
+    """Dense: both operands expanded, one fp32-output matmul, the epilogue. Writes ``out`` (M, N)."""
+    a16, b16 = _expand_both(a, b, k, config, decode)
+    acc = _mm_f32(a16, b16)
+    del a16, b16
+    return _dequant_epilogue(acc, a.amax, b.amax, bias, out, flags, m, n, inv_e)
+
+
+def grouped_gemm(a, b, bias, out, b_mode: int, bias_mode: int, accumulate: bool, splits, n: int, k: int,
+                 inv_e: float, config, decode: int) -> torch.Tensor:
+    """Grouped with host split sizes: A (all experts' rows) and B (all experts' weights) expanded once
+    each, then per expert one fp32-output matmul into its rows of a shared fp32 buffer and the epilogue on
+    those rows with the expert's amax and bias (the dense path, expert by expert)."""
+    a16, b16 = _expand_both(a, b, k, config, decode)
+    acc = torch.empty((a.data.shape[0], n), dtype=torch.float32, device=a.data.device)
+    a_amax, b_amax = a.amax, b.amax
+    a_rows = a_amax.numel() != 1
+    # each expert's amax and bias as a dense GEMM's: scalar or per-row B amax, (N,) bias
+    flags = dict(A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
+                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16)
+    row = 0
+    for e, m_e in enumerate(splits):
+        r0, row = row, row + m_e
+        if m_e == 0:
+            continue
+        _mm_f32(a16[r0:row], b16[e * n:(e + 1) * n], out=acc[r0:row])
+        b_amax_e = b_amax[e * n:(e + 1) * n] if b_mode == 2 else (b_amax[e:e + 1] if b_mode == 1 else b_amax)
+        bias_e = bias if bias_mode == 1 else (bias[e] if bias_mode == 2 else a_amax)
+        _dequant_epilogue(acc[r0:row], a_amax[r0:row] if a_rows else a_amax, b_amax_e, bias_e, out[r0:row], flags,
+                          m_e, n, inv_e)
+    return out
