@@ -236,7 +236,7 @@ def _close(got, want):
 
 def sweep_paths(gen, out_path=None):
     """One-call comparison of the dense paths for M >= 128: fused vs dequant + cuBLAS (TFLOP/s; x = ratio to
-    cuBLAS BF16). Used to set _DENSE_RULES."""
+    cuBLAS BF16). Used to set opt_flags.DENSE_RULES."""
     C = G.GemmConfig
     rows = []
     dev = torch.device(DEVICE)

@@ -38,6 +38,7 @@ class GemmConfig:
     num_stages: int = 3
     maxnreg: Optional[int] = None  # cap registers (ptxas .maxnreg), e.g. for 2 CTAs per SM
     b_predecode: bool = False  # fused kernel: expand B to fp16 once (one extra pass), then decode only A per tile
+    split_k: int = 1  # stream kernel only (see below)
     # Dense only: expand both operands to FP16 q * s (exact) with the expansion kernel (block_k = its tile),
     # cuBLAS FP16 GEMM with fp32 output, then the epilogue kernel. Temporary memory 2MK + 2NK + 4MN bytes.
     dequant_mm: bool = False
@@ -45,7 +46,6 @@ class GemmConfig:
     # 0 lets the launcher split K for about ctas_per_sm programs per SM; a_pre decodes A once up front
     # (one more launch) instead of in every program's loop.
     stream: bool = False
-    split_k: int = 1
     ctas_per_sm: int = 4
     a_pre: bool = False
     # Stream kernel, computed splits only: at most max_resident programs per SM in all (the programs of
