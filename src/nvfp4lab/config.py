@@ -11,6 +11,8 @@ import functools
 from dataclasses import dataclass
 from typing import Optional
 
+from .rht import DEFAULT_RHT_SIGN_MASK
+
 SCALE_LAYOUTS = ("compact", "padded", "swizzled")
 BLOCKS = ("1x16", "16x16")
 FOUR_OVER_SIX_MODES = (None, "mae", "mse")
@@ -39,7 +41,7 @@ class NVFP4QuantConfig:
     columnwise: bool = False
     per_token: bool = False
     rht: bool = False
-    rht_sign_mask: int = 0xD7E8
+    rht_sign_mask: int = DEFAULT_RHT_SIGN_MASK
     four_over_six: Optional[str] = None
     e4m3_max: Optional[float] = None
     stochastic_rounding: bool = False

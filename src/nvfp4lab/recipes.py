@@ -14,18 +14,26 @@ in one quantize call (one read of the tensor).
 Recipes are frozen dataclasses validated at construction. Named presets build the common ones; the
 environment override layer (:meth:`NVFP4Recipe.from_env`) is explicit: no recipe ever reads the
 environment unless ``from_env`` is called.
+
+Recipe names (the one registry, as torchao's ``Float8LinearRecipeName`` / ``from_recipe_name``): every
+catalogue (``nvfp4lab lab``, ``nvfp4lab train``) is a list of names that :func:`from_recipe_name` turns
+into a recipe. A name is ``bf16`` (no quantization), ``mxfp8``, ``mxfp8-hybrid``, or ``nvfp4`` followed
+by features from :data:`NVFP4_FEATURES`, in that order (e.g. ``nvfp4-w2d-rht-sr``); ``te`` is TE's
+default NVFP4BlockScaling, ``nvfp4-w2d-rht-sr``.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 from .config import SCALE_LAYOUTS, MXFP8QuantConfig, NVFP4QuantConfig
+from .rht import DEFAULT_RHT_SIGN_MASK
 
-TENSORS = ("input", "weight", "grad")
-# role -> (tensor, copy); the copy a GEMM reads (spec section 4)
+TENSORS = ("input", "weight", "grad")  # the three tensors of a linear layer: x, W, dy
+# role -> (tensor, copy): the operand copies the three GEMMs read (spec section 4)
 ROLES = {
     "input_fprop": ("input", "rowwise"),
     "input_wgrad": ("input", "columnwise"),
@@ -37,7 +45,6 @@ ROLES = {
 FOUR_OVER_SIX_SCOPES = (None, "weights", "activations", "all")
 FOUR_OVER_SIX_ERR_MODES = ("mae", "mse")
 BACKWARD_MODES = ("quantized", "dequantized", "high_precision")
-DEFAULT_RHT_SIGN_MASK = 0xD7E8
 
 
 def _in_scope(scope: Optional[str], tensor: str) -> bool:
@@ -58,7 +65,7 @@ def _check_role(role: str) -> tuple[str, str]:
     return ROLES[role]
 
 
-def _check_tensor(tensor: str) -> None:
+def _check_tensor_name(tensor: str) -> None:
     if tensor not in TENSORS:
         raise ValueError(f"tensor must be one of {TENSORS}, got {tensor!r}")
 
@@ -170,7 +177,7 @@ class NVFP4Recipe:
     def tensor_config(self, tensor: str, *, rowwise: bool = True, columnwise: bool = False) -> NVFP4QuantConfig:
         """The config quantizing ``tensor`` ("input", "weight" or "grad") to the requested copies in
         one call. RHT is set only when the columnwise copy is requested (it only acts there)."""
-        _check_tensor(tensor)
+        _check_tensor_name(tensor)
         four_over_six = self.four_over_six_err_mode if _in_scope(self.four_over_six_scope, tensor) else None
         e4m3_max = 448.0
         if four_over_six is not None and _in_scope(self.four_over_six_e256_scope, tensor):
@@ -294,7 +301,7 @@ def _backward_from_env(env: Mapping[str, str]) -> Optional[str]:
     return value
 
 
-MXFP8_FORMATS = ("e4m3", "hybrid")
+MXFP8_RECIPE_FORMATS = ("e4m3", "hybrid")  # E4M3 everywhere, or E5M2 gradients (TE's Format.HYBRID)
 
 
 @dataclass(frozen=True)
@@ -314,8 +321,8 @@ class MXFP8Recipe:
     scale_layout: str = "compact"
 
     def __post_init__(self):
-        if self.fp8_format not in MXFP8_FORMATS:
-            raise ValueError(f"fp8_format must be one of {MXFP8_FORMATS}, got {self.fp8_format!r}")
+        if self.fp8_format not in MXFP8_RECIPE_FORMATS:
+            raise ValueError(f"fp8_format must be one of {MXFP8_RECIPE_FORMATS}, got {self.fp8_format!r}")
         if self.backward not in BACKWARD_MODES:
             raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
@@ -327,7 +334,7 @@ class MXFP8Recipe:
         return cls(**overrides)
 
     def tensor_config(self, tensor: str, *, rowwise: bool = True, columnwise: bool = False) -> MXFP8QuantConfig:
-        _check_tensor(tensor)
+        _check_tensor_name(tensor)
         fmt = "e5m2" if (tensor == "grad" and self.fp8_format == "hybrid") else "e4m3"
         return MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fmt, scale_layout=self.scale_layout)
 
@@ -364,3 +371,115 @@ def resolve_recipe(recipe):
 def block_multiple(recipe) -> int:
     """Feature dims (in and out) must be multiples of this for ``recipe``: 16 (NVFP4) or 32 (MXFP8)."""
     return 32 if isinstance(recipe, MXFP8Recipe) else 16
+
+
+# ------------------------------------------------------------------------------ recipe names
+# NVFP4 feature -> (the NVFP4Recipe fields it sets, description). A name lists its features in this
+# order; "nvfp4" alone is 1x16 per-tensor round-to-nearest everywhere (no 2D weights, RHT or SR).
+NVFP4_FEATURES = {
+    "w2d": (dict(weight_2d=True), "16x16 weights"),
+    "pt": (dict(per_token_activations=True), "per-token activations"),
+    "ptg": (dict(per_token_gradients=True), "per-token gradients"),
+    "4o6mae": (dict(four_over_six_scope="all", four_over_six_err_mode="mae"), "4over6 MAE E=256 on W and x"),
+    "4o6mse": (dict(four_over_six_scope="all", four_over_six_err_mode="mse"), "4over6 MSE E=256 on W and x"),
+    "4o6mae448": (dict(four_over_six_scope="all", four_over_six_err_mode="mae", four_over_six_e256_scope=None),
+                  "4over6 MAE E=448 on W and x"),
+    "4o6mse448": (dict(four_over_six_scope="all", four_over_six_err_mode="mse", four_over_six_e256_scope=None),
+                  "4over6 MSE E=448 on W and x"),
+    "4o6w": (dict(four_over_six_scope="weights", four_over_six_err_mode="mae"), "4over6 MAE E=256 on W only"),
+    "rht": (dict(rht=True), "RHT on wgrad operands"),
+    "sr": (dict(stochastic_rounding=True), "SR on gradients"),
+    "hpbwd": (dict(backward="high_precision"), "high-precision backward GEMMs"),
+    "dqbwd": (dict(backward="dequantized"), "backward GEMMs on dequantized operands"),
+}
+FOUR_OVER_SIX_FEATURES = tuple(f for f in NVFP4_FEATURES if f.startswith("4o6"))
+_NVFP4_BASE = dict(weight_2d=False, rht=False, stochastic_rounding=False)
+ALIASES = {"te": "nvfp4-w2d-rht-sr"}  # short name -> full name
+_OTHER_RECIPES = {  # name -> (builder, description)
+    "bf16": (lambda: None, "BF16 baseline (no block scaling)"),
+    "mxfp8": (MXFP8Recipe, "MXFP8 E4M3, 1x32 blocks, E8M0 scales (TE MXFP8BlockScaling)"),
+    "mxfp8-hybrid": (lambda: MXFP8Recipe(fp8_format="hybrid"), "MXFP8, E4M3 weights/activations, E5M2 gradients (TE Format.HYBRID)"),
+}
+TE_SUMMARY = "TE default NVFP4BlockScaling: 16x16 weights, RHT on wgrad operands, SR on gradients"
+
+Recipe = Union[NVFP4Recipe, MXFP8Recipe, None]
+
+
+def _nvfp4_features(name: str) -> tuple:
+    """The features of an NVFP4 recipe name (ValueError for a name that is not one)."""
+    parts = name.split("-")
+    if parts[0] != "nvfp4":
+        raise ValueError(f"unknown recipe {name!r}")
+    features = tuple(parts[1:])
+    unknown = [f for f in features if f not in NVFP4_FEATURES]
+    if unknown:
+        raise ValueError(f"recipe {name!r}: unknown NVFP4 feature(s) {unknown}; known: {', '.join(NVFP4_FEATURES)}")
+    order = list(NVFP4_FEATURES)
+    if list(features) != sorted(set(features), key=order.index):
+        canonical = "-".join(["nvfp4", *sorted(set(features), key=order.index)])
+        raise ValueError(f"recipe {name!r}: features appear once each, in the order {', '.join(order)} "
+                         f"(did you mean {canonical}?)")
+    if sum(f in FOUR_OVER_SIX_FEATURES for f in features) > 1:
+        raise ValueError(f"recipe {name!r}: pick one 4over6 variant")
+    if sum(f in ("hpbwd", "dqbwd") for f in features) > 1:
+        raise ValueError(f"recipe {name!r}: pick one backward mode")
+    return features
+
+
+def from_recipe_name(name: str) -> Recipe:
+    """The recipe a name stands for (see the module docstring): None for ``bf16``, an
+    :class:`MXFP8Recipe` or an :class:`NVFP4Recipe` (swizzled scales, as for training). ValueError for
+    an unknown name or features that cannot be combined (the recipe's own rules)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    name = ALIASES.get(name, name)
+    if name in _OTHER_RECIPES:
+        return _OTHER_RECIPES[name][0]()
+    options = dict(_NVFP4_BASE)
+    for feature in _nvfp4_features(name):
+        options.update(NVFP4_FEATURES[feature][0])
+    try:
+        return NVFP4Recipe(**options)
+    except ValueError as err:
+        raise ValueError(f"recipe {name!r}: {err}") from None
+
+
+def recipe_summary(name: str) -> str:
+    """One line saying what the named recipe quantizes how."""
+    name = ALIASES.get(name, name)
+    if name in _OTHER_RECIPES:
+        return _OTHER_RECIPES[name][1]
+    if name == ALIASES["te"]:
+        return TE_SUMMARY
+    features = _nvfp4_features(name)
+    if not features:
+        return "NVFP4 1x16 per-tensor, round-to-nearest"
+    return "NVFP4 + " + ", ".join(NVFP4_FEATURES[f][1] for f in features)
+
+
+def display_name(name: str) -> str:
+    """The short name of a recipe when it has one (``te``), else the name."""
+    for short, full in ALIASES.items():
+        if name == full:
+            return short
+    return name
+
+
+def nvfp4_recipe_names(features) -> list:
+    """Every valid NVFP4 recipe name built from a subset of ``features`` (at most one 4over6 variant),
+    single features first, then pairs, ...; within a size, in feature order."""
+    order = list(NVFP4_FEATURES)
+    plain = [f for f in features if f not in FOUR_OVER_SIX_FEATURES]
+    fos = [f for f in features if f in FOUR_OVER_SIX_FEATURES]
+    names = []
+    for choice in [None, *fos]:
+        for on in itertools.product((False, True), repeat=len(plain)):
+            chosen = [f for f, keep in zip(plain, on) if keep] + ([choice] if choice else [])
+            chosen.sort(key=order.index)
+            name = "-".join(["nvfp4", *chosen])
+            try:
+                from_recipe_name(name)
+            except ValueError:
+                continue
+            names.append((len(chosen), [order.index(f) for f in chosen], name))
+    return [name for *_, name in sorted(names)]

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from nvfp4lab import NVFP4Recipe
 from nvfp4lab.cli import main
 from nvfp4lab.lab import train as T
 from nvfp4lab.lab.train_report import print_results, to_json_dict
@@ -155,9 +156,9 @@ def test_cli_bad_arguments_exit_nonzero_with_message(argv, message, tmp_path, ca
 
 def test_unknown_recipe_error_lists_valid_names():
     with pytest.raises(ValueError) as info:
-        T.run_train(recipes=["te", "per_token"], size="tiny", steps=1, write=False, progress=False)
+        T.run_train(recipes=["te", "nvfp4-w2d-pt-st"], size="tiny", steps=1, write=False, progress=False)
     text = str(info.value)
-    assert "per_token -> did you mean per-token" in text
+    assert "nvfp4-w2d-pt-st -> did you mean nvfp4-w2d-pt-sr" in text
     for name in T.DEFAULT_TRAIN_RECIPES:
         assert name in text
 
@@ -185,3 +186,10 @@ def test_recipes_list_prints_catalogue(capsys):
     text = capsys.readouterr().out
     for name in T.TRAIN_RECIPES:
         assert name in text
+
+
+def test_any_registry_name_trains():
+    specs = T.resolve_train_recipes(["nvfp4-rht-sr", "nvfp4-w2d-rht-sr"])
+    assert [s.name for s in specs] == ["bf16", "nvfp4-rht-sr", "te"]
+    assert specs[1].recipe() == NVFP4Recipe(weight_2d=False, rht=True, stochastic_rounding=True)
+    assert specs[0].recipe() is None

