@@ -14,9 +14,9 @@ from .ops import (
 )
 from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
 from .recipes import MXFP8Recipe, NVFP4Recipe
-from .modules import GroupedLinear, Linear, convert
-
-__version__ = "0.1.0"
+from .modules import GroupedLinear, InferenceLinear, Linear, convert, freeze
+from .checkpoint import export_modelopt, load_quantized, save_quantized
+from ._version import __version__
 
 __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",
@@ -24,4 +24,5 @@ __all__ = [
     "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
     "swizzle_scales", "unswizzle_scales",
     "NVFP4Recipe", "MXFP8Recipe", "Linear", "GroupedLinear", "convert",
+    "InferenceLinear", "freeze", "save_quantized", "load_quantized", "export_modelopt",
 ]

@@ -20,6 +20,7 @@ registers itself here (:func:`register_dequantize`): this module imports nothing
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -43,8 +44,46 @@ def _check_copies(cls: type, config, rowwise, columnwise) -> None:
                          f"(rowwise={config.rowwise}, columnwise={config.columnwise})")
 
 
+class _DeviceMoves:
+    """Tensor-like moves of a quantized container: every tensor field (data, scales, amax, split
+    offsets) moved, the other fields (shape, dtype, config) kept. The bits never change, so
+    ``.to`` takes a device only (a dtype raises TypeError: use ``dequantize(dtype=...)``)."""
+
+    def to(self, device=None, *, non_blocking: bool = False, copy: bool = False):
+        """A container with every tensor on ``device`` (a copy of the fields that move, or all of
+        them with ``copy=True``); ``self`` when nothing moves and no copy is asked for."""
+        if isinstance(device, torch.dtype):
+            raise TypeError(f"{type(self).__name__}.to takes a device, not a dtype ({device}): the quantized bits keep "
+                            "their dtypes; use dequantize(dtype=...) for high precision")
+        if device is None and not copy:
+            return self
+        target = None if device is None else torch.device(device)
+        tensors = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        moved = {name: t.to(t.device if target is None else target, non_blocking=non_blocking, copy=copy)
+                 for name, t in tensors.items()}
+        if all(moved[name] is t for name, t in tensors.items()):
+            return self
+        return dataclasses.replace(self, **moved)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self, device=None, non_blocking: bool = False):
+        index = device.index if isinstance(device, torch.device) else device
+        return self.to(torch.device("cuda", index) if index is not None else torch.device("cuda"), non_blocking=non_blocking)
+
+    @property
+    def device(self) -> Optional[torch.device]:
+        """The device of the tensor fields (None when there are none)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                return value.device
+        return None
+
+
 @dataclass
-class NVFP4Tensor:
+class NVFP4Tensor(_DeviceMoves):
     shape: torch.Size  # logical shape of the original tensor
     dtype: torch.dtype  # dtype of the original tensor (default dequantize dtype)
     config: NVFP4QuantConfig
@@ -106,7 +145,7 @@ class NVFP4Tensor:
 
 
 @dataclass
-class MXFP8Tensor:
+class MXFP8Tensor(_DeviceMoves):
     """MXFP8: E4M3/E5M2 bits (uint8) with E8M0 scales, one per 32 elements.
 
     rowwise_data (M, K), rowwise_scale compact (M, K/32); columnwise_data (M, K) (not transposed),
@@ -149,7 +188,7 @@ class MXFP8Tensor:
 
 
 @dataclass
-class GroupedNVFP4Tensor:
+class GroupedNVFP4Tensor(_DeviceMoves):
     """One token tensor (total_M, K) quantized split by split (MoE experts), in contiguous bulk buffers.
 
     Split i covers rows [split_offsets[i], split_offsets[i+1]) and is quantized exactly as if it were
@@ -221,3 +260,6 @@ def cumulative_offsets(sizes) -> list:
         offsets.append(offsets[-1] + int(s))
     return offsets
 
+
+# torch.load(weights_only=True) rebuilds these containers (and their configs) from a torch.save file
+torch.serialization.add_safe_globals([NVFP4Tensor, MXFP8Tensor, GroupedNVFP4Tensor, NVFP4QuantConfig, MXFP8QuantConfig])

@@ -27,6 +27,7 @@ from .. import functional as F
 from .. import ops
 from ..fsdp import NVFP4GatheredWeight
 from ..recipes import NVFP4Recipe, block_multiple, resolve_recipe
+from .state import RecipeStateMixin
 
 
 def _check_features(in_features: int, out_features: int, recipe) -> None:
@@ -76,9 +77,11 @@ class _WeightCacheMixin:
         return self.recipe.backward == "quantized" and torch.is_grad_enabled() and x.requires_grad
 
 
-class Linear(nn.Linear, _WeightCacheMixin):
+class Linear(RecipeStateMixin, nn.Linear, _WeightCacheMixin):
     """Drop-in :class:`torch.nn.Linear` (same parameters ``weight`` (out, in) and ``bias``, same
-    state_dict, same init) whose three GEMMs run quantized per ``recipe``.
+    init) whose three GEMMs run quantized per ``recipe``. Its state_dict adds ``_extra_state``, the
+    recipe (:mod:`nvfp4lab.modules.state`): loading refuses a different recipe, and a plain
+    nn.Linear takes the state_dict with ``strict=False`` or without that entry.
 
     recipe: :class:`NVFP4Recipe` (default ``NVFP4Recipe.te_default()``) or :class:`MXFP8Recipe`.
     backend: forwarded to :mod:`nvfp4lab.ops` (None: Triton on CUDA tensors, the reference otherwise).
@@ -124,7 +127,7 @@ class Linear(nn.Linear, _WeightCacheMixin):
 SPLIT_CACHE_ENTRIES = 64  # split patterns a GroupedLinear keeps device offsets for
 
 
-class GroupedLinear(nn.Module, _WeightCacheMixin):
+class GroupedLinear(RecipeStateMixin, nn.Module, _WeightCacheMixin):
     """MoE grouped linear: ``num_gemms`` experts, each an (out_features, in_features) weight.
 
     Parameters are separate, TE-style: ``weight0`` .. ``weight{num_gemms-1}`` and (with bias)
