@@ -44,7 +44,6 @@ def test_cli_reports_a_mismatch(tmp_path):
     """A corrupted copy of a case must fail with the tensor name and index."""
     import json
 
-    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 

@@ -1,5 +1,8 @@
 """nvfp4lab: NVFP4 and MXFP8 low-precision training for PyTorch, bit-exact with TransformerEngine."""
+from ._version import __version__
+from .checkpoint import export_modelopt, load_quantized, save_quantized
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
+from .modules import GroupedLinear, InferenceLinear, Linear, convert, freeze
 from .ops import (
     dequantize_mxfp8,
     dequantize_nvfp4,
@@ -12,11 +15,8 @@ from .ops import (
     swizzle_scales,
     unswizzle_scales,
 )
-from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
 from .recipes import MXFP8Recipe, NVFP4Recipe
-from .modules import GroupedLinear, InferenceLinear, Linear, convert, freeze
-from .checkpoint import export_modelopt, load_quantized, save_quantized
-from ._version import __version__
+from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
 
 __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",
@@ -24,5 +24,5 @@ __all__ = [
     "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
     "swizzle_scales", "unswizzle_scales",
     "NVFP4Recipe", "MXFP8Recipe", "Linear", "GroupedLinear", "convert",
-    "InferenceLinear", "freeze", "save_quantized", "load_quantized", "export_modelopt",
+    "InferenceLinear", "freeze", "save_quantized", "load_quantized", "export_modelopt", "__version__",
 ]

@@ -68,7 +68,8 @@ class NVFP4QuantConfig:
             (self.rht and self.per_token, "rht and per_token", "per-token (row-scaled) NVFP4 does not take RHT"),
             (self.rht and self.block == "16x16", "rht and block='16x16'", "RHT applies to 1x16 activations/gradients, never to 2D weights"),
             (self.per_token and self.block == "16x16", "per_token and block='16x16'", "2D blocks need one amax per tensor"),
-            (self.stochastic_rounding and self.four_over_six is not None, "stochastic_rounding and four_over_six", "4over6 picks a scale by round-to-nearest error"),
+            (self.stochastic_rounding and self.four_over_six is not None, "stochastic_rounding and four_over_six",
+             "4over6 picks a scale by round-to-nearest error"),
         ]
         for bad, names, why in rules:
             if bad:

@@ -96,7 +96,8 @@ def run_case(path: Path, backend: str, device: str) -> CaseResult:
             bad = ((g - w).abs() > atol + rtol * w.abs()) | torch.isnan(g)
             if bad.any():
                 idx = tuple(bad.nonzero()[0].tolist())
-                problems.append(f"out: {int(bad.sum())} elements out of tolerance, first at {idx}: got {g[idx].item():.8g}, expected {w[idx].item():.8g}")
+                problems.append(f"out: {int(bad.sum())} elements out of tolerance, first at {idx}: "
+                                f"got {g[idx].item():.8g}, expected {w[idx].item():.8g}")
     else:
         return CaseResult(path.name, False, f"unknown op {op!r}")
     problems = [p for p in problems if p]

@@ -36,7 +36,8 @@ def quantize_weight_shard(
     if shard.dim() != 2:
         raise ValueError(f"shard must be 2-D (rows of the weight, K), got shape {tuple(shard.shape)}")
     if (config.columnwise or config.block == "16x16") and shard.shape[0] % 16:
-        raise ValueError(f"shard rows must be a multiple of 16 for columnwise or 16x16 blocks (blocks may not straddle shards), got {shard.shape[0]}")
+        raise ValueError("shard rows must be a multiple of 16 for columnwise or 16x16 blocks (blocks may not straddle shards), "
+                         f"got {shard.shape[0]}")
     local_amax = shard.detach().abs().amax().float().reshape(1) if shard.numel() else torch.zeros(1, device=shard.device)
     if dist.is_initialized():
         dist.all_reduce(local_amax, op=dist.ReduceOp.MAX, group=group)

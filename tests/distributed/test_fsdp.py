@@ -145,11 +145,11 @@ def _capture_gathered(model, store, key_prefix):
 def _worker(rank, world, port, device_type, spec, results):
     device = init_rank(rank, world, port, device_type)
     try:
+        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
         from torch.nn.parallel import DistributedDataParallel as DDP
-        import torch.distributed.checkpoint as dcp
 
         mesh = init_device_mesh(device_type, (world,))
         init, data = spec["init"], spec["data"]

@@ -229,7 +229,8 @@ def test_transposed_operand_holds_the_columnwise_copy():
         (lambda x, w: F.linear(x[:, :8], w[:, :8]), ValueError, "in_features of weight must be a multiple of 16"),
         (lambda x, w: F.linear(x, w, torch.zeros(5)), ValueError, "bias must have shape"),
         (lambda x, w: F.linear(x, w, recipe="te_default"), TypeError, "recipe must be"),
-        (lambda x, w: F.linear(x, torch.zeros(48, 64), recipe=MXFP8Recipe()), ValueError, "out_features of weight must be a multiple of 32"),
+        (lambda x, w: F.linear(x, torch.zeros(48, 64), recipe=MXFP8Recipe()), ValueError,
+         "out_features of weight must be a multiple of 32"),
     ],
 )
 def test_bad_arguments(call, exc, match):

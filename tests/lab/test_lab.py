@@ -15,11 +15,11 @@ import torch
 
 from nvfp4lab import ref
 from nvfp4lab.cli import main
+from nvfp4lab.config import NVFP4QuantConfig
 from nvfp4lab.lab import capture as cap
 from nvfp4lab.lab.metrics import METRICS, analyze_layer, fake_quantize, quantized_embeddings, sqnr_db
 from nvfp4lab.lab.recipes import CATALOGUE, BF16Format, lab_recipe, resolve_recipes
 from nvfp4lab.lab.runner import run_lab
-from nvfp4lab.config import NVFP4QuantConfig
 
 SENTENCES = 32
 TOKENS = 128
@@ -68,7 +68,7 @@ def test_lab_cli_writes_valid_outputs(lab_run, captured, capsys):
     assert sorted(r["name"] for r in data["recipes"]) == ["mxfp8", "nvfp4"]
     assert [r["rank"] for r in data["recipes"]] == [1, 2]
     n_layers = len(captured.layers)
-    assert data["meta"]["layers"] == [l.name for l in captured.layers]
+    assert data["meta"]["layers"] == [layer.name for layer in captured.layers]
     assert data["meta"]["tokens_per_layer"] == TOKENS and data["meta"]["sentences"] == SENTENCES
     for r in data["recipes"]:
         assert len(r["layers"]) == n_layers
@@ -151,7 +151,7 @@ def test_wgrad_from_unrotated_copies_equals_product_of_rht_copies(captured):
 
 def test_quantized_forward_restores_the_model(captured):
     recipe = CATALOGUE["nvfp4"]
-    weights = {l.name: fake_quantize(l.weight, recipe.fprop_formats()[1])["rowwise"] for l in captured.layers}
+    weights = {layer.name: fake_quantize(layer.weight, recipe.fprop_formats()[1])["rowwise"] for layer in captured.layers}
     quantized = quantized_embeddings(captured.model, captured.batch, recipe, weights)
     assert not torch.equal(quantized, captured.embeddings)
     with torch.no_grad():

