@@ -87,9 +87,9 @@ def cast_only_fn(x, config, tile):
     """The cast kernel with precomputed amaxes (what quantize() launches after the amax pass)."""
     t = kq.quantize(x, config, **tile)
     row_amax, col_amax = t.rowwise_amax, t.columnwise_amax
-    seed_tensor = kq.draw_seed(x.device) if config.stochastic_rounding else None
+    seed_tensor, seed = kq.draw_seed(x) if config.stochastic_rounding else (None, 0)
     args = (
-        x, row_amax, col_amax, seed_tensor, 0, config.rowwise, config.columnwise, config.block == "16x16",
+        x, row_amax, col_amax, seed_tensor, seed, config.rowwise, config.columnwise, config.block == "16x16",
         config.per_token, config.rht_sign_mask if config.rht else -1, kq.FOUR_OVER_SIX_CODES[config.four_over_six],
         config.e4m3_max, config.stochastic_rounding, config.scale_layout,
     )

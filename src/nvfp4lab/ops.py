@@ -20,17 +20,22 @@ from .config import MXFP8QuantConfig, NVFP4QuantConfig
 from .runtime import compiling, graph_capturing, host_ints_on_device  # noqa: F401  (ops.compiling etc. are public)
 from .tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets, register_dequantize
 
+try:  # the Triton backend; the reference backend needs no Triton
+    from .kernels import dequantize as dequant_kernels
+    from .kernels import grouped_quantize, nvfp4_quantize, swizzle as swizzle_kernels
+    from .kernels import mxfp8 as mxfp8_kernels
+    from .kernels import nvfp4_gemm as gemm_kernels
+    _TRITON_ERROR = None
+except ImportError as err:  # pragma: no cover - depends on the installation
+    _TRITON_ERROR = err
+
 BACKENDS = ("ref", "triton")
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # ------------------------------------------------------------------------------------- helpers
 def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _TRITON_ERROR is None
 
 
 def resolve_backend(backend: Optional[str], device: torch.device) -> str:
@@ -83,6 +88,23 @@ def _dequant_source(t, cls, dtype, which: str):
 
 
 # ---------------------------------------------------------------------------------------- NVFP4
+_CONFIGS: dict = {}
+
+
+def _nvfp4_config(**options) -> NVFP4QuantConfig:
+    """The NVFP4QuantConfig of the option arguments, built and validated once per distinct combination."""
+    try:
+        key = tuple((type(v), v) for v in options.values())
+        config = _CONFIGS.get(key)
+    except TypeError:  # an unhashable option: the config's own check names it
+        return NVFP4QuantConfig(**options)
+    if config is None:
+        config = NVFP4QuantConfig(**options)
+        if len(_CONFIGS) < 4096:
+            _CONFIGS[key] = config
+    return config
+
+
 def quantize_nvfp4(
     x: torch.Tensor,
     *,
@@ -112,11 +134,9 @@ def quantize_nvfp4(
     """
     _check_tensor("x", x)
     if config is None:
-        config = NVFP4QuantConfig(
-            block=block, rowwise=rowwise, columnwise=columnwise, per_token=per_token, rht=rht,
-            rht_sign_mask=rht_sign_mask, four_over_six=four_over_six, e4m3_max=e4m3_max,
-            stochastic_rounding=stochastic_rounding, scale_layout=scale_layout,
-        )
+        config = _nvfp4_config(block=block, rowwise=rowwise, columnwise=columnwise, per_token=per_token, rht=rht,
+                               rht_sign_mask=rht_sign_mask, four_over_six=four_over_six, e4m3_max=e4m3_max,
+                               stochastic_rounding=stochastic_rounding, scale_layout=scale_layout)
     elif not isinstance(config, NVFP4QuantConfig):
         raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
     x2 = flatten_2d("x", x)
@@ -131,8 +151,6 @@ def quantize_nvfp4(
     columnwise_amax = _check_amax("columnwise_amax", columnwise_amax, col_expected, x.device)
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
-        from .kernels import nvfp4_quantize
-
         out = nvfp4_quantize.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, seed=seed, generator=generator)
     else:
         if config.stochastic_rounding and generator is None and seed is not None:
@@ -225,8 +243,6 @@ def quantize_nvfp4_grouped_bulk(
         raise ValueError("seed and generator: pass one of them, not both")
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
-        from .kernels import grouped_quantize
-
         return grouped_quantize.quantize_grouped(x2, offsets, config, seed=seed, generator=generator)
     if config.stochastic_rounding and generator is None and seed is not None:
         generator = torch.Generator(device=x.device).manual_seed(int(seed))
@@ -270,8 +286,6 @@ def dequantize_nvfp4(
         return torch.empty(t.shape, dtype=dtype, device=data.device)
     backend = resolve_backend(backend, data.device)
     if backend == "triton":
-        from .kernels import dequantize as dequant_kernels
-
         return dequant_kernels.dequantize_nvfp4(t, dtype=dtype, which=which)
     return ref.nvfp4.dequantize(t, dtype, which)
 
@@ -301,8 +315,6 @@ def quantize_mxfp8(
         _check_multiple("M (product of x's leading dims)", m, 32, "MXFP8 columnwise blocks hold 32 rows")
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
-        from .kernels import mxfp8 as mxfp8_kernels
-
         out = mxfp8_kernels.quantize_mxfp8(x2, config)
     else:
         out = ref.mxfp8.quantize(x2, config)
@@ -323,8 +335,6 @@ def dequantize_mxfp8(
         return torch.empty(t.shape, dtype=dtype, device=data.device)
     backend = resolve_backend(backend, data.device)
     if backend == "triton":
-        from .kernels import mxfp8 as mxfp8_kernels
-
         return mxfp8_kernels.dequantize_mxfp8(t, dtype=dtype, which=which)
     return ref.mxfp8.dequantize(t, dtype, which)
 
@@ -336,8 +346,6 @@ def swizzle_scales(scale: torch.Tensor, *, backend: Optional[str] = None) -> tor
     if scale.dim() != 2:
         raise ValueError(f"scale must be 2-D (R, C), got shape {tuple(scale.shape)}")
     if resolve_backend(backend, scale.device) == "triton" and scale.numel() > 0:
-        from .kernels import swizzle as swizzle_kernels
-
         return swizzle_kernels.swizzle_scales(scale)
     return ref.swizzle.swizzle_scales(scale)
 
@@ -351,8 +359,6 @@ def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int, *, backend: O
     if swizzled.numel() != need:
         raise ValueError(f"swizzled must hold roundup(rows,128)*roundup(cols,4) = {need} bytes, got {swizzled.numel()}")
     if resolve_backend(backend, swizzled.device) == "triton" and need > 0:
-        from .kernels import swizzle as swizzle_kernels
-
         return swizzle_kernels.unswizzle_scales(swizzled, rows, cols)
     return ref.swizzle.unswizzle_scales(swizzled, rows, cols)
 
@@ -413,8 +419,6 @@ def nvfp4_gemm(
         return result.to(out_dtype)
     backend = resolve_backend(backend, device)
     if backend == "triton":
-        from .kernels import nvfp4_gemm as gemm_kernels
-
         return gemm_kernels.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
     return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
 
@@ -511,8 +515,6 @@ def nvfp4_grouped_gemm(
             return out
         return result.to(out_dtype)
     if backend == "triton":
-        from .kernels import nvfp4_gemm as gemm_kernels
-
         return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
                                                accumulate=accumulate, splits=m_splits)
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)

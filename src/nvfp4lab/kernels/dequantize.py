@@ -47,7 +47,16 @@ import triton
 import triton.language as tl
 
 from ..rht import inverse_rht
-from .decode_common import cast_to_out, check_tile, e2m1_decode_exact, e4m3_decode_exact, rcp_f32, roundup, soft_bf16_cast
+from .decode_common import (
+    cast_to_out,
+    check_tile,
+    e2m1_decode_exact,
+    e4m3_decode_exact,
+    rcp_f32,
+    roundup,
+    soft_bf16_cast,
+)
+from .launch import custom_op
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
@@ -390,7 +399,7 @@ def launch_nvfp4_dequantize(
         EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps, **common))
 
 
-@torch.library.custom_op("nvfp4lab::dequantize_nvfp4", mutates_args=())
+@custom_op("nvfp4lab::dequantize_nvfp4", mutates_args=())
 def _dequantize_nvfp4_op(
     data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, scale_layout: str, e4m3_max: float,
     transpose: bool, out_dtype: torch.dtype,

@@ -29,9 +29,20 @@ import triton.language as tl
 
 from ..config import NVFP4QuantConfig
 from ..tensors import GroupedNVFP4Tensor
+from .launch import custom_op
 from .nvfp4_quantize_details import opt_flags
-from .nvfp4_quantize_details.cast import FOUR_OVER_SIX_CODES, draw_seed, launch_cast, uninitialized
-from .nvfp4_quantize_details.common import abs_bits, load_rows, program_columns, split_of
+from .nvfp4_quantize_details.cast import (
+    FOUR_OVER_SIX_CODES,
+    draw_seed,
+    launch_cast,
+    uninitialized,
+)
+from .nvfp4_quantize_details.common import (
+    abs_bits,
+    load_rows,
+    program_columns,
+    split_of,
+)
 from .nvfp4_quantize_details.rht import rht_tile
 
 # amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output
@@ -159,7 +170,7 @@ def _amax_shapes(m, k, n, row_mode, col_mode):
     return row, col
 
 
-@torch.library.custom_op("nvfp4lab::nvfp4_grouped_amax", mutates_args=())
+@custom_op("nvfp4lab::nvfp4_grouped_amax", mutates_args=())
 def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int,
                        block_m: int = 0, block_k: int = 0, num_warps: int = 0,
                        poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -211,7 +222,7 @@ def _cast_shapes(m, k, rowwise, columnwise):
             (k * m // 2,) if columnwise else (0,), (k * m // 16,) if columnwise else (0,)]
 
 
-@torch.library.custom_op("nvfp4lab::nvfp4_grouped_quantize_cast", mutates_args=())
+@custom_op("nvfp4lab::nvfp4_grouped_quantize_cast", mutates_args=())
 def nvfp4_grouped_quantize_cast(
     x: torch.Tensor, offsets: torch.Tensor, group_split: torch.Tensor, row_amax: Optional[torch.Tensor], col_amax: Optional[torch.Tensor],
     seed_tensor: Optional[torch.Tensor], seed: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
@@ -259,8 +270,8 @@ def quantize_grouped(
 
     split_offsets: int64 (n + 1,) on x2d's device, nondecreasing from 0 to M (not checked: no host
     sync). Each split must be a multiple of 16 rows when a columnwise or 16x16 output is asked.
-    Compact scales. Stochastic rounding: ``seed`` (int) or an int64 seed drawn on the device from
-    ``generator`` (read by the kernel). block_m, block_k, num_warps: the tile of every kernel of this
+    Compact scales. Stochastic rounding: ``seed`` (int) or a seed drawn from ``generator``
+    (``nvfp4_quantize_details.cast.draw_seed``). block_m, block_k, num_warps: the tile of every kernel of this
     call (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them (tests).
     """
     if config.scale_layout != "compact":
@@ -283,7 +294,7 @@ def quantize_grouped(
         if seed is not None:
             seed_int = int(seed) % (1 << 63)
         else:
-            seed_tensor = draw_seed(x2d.device, generator)
+            seed_tensor, seed_int = draw_seed(x2d, generator)
     row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize_cast(
         x2d, offsets, group_split, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
         seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16", config.per_token,

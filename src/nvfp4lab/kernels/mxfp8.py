@@ -50,7 +50,15 @@ import triton
 import triton.language as tl
 
 from . import _codecs
-from .decode_common import cast_to_out, check_tile, e4m3_decode_exact, rcp_f32, roundup, soft_bf16_cast
+from .decode_common import (
+    cast_to_out,
+    check_tile,
+    e4m3_decode_exact,
+    rcp_f32,
+    roundup,
+    soft_bf16_cast,
+)
+from .launch import custom_op
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
@@ -499,7 +507,7 @@ def _quantize_outputs(x: torch.Tensor, rowwise: bool, columnwise: bool, scale_la
     return row_data, row_scale, col_data, col_scale
 
 
-@torch.library.custom_op("nvfp4lab::quantize_mxfp8", mutates_args=())
+@custom_op("nvfp4lab::quantize_mxfp8", mutates_args=())
 def _quantize_mxfp8_op(
     x: torch.Tensor, rowwise: bool, columnwise: bool, fp8_format: str, scale_layout: str, fp8_cast: str = "soft"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -519,7 +527,7 @@ def _(x, rowwise, columnwise, fp8_format, scale_layout, fp8_cast="soft"):
     return _quantize_outputs(x, rowwise, columnwise, scale_layout, lambda shape, dtype, fn=None: x.new_empty(shape, dtype=dtype))
 
 
-@torch.library.custom_op("nvfp4lab::dequantize_mxfp8", mutates_args=())
+@custom_op("nvfp4lab::dequantize_mxfp8", mutates_args=())
 def _dequantize_mxfp8_op(
     data: torch.Tensor, scale: torch.Tensor, fp8_format: str, scale_layout: str, columnwise: bool, out_dtype: torch.dtype
 ) -> torch.Tensor:

@@ -45,6 +45,7 @@ from typing import List, Optional
 
 import torch
 
+from .launch import custom_op
 from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
 from .nvfp4_gemm_details.common import gemm_inv, operand
 from .nvfp4_gemm_details.opt_flags import GemmConfig
@@ -92,7 +93,7 @@ def _launch(
 # ------------------------------------------------------------------- torch.library custom ops
 # Tensors and plain values only (an NVFP4Tensor is unpacked by the Python wrappers below), so that
 # torch.compile (fullgraph) and CUDA graphs see opaque ops with shape-only fake implementations.
-@torch.library.custom_op("nvfp4lab::nvfp4_gemm", mutates_args=())
+@custom_op("nvfp4lab::nvfp4_gemm", mutates_args=())
 def _gemm_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
@@ -109,7 +110,7 @@ def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_lay
     return a_data.new_empty((a_data.shape[0], b_data.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("nvfp4lab::nvfp4_gemm_out", mutates_args=("out",))
+@custom_op("nvfp4lab::nvfp4_gemm_out", mutates_args=("out",))
 def _gemm_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
@@ -125,7 +126,7 @@ def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_lay
     return None
 
 
-@torch.library.custom_op("nvfp4lab::nvfp4_grouped_gemm", mutates_args=())
+@custom_op("nvfp4lab::nvfp4_grouped_gemm", mutates_args=())
 def _grouped_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
@@ -145,7 +146,7 @@ def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_lay
     return a_data.new_empty((a_data.shape[0], b_data.shape[0] // num_experts), dtype=out_dtype)
 
 
-@torch.library.custom_op("nvfp4lab::nvfp4_grouped_gemm_out", mutates_args=("out",))
+@custom_op("nvfp4lab::nvfp4_grouped_gemm_out", mutates_args=("out",))
 def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
@@ -186,8 +187,8 @@ def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulat
     """``a @ b^T`` of two NVFP4Tensors' rowwise copies (checked by :func:`nvfp4lab.ops.nvfp4_gemm`,
     which also handles M, N or K == 0). Writes ``out`` in place when given."""
     if out is None:
-        return torch.ops.nvfp4lab.nvfp4_gemm(*operand_args(a), *operand_args(b), bias, a.k, out_dtype)
-    torch.ops.nvfp4lab.nvfp4_gemm_out(*operand_args(a), *operand_args(b), bias, a.k, out, bool(accumulate))
+        return _gemm_op(*operand_args(a), *operand_args(b), bias, a.k, out_dtype)
+    _gemm_out_op(*operand_args(a), *operand_args(b), bias, a.k, out, bool(accumulate))
     return out
 
 
@@ -198,8 +199,8 @@ def nvfp4_grouped_gemm(a, b, offs, num_experts, *, out_dtype=torch.bfloat16, bia
     row ends; ``splits``: the same sizes on the host, or None (then always the one-launch kernel)."""
     splits = None if splits is None else [int(s) for s in splits]
     if out is None:
-        return torch.ops.nvfp4lab.nvfp4_grouped_gemm(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k,
+        return _grouped_op(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k,
                                                       out_dtype, splits)
-    torch.ops.nvfp4lab.nvfp4_grouped_gemm_out(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k, out,
+    _grouped_out_op(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k, out,
                                               bool(accumulate), splits)
     return out

@@ -43,10 +43,23 @@ import torch
 
 from ..config import NVFP4QuantConfig
 from ..tensors import NVFP4Tensor
+from .launch import custom_op
 from .nvfp4_quantize_details import opt_flags
-from .nvfp4_quantize_details.amax import AMAX_NONE, AMAX_PER_TOKEN, AMAX_TENSOR, AMAX_TENSOR_RHT, launch_amax
-from .nvfp4_quantize_details.cast import (FOUR_OVER_SIX_CODES, cast_shapes, draw_seed, launch_cast, scale_buffer,
-                                          uninitialized)
+from .nvfp4_quantize_details.amax import (
+    AMAX_NONE,
+    AMAX_PER_TOKEN,
+    AMAX_TENSOR,
+    AMAX_TENSOR_RHT,
+    launch_amax,
+)
+from .nvfp4_quantize_details.cast import (
+    FOUR_OVER_SIX_CODES,
+    cast_shapes,
+    draw_seed,
+    launch_cast,
+    scale_buffer,
+    uninitialized,
+)
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES", "amax_modes",
            "draw_seed", "nvfp4_amax", "nvfp4_quantize_cast", "quantize"]
@@ -57,7 +70,7 @@ def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]
     return (m if row_mode == AMAX_PER_TOKEN else sizes[row_mode], k if col_mode == AMAX_PER_TOKEN else sizes[col_mode])
 
 
-@torch.library.custom_op("nvfp4lab::nvfp4_amax", mutates_args=())
+@custom_op("nvfp4lab::nvfp4_amax", mutates_args=())
 def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int, block_m: int = 0,
                block_k: int = 0, num_warps: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Outer amax of x (M, K) for the two outputs, as fp32 device tensors (no host sync).
@@ -68,16 +81,16 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
     """
     m, k = x.shape
     row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
-    row_amax = torch.zeros(row_size, dtype=torch.float32, device=x.device)
-    col_amax = torch.zeros(col_size, dtype=torch.float32, device=x.device)
-    if x.numel() == 0 or (row_mode == AMAX_NONE and col_mode == AMAX_NONE):
+    if x.numel() == 0:  # the amax of nothing is 0
+        return (torch.zeros(row_size, dtype=torch.float32, device=x.device),
+                torch.zeros(col_size, dtype=torch.float32, device=x.device))
+    row_amax = torch.empty(row_size, dtype=torch.float32, device=x.device)
+    col_amax = torch.empty(col_size, dtype=torch.float32, device=x.device)
+    if row_mode == AMAX_NONE and col_mode == AMAX_NONE:
         return row_amax, col_amax
     meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, block_m=block_m, block_k=block_k,
                                num_warps=num_warps)
-    # absent buffers get a valid int32 pointer that is never touched
-    row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
-    col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
-    launch_amax(x, row_view, col_view, opt_flags.amax_grid(m, k, meta), meta)
+    launch_amax(x, row_amax, col_amax, opt_flags.amax_grid(m, k, meta), meta)
     return row_amax, col_amax
 
 
@@ -88,7 +101,7 @@ def _nvfp4_amax_fake(x, row_mode, col_mode, rht_sign_mask, block_m=0, block_k=0,
     return x.new_empty(row_size, dtype=torch.float32), x.new_empty(col_size, dtype=torch.float32)
 
 
-@torch.library.custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
+@custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
 def nvfp4_quantize_cast(
     x: torch.Tensor,
     row_amax: Optional[torch.Tensor],
@@ -118,11 +131,10 @@ def nvfp4_quantize_cast(
     """
     m, k = x.shape
     dev = x.device
-    absent = torch.empty(0, dtype=torch.uint8, device=dev)
-    row_data = uninitialized((m, k // 2), dev, poison) if rowwise else absent
-    row_scale = scale_buffer(m, k // 16, scale_layout, dev, poison) if rowwise else absent.clone()
-    col_data = uninitialized((k, m // 2), dev, poison) if columnwise else absent.clone()
-    col_scale = scale_buffer(k, m // 16, scale_layout, dev, poison) if columnwise else absent.clone()
+    row_data = uninitialized((m, k // 2) if rowwise else (0,), dev, poison)
+    row_scale = scale_buffer(m, k // 16, scale_layout, dev, poison) if rowwise else uninitialized((0,), dev)
+    col_data = uninitialized((k, m // 2) if columnwise else (0,), dev, poison)
+    col_scale = scale_buffer(k, m // 16, scale_layout, dev, poison) if columnwise else uninitialized((0,), dev)
     if x.numel() == 0:
         return row_data, row_scale, col_data, col_scale
     launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
@@ -170,8 +182,8 @@ def quantize(
 ) -> NVFP4Tensor:
     """Triton NVFP4 quantization of a contiguous (M, K) tensor; the same fields as ``ref.nvfp4.quantize``.
 
-    Stochastic rounding uses ``seed`` (an int) when given, else an int64 seed drawn on x.device from
-    ``generator`` (torch's default generator when None), which the kernel reads from device memory.
+    Stochastic rounding uses ``seed`` (an int) when given, else a seed drawn from ``generator``
+    (``nvfp4_quantize_details.cast.draw_seed``: on the device when the call may be replayed or traced).
     block_m, block_k, num_warps: the tile of every kernel of this call (0: opt_flags' choice;
     ``cast16_kernel`` takes BLOCK_K and num_warps, its BLOCK_M is 16); any tile gives the same bits.
     poison: fill the outputs with 0xFF before the kernels write them (tests).
@@ -197,7 +209,7 @@ def quantize(
         if seed is not None:
             seed_int = int(seed) % (1 << 63)
         else:
-            seed_tensor = draw_seed(x2d.device, generator)
+            seed_tensor, seed_int = draw_seed(x2d, generator)
     row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(
         x2d, row_amax, col_amax, seed_tensor, seed_int,
         config.rowwise, config.columnwise, config.block == "16x16", config.per_token,

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import custom_op
+
 _INT32_LIMIT = 2**31
 
 
@@ -99,7 +101,7 @@ def launch_unswizzle(buf: torch.Tensor, rows: int, cols: int, out: torch.Tensor)
     _unswizzle_kernel[grid](buf, out, rows, cols, cols_p // 4, BLOCK_COLS=block_cols, num_warps=4)
 
 
-@torch.library.custom_op("nvfp4lab::swizzle_scales", mutates_args=())
+@custom_op("nvfp4lab::swizzle_scales", mutates_args=())
 def _swizzle_op(scale: torch.Tensor) -> torch.Tensor:
     rows, cols = scale.shape
     out = torch.empty(_roundup(rows, 128), _roundup(cols, 4), dtype=torch.uint8, device=scale.device)
@@ -113,7 +115,7 @@ def _(scale):
     return scale.new_empty(_roundup(rows, 128), _roundup(cols, 4), dtype=torch.uint8)
 
 
-@torch.library.custom_op("nvfp4lab::unswizzle_scales", mutates_args=())
+@custom_op("nvfp4lab::unswizzle_scales", mutates_args=())
 def _unswizzle_op(buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     out = torch.empty(rows, cols, dtype=torch.uint8, device=buf.device)
     launch_unswizzle(buf.contiguous(), rows, cols, out)

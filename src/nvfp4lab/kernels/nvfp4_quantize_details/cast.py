@@ -7,10 +7,11 @@ from typing import Optional
 import torch
 
 from ...ref.swizzle import roundup
+from ..launch import tracing
 from . import opt_flags
 from .cast16 import launch_cast16
 from .four_over_six import launch_four_over_six
-from .pt_scales import pt_scales_table
+from .pt_scales import pt_scales_tables
 
 FOUR_OVER_SIX_CODES = {None: 0, "mae": 1, "mse": 2}
 
@@ -44,11 +45,20 @@ def cast_shapes(m: int, k: int, rowwise: bool, columnwise: bool, layout: str) ->
     ]
 
 
-def draw_seed(device, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """An int64 (1,) seed on ``device`` from torch's RNG (graph-safe: drawn by a kernel, never read on the host)."""
-    if generator is None:
-        return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
-    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
+def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None) -> tuple[Optional[torch.Tensor], int]:
+    """The SR seed of a cast of ``x``, as (int64 (1,) device tensor, 0) or (None, int): drawn from
+    ``generator`` (torch's default generator of x's device when None).
+
+    On the device (the kernel reads it from memory) whenever the call may be replayed or traced: a
+    CUDA generator, CUDA-graph capture, torch.compile. Otherwise on the host from the CPU generator
+    (no kernel launch): eager calls on CUDA tensors with ``generator=None`` then follow
+    ``torch.manual_seed``, which seeds both generators."""
+    device = x.device
+    on_device = generator.device.type != "cpu" if generator is not None else device.type == "cuda"
+    if on_device and (generator is not None or tracing(x) or torch.cuda.is_current_stream_capturing()):
+        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
+        return seed, 0
+    return None, int(torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator))
 
 
 def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six,
@@ -76,8 +86,8 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
     m, k = x.shape
     grouped = offsets is not None
     tile = dict(block_k=block_k, num_warps=num_warps)
-    if opt_flags.split_cast(rowwise, columnwise, block_2d, rht_sign_mask >= 0, stochastic_rounding, four_over_six,
-                            grouped):
+    if opt_flags.split_cast(m, k, rowwise, columnwise, block_2d, rht_sign_mask >= 0, stochastic_rounding,
+                            four_over_six, grouped):
         for row_only in (True, False):
             launch_cast(x, outputs, row_amax if row_only else None, None if row_only else col_amax, seed_tensor,
                         seed, row_only, not row_only, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
@@ -89,11 +99,9 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
                                      stochastic_rounding, seed_tensor is not None, scale_layout, split_steps=steps,
                                      **tile)
         if per_token:  # the kernel then reads the tables through the amax pointers
-            pt_meta = opt_flags.pt_scales_meta(meta["E6"])
-            if rowwise:
-                row_amax = pt_scales_table(row_amax, m, pt_meta)
-            if columnwise:
-                col_amax = pt_scales_table(col_amax, k * num_splits if grouped else k, pt_meta)
+            row_amax, col_amax = pt_scales_tables(row_amax if rowwise else None, m,
+                                                  col_amax if columnwise else None, k * num_splits if grouped else k,
+                                                  opt_flags.pt_scales_meta(meta["E6"]))
         launch_cast16(x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, group_split, num_splits,
                       opt_flags.cast16_grid(m, k, meta), meta)
     else:

@@ -91,16 +91,22 @@ def use_cast16(four_over_six) -> bool:
     return not four_over_six
 
 
-def split_cast(rowwise: bool, columnwise: bool, block_2d: bool, rht: bool, stochastic_rounding: bool,
-               four_over_six, grouped: bool) -> bool:
+# Elements from which a row+col SR or RHT cast runs as two launches: below, the GPU time the split
+# saves is smaller than the host time of the second launch.
+SPLIT_CAST_MIN_ELEMENTS = 1 << 24
+
+
+def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, rht: bool,
+               stochastic_rounding: bool, four_over_six, grouped: bool) -> bool:
     """Whether a row+col cast runs as two launches of ``cast16_kernel`` (rowwise only, then columnwise
     only) instead of one. Same bits either way (each output's codes and random bytes depend only on its
-    own position); with SR or RHT the two lighter kernels (fewer registers each) are faster than the one
-    that does both, while plain, per-token and 16x16 casts (whose columnwise copy reuses the rowwise
-    codes) keep one launch. The grouped cast always takes one."""
+    own position); with SR or RHT the two lighter kernels (fewer registers each) are faster on the GPU
+    than the one that does both, from ``SPLIT_CAST_MIN_ELEMENTS`` elements on, while plain, per-token
+    and 16x16 casts (whose columnwise copy reuses the rowwise codes) keep one launch. The grouped cast
+    always takes one."""
     if not (rowwise and columnwise) or grouped or not use_cast16(four_over_six):
         return False
-    return (stochastic_rounding or rht) and not block_2d
+    return (stochastic_rounding or rht) and not block_2d and m * k >= SPLIT_CAST_MIN_ELEMENTS
 
 
 def cast16_tile(k: int, *, block_k: int = 0, num_warps: int = 0) -> tuple[int, int]:

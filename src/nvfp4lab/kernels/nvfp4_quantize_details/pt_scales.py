@@ -32,29 +32,45 @@ def pt_table_load(table_ptr, idx, n, ok):
 
 
 @triton.jit
-def pt_scales_kernel(amax_ptr, table_ptr, N, E6: tl.constexpr, BLOCK: tl.constexpr):
+def pt_scales_kernel(row_amax_ptr, row_table_ptr, N_ROW, col_amax_ptr, col_table_ptr, N_COL, E6: tl.constexpr,
+                     BLOCK: tl.constexpr):
     """Per-token global scales, once per row or column instead of once per block (``cast16_kernel``
-    with PER_TOKEN): amax (N,) -> table (3, N) = [amax, fl(S_enc * fl(1/6)), S_dec], with S_dec replaced
-    by -1 where the amax is outside the normal range (``in_normal_range``), which ``normal_range_pt``
-    reads as the tile's EXACT flag. S_enc and S_dec are those of ``_scale_and_factor_fast``: the same
+    with PER_TOKEN), of two amax vectors in one launch (programs past the row vector's take the column
+    vector): amax (N,) -> table (3, N) = [amax, fl(S_enc * fl(1/6)), S_dec], with S_dec replaced by -1
+    where the amax is outside the normal range (``in_normal_range``), which ``normal_range_pt`` reads
+    as the tile's EXACT flag. S_enc and S_dec are those of ``_scale_and_factor_fast``: the same
     ``global_scales`` (div_rn) and product, op for op, hence the same bits; EXACT tiles recompute
     theirs in fp64 from the amax (plane 0), so their out-of-range values here are never read."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < N
+    pid = tl.program_id(0).to(tl.int64)
+    row_programs = tl.cdiv(N_ROW, BLOCK)
+    if pid < row_programs:
+        amax_ptr, table_ptr, n, offs = row_amax_ptr, row_table_ptr, N_ROW, pid * BLOCK + tl.arange(0, BLOCK)
+    else:
+        amax_ptr, table_ptr, n = col_amax_ptr, col_table_ptr, N_COL
+        offs = (pid - row_programs) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
     outer = tl.load(amax_ptr + offs, mask=ok, other=0.0)
     s_enc, s_dec = global_scales(outer, E6, False)
     tl.store(table_ptr + offs, outer, mask=ok)
-    tl.store(table_ptr + (offs + N), s_enc * ONE_SIXTH, mask=ok)
-    tl.store(table_ptr + ((offs + N) + N), tl.where(in_normal_range(outer), s_dec, -1.0), mask=ok)
+    tl.store(table_ptr + (offs + n), s_enc * ONE_SIXTH, mask=ok)
+    tl.store(table_ptr + ((offs + n) + n), tl.where(in_normal_range(outer), s_dec, -1.0), mask=ok)
 
 
-def pt_scales_table(amax: torch.Tensor, n: int, meta: dict) -> torch.Tensor:
-    """The (3, n) fp32 table [amax, fl(S_enc * fl(1/6)), S_dec or -1] of per-token amaxes (n,) that
-    ``cast16_kernel`` reads for per-token casts (one tiny launch, no host sync); ``meta``: the
-    constexprs and num_warps of ``opt_flags.pt_scales_meta``."""
-    if amax.numel() != n:
-        raise ValueError(f"per-token amax has {amax.numel()} values, expected {n}")
-    table = torch.empty((3, n), dtype=torch.float32, device=amax.device)
-    if n:
-        pt_scales_kernel[(triton.cdiv(n, meta["BLOCK"]),)](amax, table, n, **meta, enable_fp_fusion=False)
-    return table
+def pt_scales_tables(row_amax, n_row: int, col_amax, n_col: int, meta: dict) -> tuple:
+    """The (3, n) fp32 tables [amax, fl(S_enc * fl(1/6)), S_dec or -1] of per-token amaxes (n,) that
+    ``cast16_kernel`` reads for per-token casts, for the row and/or column amax (None: absent, returned
+    as None), in one tiny launch (no host sync); ``meta``: ``opt_flags.pt_scales_meta``."""
+    tables = []
+    for amax, n in ((row_amax, n_row), (col_amax, n_col)):
+        if amax is not None and amax.numel() != n:
+            raise ValueError(f"per-token amax has {amax.numel()} values, expected {n}")
+        tables.append(None if amax is None else torch.empty((3, n), dtype=torch.float32, device=amax.device))
+    n_row, n_col = (n_row if row_amax is not None else 0), (n_col if col_amax is not None else 0)
+    if n_row + n_col:
+        any_amax = row_amax if n_row else col_amax
+        any_table = tables[0] if n_row else tables[1]
+        grid = (triton.cdiv(n_row, meta["BLOCK"]) + triton.cdiv(n_col, meta["BLOCK"]),)
+        pt_scales_kernel[grid](row_amax if n_row else any_amax, tables[0] if n_row else any_table, n_row,
+                               col_amax if n_col else any_amax, tables[1] if n_col else any_table, n_col,
+                               **meta, enable_fp_fusion=False)
+    return tables[0], tables[1]

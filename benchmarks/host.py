@@ -1,0 +1,289 @@
+"""Benchmark: what eager users pay on the host, and the training step in eager, compiled and graph modes.
+
+Part 1, host microseconds per call of every public op on tiny tensors (GPU work negligible), mean of
+``--calls`` calls after a warm-up, beside torch.mm and ``x.abs().amax()`` of the same size; with the
+previous version of the package (a copy importable as ``nvfp4lab_prev``, e.g. ``.gpu/prev``) in the
+same process when present.
+
+Part 2, the Linear and GroupedLinear fwd+bwd+SGD step (te_default) against BF16 in the same mode:
+eager (wall time per step, host included), torch.compile (default mode) of the module, and CUDA-graph
+replay of the whole step. Cases: tokens x in -> out = 4096 x 2048 -> 2048, 8192 x 4096 -> 4096,
+8192 x 8192 -> 8192, and MoE 8 x (7168 -> 2048) with 8192 tokens in uneven splits (BF16:
+``torch._grouped_mm``).
+
+    python benchmarks/host.py [--quick] [--no-compile] [--out host.json]
+    python benchmarks/host.py --smoke       # the script itself on CPU (interpreter, tiny shapes)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "src"))
+import nvfp4lab  # noqa: E402
+
+PREV_DIR = ROOT / ".gpu" / "prev"
+MOE_SPLITS = [1152, 896, 1088, 960, 1216, 832, 1024, 1024]
+CASES = [("linear", 4096, 2048, 2048), ("linear", 8192, 4096, 4096), ("linear", 8192, 8192, 8192),
+         ("moe", 8192, 7168, 2048)]
+
+
+def load_prev():
+    if not (PREV_DIR / "nvfp4lab_prev").is_dir():
+        return None
+    sys.path.insert(0, str(PREV_DIR))
+    try:
+        import nvfp4lab_prev
+    except Exception as err:  # noqa: BLE001 - the column is then left out, and says why
+        print(f"previous version not importable: {type(err).__name__}: {err}")
+        return None
+    return nvfp4lab_prev
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def host_us(fn, device, calls: int, warmup: int = 20) -> float:
+    """Mean host time of one call: ``calls`` back-to-back calls, timed on the host clock, then one sync."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    sync(device)
+    return (t1 - t0) * 1e6 / calls
+
+
+def op_calls(lib, device):
+    """(name, fn) of every public op of ``lib`` (nvfp4lab or its previous version) on tiny inputs."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(128, 256, generator=g).to(device=device, dtype=torch.bfloat16)
+    w = torch.randn(256, 256, generator=g).to(device=device, dtype=torch.bfloat16)
+    q = lib.quantize_nvfp4
+    qa = q(x, rowwise=True, columnwise=True)
+    qw = q(w, block="16x16", columnwise=True)
+    mx = lib.quantize_mxfp8(x, rowwise=True, columnwise=True)
+    splits = [32, 32, 64]
+    xg = torch.randn(128, 256, generator=g).to(device=device, dtype=torch.bfloat16)
+    qg = lib.quantize_nvfp4_grouped_bulk(xg, splits, per_token=False)
+    wg = q(torch.randn(3, 256, 256, generator=g).to(device=device, dtype=torch.bfloat16).reshape(3 * 256, 256))
+    wg.shape = torch.Size((3, 256, 256))
+    offs = torch.tensor([32, 64, 128], dtype=torch.int32, device=device)
+    ga = q(xg, per_token=True)
+    return [
+        ("quantize_nvfp4 rowwise", lambda: q(x)),
+        ("quantize_nvfp4 row+col 1x16", lambda: q(x, columnwise=True)),
+        ("quantize_nvfp4 row+col per-token", lambda: q(x, columnwise=True, per_token=True)),
+        ("quantize_nvfp4 row+col 16x16", lambda: q(x, columnwise=True, block="16x16")),
+        ("quantize_nvfp4 row + RHT col", lambda: q(x, columnwise=True, rht=True)),
+        ("quantize_nvfp4 row+col RHT+SR", lambda: q(x, columnwise=True, rht=True, stochastic_rounding=True)),
+        ("quantize_nvfp4 row+col SR", lambda: q(x, columnwise=True, stochastic_rounding=True)),
+        ("quantize_nvfp4 row+col 4over6", lambda: q(x, columnwise=True, four_over_six="mae")),
+        ("dequantize_nvfp4 rowwise", lambda: lib.dequantize_nvfp4(qa)),
+        ("dequantize_nvfp4 columnwise", lambda: lib.dequantize_nvfp4(qa, which="columnwise")),
+        ("nvfp4_gemm", lambda: lib.nvfp4_gemm(qa, qw)),
+        ("quantize_mxfp8 row+col", lambda: lib.quantize_mxfp8(x, rowwise=True, columnwise=True)),
+        ("dequantize_mxfp8 rowwise", lambda: lib.dequantize_mxfp8(mx)),
+        ("swizzle_scales", lambda: lib.swizzle_scales(qa.rowwise_scale)),
+        ("quantize_nvfp4_grouped_bulk 3 splits", lambda: lib.quantize_nvfp4_grouped_bulk(xg, splits)),
+        ("nvfp4_grouped_gemm 3 experts", lambda: lib.nvfp4_grouped_gemm(ga, wg, offs)),
+    ], qg
+
+
+def part_ops(device, calls, prev):
+    x = torch.randn(128, 256, device=device, dtype=torch.bfloat16)
+    w = torch.randn(256, 256, device=device, dtype=torch.bfloat16)
+    base = [("torch.mm 128x256x256", lambda: torch.mm(x, w)), ("x.abs().amax()", lambda: x.abs().amax()),
+            ("torch.empty(1024)", lambda: torch.empty(1024, device=device))]
+    mm_us = host_us(base[0][1], device, calls)
+    rows = [dict(op=name, us=round(host_us(fn, device, calls), 1)) for name, fn in base]
+    new, _ = op_calls(nvfp4lab, device)
+    old = dict(op_calls(prev, device)[0]) if prev is not None else {}
+    for name, fn in new:
+        row = dict(op=name, us=round(host_us(fn, device, calls), 1))
+        if name in old:
+            row["prev_us"] = round(host_us(old[name], device, calls), 1)
+        rows.append(row)
+    print(f"\nHost time per call (us, mean of {calls}; tiny tensors; torch.mm = {mm_us:.1f} us)")
+    print(f"{'op':<40} {'nvfp4lab':>9} {'x mm':>6} {'previous':>9} {'new/prev':>9}")
+    for row in rows:
+        prev_us = row.get("prev_us")
+        ratio = f"{row['us'] / prev_us:9.2f}" if prev_us else " " * 9
+        prev_s = f"{prev_us:9.1f}" if prev_us else " " * 9
+        print(f"{row['op']:<40} {row['us']:9.1f} {row['us'] / mm_us:6.2f} {prev_s} {ratio}", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------- the step
+class BF16Grouped(torch.nn.Module):
+    """BF16 MoE layer on torch._grouped_mm (a loop of matmuls where that op is missing)."""
+
+    def __init__(self, num, k, n, device):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(num, n, k, device=device, dtype=torch.bfloat16) * k ** -0.5)
+
+    def forward(self, x, m_splits):
+        if x.is_cuda and hasattr(torch, "_grouped_mm"):
+            offs = torch.tensor(m_splits, device=x.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            return torch._grouped_mm(x, self.weight.transpose(-2, -1), offs=offs)
+        return torch.cat([part @ w.t() for part, w in zip(x.split(m_splits), self.weight)])
+
+
+def build(kind, tokens, k, n, quantized, device, prev=None):
+    lib = prev if prev is not None else nvfp4lab
+    recipe = lib.NVFP4Recipe.te_default()
+    splits = None
+    if kind == "linear":
+        module = (lib.Linear(k, n, bias=False, recipe=recipe) if quantized else torch.nn.Linear(k, n, bias=False))
+    else:
+        splits = MOE_SPLITS if not SMOKE else [16] * 8
+        module = (lib.GroupedLinear(8, k, n, bias=False, recipe=recipe) if quantized else BF16Grouped(8, k, n, device))
+    module = module.to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, n, device=device, dtype=torch.bfloat16)
+    return module, x, dy, splits
+
+
+def step_of(module, x, dy, splits, forward=None):
+    forward = forward or module
+    opt = torch.optim.SGD(module.parameters(), lr=1e-6)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        y = forward(x) if splits is None else forward(x, splits)
+        y.backward(dy)
+        opt.step()
+
+    return step
+
+
+def wall_ms(step, device, iters, warmup=3):
+    for _ in range(warmup):
+        step()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def graph_ms(step, device, iters):
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return wall_ms(graph.replay, device, iters)
+
+
+def part_steps(device, iters, compile_modes, prev):
+    rows = []
+    cases = CASES if not SMOKE else [("linear", 64, 64, 64), ("moe", 128, 64, 32)]
+    for kind, tokens, k, n in cases:
+        name = f"{kind} {tokens} x {k} -> {n}" + (" x 8 experts" if kind == "moe" else "")
+        row = dict(case=name)
+        variants = [("nvfp4", True, None), ("bf16", False, None)]
+        if prev is not None:
+            variants.append(("prev", True, prev))
+        for label, quantized, lib in variants:
+            module, x, dy, splits = build(kind, tokens, k, n, quantized, device, lib)
+            step = step_of(module, x, dy, splits)
+            row[f"{label}_eager"] = wall_ms(step, device, iters)
+            if device.type == "cuda":
+                try:
+                    row[f"{label}_graph"] = graph_ms(step, device, iters)
+                except Exception as err:  # noqa: BLE001 - reported in the row
+                    row[f"{label}_graph_error"] = f"{type(err).__name__}: {err}"[:160]
+            if compile_modes and label != "prev":
+                torch._dynamo.reset()
+                compiled = torch.compile(module)
+                try:
+                    row[f"{label}_compile"] = wall_ms(step_of(module, x, dy, splits, compiled), device, iters, warmup=3)
+                except Exception as err:  # noqa: BLE001 - reported in the row
+                    row[f"{label}_compile_error"] = f"{type(err).__name__}: {err}"[:160]
+            del module, x, dy
+        rows.append(row)
+        print_step_row(row, flush=True)
+    return rows
+
+
+def print_step_row(row, flush=False):
+    def get(key):
+        return row.get(key)
+
+    def fmt(v):
+        return f"{v:8.3f}" if isinstance(v, float) else " " * 8
+
+    def ratio(a, b):
+        return f"{a / b:6.2f}x" if isinstance(a, float) and isinstance(b, float) else " " * 7
+
+    print(f"\n{row['case']}")
+    print(f"  {'mode':<8} {'nvfp4 ms':>8} {'bf16 ms':>8} {'vs bf16':>7} {'prev ms':>8} {'new/prev':>8}")
+    for mode in ("eager", "compile", "graph"):
+        n, b, p = get(f"nvfp4_{mode}"), get(f"bf16_{mode}"), get(f"prev_{mode}")
+        if n is None and b is None:
+            continue
+        print(f"  {mode:<8} {fmt(n)} {fmt(b)} {ratio(n, b)} {fmt(p)} {ratio(n, p)}")
+    n_e, n_g = get("nvfp4_eager"), get("nvfp4_graph")
+    if n_e and n_g:
+        print(f"  eager / graph (nvfp4): {n_e / n_g:.2f}x")
+    for key, value in row.items():
+        if key.endswith("_error"):
+            print(f"  {key}: {value}")
+    sys.stdout.flush()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls and steps")
+    parser.add_argument("--smoke", action="store_true", help="check the script on CPU; numbers mean nothing")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
+    parser.add_argument("--no-prev", action="store_true", help="do not load the previous version")
+    parser.add_argument("--only", choices=("ops", "steps"), default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    device = torch.device("cpu" if SMOKE else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("this benchmark needs a CUDA GPU (or --smoke)")
+    prev = None if args.no_prev or SMOKE else load_prev()
+    calls = 3 if SMOKE else (100 if args.quick else 300)
+    iters = 1 if SMOKE else (10 if args.quick else 30)
+    import triton
+
+    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                triton=triton.__version__, previous=prev is not None)
+    print("host benchmark:", meta)
+    result = dict(meta=meta)
+    if args.only in (None, "ops"):
+        result["ops"] = part_ops(device, calls, prev)
+    if args.only in (None, "steps"):
+        result["steps"] = part_steps(device, iters, not args.no_compile and not SMOKE, prev)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

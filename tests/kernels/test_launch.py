@@ -1,0 +1,160 @@
+"""The host path, guarded by counting instead of timing: Triton launches, torch ops and custom-op
+dispatches of one eager quantize call and of one Linear step (Triton backend, under the interpreter),
+and the dispatcher path whenever a call is traced (fake tensors, make_fx, torch.compile)."""
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import nvfp4lab
+from nvfp4lab.kernels import launch
+
+triton = pytest.importorskip("triton")
+
+# ops that only reinterpret metadata (no allocation, no kernel)
+_METADATA_OPS = {"view", "reshape", "_reshape_alias", "as_strided", "slice", "select", "detach", "t", "transpose",
+                 "expand", "unsqueeze", "squeeze", "alias", "_unsafe_view", "split", "split_with_sizes", "permute",
+                 "lift_fresh", "unbind", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
+                 "numel", "size", "stride", "dim"}
+
+
+class _Count(TorchDispatchMode):
+    """Counts the torch ops that run (allocations and kernels; metadata-only ops left out) and the
+    nvfp4lab custom ops that went through the dispatcher."""
+
+    def __init__(self, in_kernel: list):
+        super().__init__()
+        self.in_kernel = in_kernel  # the interpreter's own tensor copies while a kernel runs are not counted
+        self.torch_ops = Counter()
+        self.custom_ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if self.in_kernel:
+            pass
+        elif name.startswith("nvfp4lab::"):
+            self.custom_ops[name] += 1
+        elif func.__name__.split(".")[0] not in _METADATA_OPS:
+            self.torch_ops[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def count(monkeypatch):
+    """Runs a callable once and returns (Triton launches, Counter of torch ops, Counter of custom ops)."""
+    interpreter = pytest.importorskip("triton.runtime.interpreter")
+    launches, in_kernel = [], []
+    real_run = interpreter.InterpretedFunction.run
+
+    def counting_run(self, *args, **kwargs):
+        launches.append(self.fn.__name__)
+        in_kernel.append(1)
+        try:
+            return real_run(self, *args, **kwargs)
+        finally:
+            in_kernel.pop()
+
+    monkeypatch.setattr(interpreter.InterpretedFunction, "run", counting_run)
+
+    def run(fn):
+        fn()  # warm-up: lazily built state (the amax scratch, compiled kernels) is not per call
+        launches.clear()
+        with _Count(in_kernel) as mode:
+            fn()
+        return list(launches), mode.torch_ops, mode.custom_ops
+
+    return run
+
+
+def _total(counter):
+    return sum(counter.values())
+
+
+@pytest.mark.parametrize("options, max_launches, max_torch_ops", [
+    (dict(), 2, 6),  # amax + cast; 4 outputs (2 of them empty) + 2 amax outputs (1 empty)
+    (dict(columnwise=True), 2, 6),
+    (dict(columnwise=True, block="16x16"), 2, 6),
+    (dict(columnwise=True, rht=True), 2, 6),
+    (dict(columnwise=True, rht=True, stochastic_rounding=True, seed=7), 2, 6),
+    (dict(columnwise=True, per_token=True), 3, 8),  # + one launch for the per-token tables of both copies
+    (dict(columnwise=True, four_over_six="mae"), 2, 6),
+])
+def test_quantize_host_path(count, options, max_launches, max_torch_ops):
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    launches, torch_ops, custom_ops = count(lambda: nvfp4lab.quantize_nvfp4(x, backend="triton", **options))
+    assert _total(custom_ops) == 0, f"eager calls must not go through the dispatcher: {custom_ops}"
+    assert len(launches) <= max_launches, launches
+    assert _total(torch_ops) <= max_torch_ops, torch_ops
+    assert "zeros" not in torch_ops and "zero_" not in torch_ops and "fill_" not in torch_ops, torch_ops
+
+
+def test_sr_seed_drawn_on_the_host_in_eager():
+    """Without a seed, an eager SR cast takes its seed from the host generator (no kernel), so that
+    torch.manual_seed repeats it; a CUDA generator or a traced call draws it on the device."""
+    from nvfp4lab.kernels.nvfp4_quantize_details.cast import draw_seed
+
+    x = torch.randn(32, 64)
+    torch.manual_seed(3)
+    seed_tensor, seed = draw_seed(x)
+    torch.manual_seed(3)
+    assert seed_tensor is None and seed == draw_seed(x)[1]
+    assert draw_seed(x, torch.Generator().manual_seed(5))[1] == draw_seed(x, torch.Generator().manual_seed(5))[1]
+
+
+@pytest.mark.parametrize("name, call, max_launches", [
+    ("dequantize", lambda q, w: nvfp4lab.dequantize_nvfp4(q, backend="triton"), 1),
+    ("gemm", lambda q, w: nvfp4lab.nvfp4_gemm(q, w, backend="triton"), 3),
+])
+def test_dequantize_gemm_host_path(count, name, call, max_launches):
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    q = nvfp4lab.quantize_nvfp4(x, backend="triton")
+    w = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), backend="triton")
+    launches, _, custom_ops = count(lambda: call(q, w))
+    assert _total(custom_ops) == 0, custom_ops
+    assert 1 <= len(launches) <= max_launches, launches
+
+
+def test_linear_step_host_path(count):
+    """One training step of nvfp4lab.Linear (te_default, Triton backend): no dispatch, 9 launches
+    (amax + cast for each of x, W and dy; 3 GEMMs, one launch each at this size) and a bounded number
+    of torch ops (outputs, the zero-filled padding of the padded scale layouts at this small size, the
+    bias gradient, the weight update)."""
+    torch.manual_seed(0)
+    layer = nvfp4lab.Linear(64, 48, bias=True, backend="triton")
+    x = torch.randn(32, 64, requires_grad=True)
+    dy = torch.randn(32, 48)
+
+    def step():
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(dy)
+        with torch.no_grad():  # an optimizer step: the weight changes, so it is quantized again
+            layer.weight.add_(layer.weight.grad, alpha=-1e-3)
+
+    launches, torch_ops, custom_ops = count(step)
+    assert _total(custom_ops) == 0, custom_ops
+    assert len(launches) <= 9, Counter(launches)
+    assert _total(torch_ops) <= 26, torch_ops
+
+
+def test_traced_calls_go_through_the_dispatcher():
+    """make_fx with fake tensors records the custom ops (their fake implementations run; no kernel)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        q = nvfp4lab.quantize_nvfp4(x, backend="triton", columnwise=True)
+        return q.rowwise_data, q.columnwise_scale
+
+    graph = make_fx(f, tracing_mode="fake")(torch.randn(32, 64, dtype=torch.bfloat16))
+    targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
+    assert any("nvfp4lab" in t for t in targets), targets
+
+
+def test_tracing_rules():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(4)
+    assert not launch.tracing(x)
+    assert not launch.tracing(torch.nn.Parameter(x))
+    with FakeTensorMode() as mode:
+        assert launch.tracing(mode.from_tensor(x))
