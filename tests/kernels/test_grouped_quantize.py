@@ -1,6 +1,7 @@
 """Grouped (MoE) NVFP4 quantize (kernels/grouped_quantize.py) against ref.nvfp4.quantize_grouped, the
 definition (each split quantized alone), bit for bit (SR: exact where the block counters coincide,
-statistics elsewhere). Outputs are 0xFF-poisoned before the kernels run, so unwritten bytes show."""
+statistics elsewhere). ``quantize_grouped`` and ``quantize`` 0xFF-poison the outputs before the kernels
+run, so unwritten bytes show."""
 import zlib
 
 import pytest
@@ -10,6 +11,8 @@ import nvfp4lab
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import grouped_quantize as gq
 from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
+from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
 from .kernel_checks import record_launches
@@ -19,9 +22,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 PARTS = [f"{side}_{part}" for side in ("rowwise", "columnwise") for part in ("data", "scale", "amax")]
 
 
-@pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    monkeypatch.setattr(kq, "POISON_OUTPUTS", True)
+def quantize_grouped(x, offsets, config, **kwargs):
+    """``gq.quantize_grouped`` with its outputs 0xFF-poisoned (group splits -1) before the kernels run."""
+    return gq.quantize_grouped(x, offsets, config, poison=True, **kwargs)
 
 
 def offsets_of(sizes, device=DEV):
@@ -72,28 +75,20 @@ def _needs16(kwargs):
     return kwargs.get("columnwise", False) or kwargs.get("block") == "16x16"
 
 
+# tiles straddle splits; 48 columns = a partial K tile
+TILE_32X32 = dict(block_m=32, block_k=32, num_warps=4)
 CASES = [(r, s) for r in RECIPES for s in list(SPLITS16) + ([] if _needs16(RECIPES[r]) else list(SPLITS_ANY))]
 
 
 @pytest.mark.parametrize("recipe,splits", CASES)
-def test_matches_reference(recipe, splits, monkeypatch):
+def test_matches_reference(recipe, splits):
     kwargs = RECIPES[recipe]
     sizes = SPLITS16.get(splits) or SPLITS_ANY[splits]
-    monkeypatch.setenv("NVFP4LAB_QUANT_TILE", "32x32x4")  # tiles straddle splits; 48 = a partial K tile
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, (sum(sizes), 48), torch.bfloat16, seed=zlib.crc32(f"{recipe}/{splits}".encode()) % 1000)
     offsets = offsets_of(sizes)
-    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), f"{recipe} {splits}")
-
-
-@pytest.mark.parametrize("splits", ["uneven", "zero-front-mid-end", "long"])
-def test_generic_rht_grouped(splits, monkeypatch):
-    """The generic kernel's RHT (NVFP4LAB_CAST16_RHT=0) in the grouped cast (the default, _cast16_kernel,
-    runs in test_matches_reference)."""
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "0")
-    launches = record_launches(monkeypatch, kq, "_quantize_kernel")
-    test_matches_reference("rht-rowcol", splits, monkeypatch)
-    assert launches and all(call["RHT"] and call["GROUPED"] for call in launches)
+    got = quantize_grouped(x, offsets, config, **TILE_32X32)
+    assert_same_grouped(got, ref_nvfp4.quantize_grouped(x, offsets, config), f"{recipe} {splits}")
 
 
 @pytest.mark.parametrize("recipe", ["1x16-rowcol", "pertoken-rowcol", "1x16-row"])
@@ -107,7 +102,7 @@ def test_many_experts(recipe):
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, (sum(sizes), 32), torch.bfloat16, seed=11)
     offsets = offsets_of(sizes)
-    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
+    assert_same_grouped(quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
 
 
 @pytest.mark.parametrize("kwargs", [dict(rowwise=True, columnwise=True), dict(rowwise=True, per_token=True)])
@@ -115,7 +110,7 @@ def test_zero_total_rows(kwargs):
     config = NVFP4QuantConfig(**kwargs)
     x = torch.zeros(0, 32, dtype=torch.bfloat16, device=DEV)
     offsets = offsets_of([0, 0, 0])
-    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
+    assert_same_grouped(quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
 
 
 def test_special_values_per_split():
@@ -127,28 +122,27 @@ def test_special_values_per_split():
     x[20, 7] = float("inf")
     x[32:48] = 0.0
     offsets = offsets_of(sizes)
-    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
+    assert_same_grouped(quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config))
 
 
 PT_SPLITS = ["uneven", "zero-front-mid-end", "long", "uneven-any", "long-any"]
 
 
 @pytest.mark.parametrize("recipe,splits", [(r, s) for r, s in CASES if r in ("pertoken-rowcol", "pertoken-row") and s in PT_SPLITS])
-def test_pertoken_precompute_grouped(recipe, splits, pt_precompute, monkeypatch):
-    """NVFP4LAB_PT_PRECOMPUTE: the grouped cast reads per-row (M,) and per-(split, column) (n, K) tables."""
-    casts = record_launches(monkeypatch, kq, "_cast16_kernel")
-    tables = record_launches(monkeypatch, kq, "_pt_scales_kernel")
-    test_matches_reference(recipe, splits, monkeypatch)
-    assert casts and all(call["PT_PRE"] == pt_precompute and call["GROUPED"] for call in casts)
-    assert len(tables) == (1 + int(RECIPES[recipe].get("columnwise", False)) if pt_precompute else 0)
+def test_pertoken_tables_grouped(recipe, splits, monkeypatch):
+    """The grouped per-token cast reads per-row (M,) and per-(split, column) (n, K) tables."""
+    casts = record_launches(monkeypatch, cast16_module, "cast16_kernel")
+    tables = record_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
+    test_matches_reference(recipe, splits)
+    assert casts and all(call["PER_TOKEN"] and call["GROUPED"] for call in casts)
+    assert len(tables) == 1 + int(RECIPES[recipe].get("columnwise", False))
 
 
 @pytest.mark.parametrize("recipe", ["pertoken-rowcol", "pertoken-row"])
-def test_pertoken_precompute_grouped_extreme_splits(recipe, pt_precompute, monkeypatch):
+def test_pertoken_tables_grouped_extreme_splits(recipe, monkeypatch):
     """Per-token amaxes outside the normal range in some splits only (fp32: the interpreter mishandles
     bf16 subnormals): a tiny split and a huge split (their (split, column) amaxes take the EXACT path,
     the other splits' the fast one), zero, tiny and huge rows, an empty split."""
-    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")  # 48 columns: a half-full last K tile
     sizes = [32, 16, 0, 48, 16]
     x = make_input({}, (sum(sizes), 48), torch.float32, seed=31)
     x[32:48] *= 1e-35  # split 1
@@ -159,21 +153,21 @@ def test_pertoken_precompute_grouped_extreme_splits(recipe, pt_precompute, monke
     x[5, 7] = float("inf")
     config = NVFP4QuantConfig(**RECIPES[recipe])
     offsets = offsets_of(sizes)
-    casts = record_launches(monkeypatch, kq, "_cast16_kernel")
-    assert_same_grouped(gq.quantize_grouped(x.to(DEV), offsets, config), ref_nvfp4.quantize_grouped(x.to(DEV), offsets, config), recipe)
-    assert casts and all(call["PT_PRE"] == pt_precompute for call in casts)
+    casts = record_launches(monkeypatch, cast16_module, "cast16_kernel")
+    got = quantize_grouped(x.to(DEV), offsets, config, block_k=32, num_warps=1)  # 48 columns: a half-full last K tile
+    assert_same_grouped(got, ref_nvfp4.quantize_grouped(x.to(DEV), offsets, config), recipe)
+    assert casts and all(call["PER_TOKEN"] and call["BLOCK_K"] == 32 for call in casts)
 
 
-@pytest.mark.usefixtures("sr_variant")
 def test_sr_first_split_matches_single_op():
     """SR block counters are bulk block indices: split 0 (and a lone split) get the single op's bits for
     the same seed; the other splits are stochastic roundings onto the same grid (neighbours of x/s)."""
     config = NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True)
     sizes = [32, 0, 48]
     x = make_input(dict(rht=True), (80, 32), torch.bfloat16, seed=9)
-    got = gq.quantize_grouped(x, offsets_of(sizes), config, seed=1234)
+    got = quantize_grouped(x, offsets_of(sizes), config, seed=1234)
     parts = got.split(sizes)
-    single = kq.quantize(x[:32], config, seed=1234)
+    single = kq.quantize(x[:32], config, seed=1234, poison=True)
     for name in PARTS:
         a, b = getattr(parts[0], name), getattr(single, name)
         assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8)), name
@@ -216,7 +210,7 @@ def test_gpu_matches_reference(recipe):
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, (sum(sizes), 1024), torch.bfloat16, seed=22, device="cuda")
     offsets = offsets_of(sizes, "cuda")
-    assert_same_grouped(gq.quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
+    assert_same_grouped(quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
 
 
 @gpu
@@ -225,11 +219,11 @@ def test_gpu_256_experts_cuda_graph():
     config = NVFP4QuantConfig(rowwise=True, columnwise=True)
     x = make_input({}, (256 * 32, 512), torch.bfloat16, seed=23, device="cuda")
     offsets = offsets_of([32] * 256, "cuda")
-    gq.quantize_grouped(x, offsets, config)
+    quantize_grouped(x, offsets, config)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = gq.quantize_grouped(x, offsets, config)
+        out = quantize_grouped(x, offsets, config)
     g = torch.Generator().manual_seed(24)
     for _ in range(2):
         sizes = [int(v) * 16 for v in torch.randint(0, 5, (256,), generator=g)]

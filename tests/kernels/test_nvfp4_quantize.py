@@ -2,7 +2,7 @@
 
 On CPU the kernels run under the Triton interpreter with small shapes; the ``gpu`` tests repeat the
 comparisons on large shapes, check CUDA-graph capture/replay and torch.compile, and run the golden
-conformance folder. Every uninitialized output byte is poisoned with 0xFF before the kernel runs.
+conformance folder. ``quantize`` poisons every uninitialized output byte with 0xFF before the kernels run.
 """
 import os
 import zlib
@@ -21,7 +21,12 @@ from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode
-from nvfp4lab.kernels.nvfp4_quantize import _dequant_4over6_fast, _seq_sum16, _tree_sum16
+from nvfp4lab.kernels.nvfp4_quantize_details import amax as amax_module
+from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
+from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_six_module
+from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
+from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import dequant_4over6_fast, seq_sum16, tree_sum16
+from nvfp4lab.kernels.nvfp4_quantize_details.stochastic_rounding import sr_e2m1
 
 from .kernel_checks import forbid_launches, record_launches
 
@@ -34,9 +39,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    monkeypatch.setattr(kq, "POISON_OUTPUTS", True)
+def quantize(x, config, **kwargs):
+    """``kq.quantize`` with its outputs 0xFF-poisoned before the kernels write them."""
+    return kq.quantize(x, config, poison=True, **kwargs)
 
 
 def assert_same(got, want, context=""):
@@ -97,129 +102,27 @@ for _block in ("1x16", "16x16"):
         for _e in (448, 256):
             CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True, columnwise=True)
 
-# (shape, dtype, tile override): 16x16 and 48x80 are smaller than / not multiples of the default
-# tiles; the 16x32 tile override (both cast kernels) makes 48x80 span 3x3 programs with a partial
-# last K tile.
+# (shape, dtype, explicit tile): 16x16 and 48x80 are smaller than / not multiples of the default
+# tiles; the 16x32 tile (every kernel; cast16_kernel takes BLOCK_K 32) makes 48x80 span 3x3 programs
+# with a partial last K tile.
+TILE_16X32 = dict(block_m=16, block_k=32, num_warps=4)
 CASES = {
-    "16x16-bf16": ((16, 16), torch.bfloat16, None),
-    "48x80-bf16": ((48, 80), torch.bfloat16, None),
-    "32x64-fp16": ((32, 64), torch.float16, None),
-    "48x80-fp32": ((48, 80), torch.float32, None),
-    "48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, "16x32x4"),
+    "16x16-bf16": ((16, 16), torch.bfloat16, {}),
+    "48x80-bf16": ((48, 80), torch.bfloat16, {}),
+    "32x64-fp16": ((32, 64), torch.float16, {}),
+    "48x80-fp32": ((48, 80), torch.float32, {}),
+    "48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, TILE_16X32),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_matches_reference(name, case, monkeypatch):
+def test_matches_reference(name, case):
     shape, dtype, tile = CASES[case]
-    if tile:
-        monkeypatch.setenv("NVFP4LAB_QUANT_TILE", tile)
-        monkeypatch.setenv("NVFP4LAB_CAST16_TILE", tile.split("x", 1)[1])
     kwargs = CONFIGS[name]
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, shape, dtype, seed=zlib.crc32(f"{name}/{case}".encode()) % 1000)
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {case}")
-
-
-RHT_CONFIGS = [name for name in CONFIGS if name.startswith("rht")]
-
-
-@pytest.mark.parametrize("reuse", ["0", "1"])
-def test_16x16_rowcol_code_reuse_switch(reuse, monkeypatch):
-    """16x16 row+col casts take the columnwise codes from the rowwise ones (REUSE_2D) unless
-    NVFP4LAB_2D_REUSE=0; both give the reference's bits (plain, special values, provided amaxes)."""
-    monkeypatch.setenv("NVFP4LAB_2D_REUSE", reuse)
-    launches = record_launches(monkeypatch, kq, "_cast16_kernel")
-    for case in ("48x80-bf16", "48x80-bf16-tiles16x32", "32x64-fp16"):
-        test_matches_reference("16x16-rowcol", case, monkeypatch)
-    for which in ("zero-rows-cols-tiles-tiny", "tiny-1e-36", "inf", "bf16-max"):
-        test_special_values(dict(block="16x16", rowwise=True, columnwise=True), which)
-    test_provided_amax(dict(rowwise=True, columnwise=True, block="16x16"), "tensor+col")
-    assert launches and all(call["REUSE_2D"] == (reuse == "1") for call in launches)
-
-
-# RHT recipes run on _cast16_kernel by default (the butterfly RHT, which test_matches_reference checks);
-# NVFP4LAB_CAST16_RHT=0 sends them to the generic kernel's dot-based RHT, checked here.
-RHT_PATHS = {"cast16": ("1", "_cast16_kernel"), "generic": ("0", "_quantize_kernel")}
-
-
-@pytest.mark.parametrize("path", list(RHT_PATHS))
-def test_rht_recipes_take_the_chosen_kernel(path, monkeypatch):
-    env, kernel = RHT_PATHS[path]
-    if env == "1":
-        monkeypatch.delenv("NVFP4LAB_CAST16_RHT", raising=False)  # the default
-    else:
-        monkeypatch.setenv("NVFP4LAB_CAST16_RHT", env)
-    monkeypatch.setenv("NVFP4LAB_CAST_SPLIT", "0")  # one launch for both copies (the default splits on cast16)
-    launches = record_launches(monkeypatch, kq, kernel)
-    test_matches_reference("rht-d7e8-rowcol", "48x80-bf16", monkeypatch)
-    assert launches and all(call["RHT"] and call["RHT_MASK"] == 0xD7E8 for call in launches)
-
-
-SPLIT_CASES = {
-    "sr": dict(stochastic_rounding=True),
-    "rht-sr": dict(rht=True, stochastic_rounding=True),
-    "rht": dict(rht=True),
-    "pertoken-sr": dict(per_token=True, stochastic_rounding=True),
-    "pertoken": dict(per_token=True),
-    "16x16": dict(block="16x16"),
-}
-
-
-@pytest.mark.parametrize("name", list(SPLIT_CASES))
-def test_split_cast_gives_the_same_bits(name, monkeypatch):
-    """A row+col cast as one launch or as a rowwise-only and a columnwise-only launch: identical outputs
-    (random bytes included: each copy's depend only on its own positions)."""
-    kwargs = dict(SPLIT_CASES[name], rowwise=True, columnwise=True)
-    x = make_input(kwargs, (48, 80), torch.bfloat16, seed=zlib.crc32(name.encode()) % 1000)
-    got = {}
-    for split in ("0", "1"):
-        monkeypatch.setenv("NVFP4LAB_CAST_SPLIT", split)
-        launches = record_launches(monkeypatch, kq, "_cast16_kernel")
-        got[split] = nvfp4lab.quantize_nvfp4(x, seed=77, backend="triton", **kwargs)
-        want = [(True, True)] if split == "0" else [(True, False), (False, True)]
-        assert [(call["ROWWISE"], call["COLWISE"]) for call in launches] == want
-    assert_same(got["1"], got["0"], name)
-
-
-def test_split_cast_default_rule(monkeypatch):
-    """By default row+col casts split exactly when SR or RHT is on (1x16 blocks, one tensor)."""
-    monkeypatch.delenv("NVFP4LAB_CAST_SPLIT", raising=False)
-    rule = kq.split_cast
-    assert rule(True, True, False, False, True, None, False) and rule(True, True, False, True, False, None, False)
-    assert not rule(True, True, False, False, False, None, False)  # plain / per-token: one launch
-    assert not rule(True, True, True, False, True, None, False)  # 16x16 blocks
-    assert not rule(True, False, False, True, True, None, False) and not rule(False, True, False, True, True, None, False)
-    assert not rule(True, True, False, False, True, None, True)  # the grouped cast
-    assert not rule(True, True, False, False, True, "mae", False)  # 4over6 runs the generic kernel
-
-
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", RHT_CONFIGS)
-def test_generic_rht_matches_reference(name, case, monkeypatch):
-    """The generic kernel's RHT (a block-diagonal dot) gives the reference's bits."""
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "0")
-    launches = record_launches(monkeypatch, kq, "_quantize_kernel")
-    test_matches_reference(name, case, monkeypatch)
-    assert launches and all(call["RHT"] and call["RHT_MASK"] == CONFIGS[name].get("rht_sign_mask", 0xD7E8)
-                            for call in launches)
-
-
-@pytest.mark.parametrize("split", ["0", "auto"])
-@pytest.mark.parametrize("path", list(RHT_PATHS))
-@pytest.mark.usefixtures("sr_variant")
-def test_rht_special_values_and_sr_on_both_kernels(path, split, monkeypatch):
-    env, kernel = RHT_PATHS[path]
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", env)
-    monkeypatch.setenv("NVFP4LAB_CAST_SPLIT", split)  # auto: cast16 row+col casts run as two launches
-    launches = record_launches(monkeypatch, kq, kernel)
-    test_special_values_rht()
-    test_sr_rounds_to_a_neighbour_and_keeps_scales("rht")
-    test_sr_mean_has_lower_error_than_rn("rht")
-    col_launches = [call for call in launches if call["COLWISE"]]
-    assert len(col_launches) >= 4 and all(call["RHT"] for call in col_launches)
-    assert any(call["ROWWISE"] and call["COLWISE"] for call in launches) == (split == "0" or path == "generic")
+    assert_same(quantize(x, config, **tile), ref_nvfp4.quantize(x, config), f"{name} {case}")
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -229,11 +132,11 @@ def test_rht_special_values_and_sr_on_both_kernels(path, split, monkeypatch):
     dict(rowwise=True, per_token=True, four_over_six="mse", e4m3_max=448),
     dict(rowwise=True, scale_layout="swizzled"),
 ])
-def test_rowwise_takes_any_m(kwargs, monkeypatch):
-    monkeypatch.setenv("NVFP4LAB_QUANT_TILE", "16x32x4")  # 37 rows: three tiles, the last one 5 rows
+def test_rowwise_takes_any_m(kwargs):
     config = NVFP4QuantConfig(**kwargs)
     x = normal_input((37, 48), torch.bfloat16, seed=3)
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), str(kwargs))
+    # 37 rows: three 16-row tiles, the last one 5 rows
+    assert_same(quantize(x, config, **TILE_16X32), ref_nvfp4.quantize(x, config), str(kwargs))
 
 
 def _special_inputs():
@@ -271,13 +174,13 @@ def _special_inputs():
 def test_special_values(kwargs, which):
     x = _special_inputs()[which]
     config = NVFP4QuantConfig(**kwargs)
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{which} {kwargs}")
+    assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{which} {kwargs}")
 
 
 def test_special_values_rht():
     for x in (torch.zeros(32, 32, device=DEV), _special_inputs()["zero-rows-cols-tiles-tiny"][:, :32].bfloat16()):
         config = NVFP4QuantConfig(rht=True, rowwise=True, columnwise=True)
-        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), "rht special")
+        assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), "rht special")
 
 
 @pytest.mark.parametrize("kwargs,amax_kind", [
@@ -303,7 +206,7 @@ def test_provided_amax(kwargs, amax_kind):
         amax = xf.abs().amax(dim=1) * 3
     if amax_kind.endswith("col"):
         columnwise_amax = (xf.abs().amax(dim=0) if per_token else xf.abs().amax().reshape(1)) * 5
-    got = kq.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
+    got = quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
     want = ref_nvfp4.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
     assert_same(got, want, f"{kwargs} {amax_kind}")
     for given in (amax, columnwise_amax):
@@ -319,13 +222,13 @@ def test_provided_amax(kwargs, amax_kind):
 def test_scale_layouts(layout, block, shape):
     config = NVFP4QuantConfig(block=block, rowwise=True, columnwise=True, scale_layout=layout)
     x = normal_input(shape, torch.bfloat16, seed=5)
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{layout} {block} {shape}")
+    assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{layout} {block} {shape}")
 
 
 def test_scale_layouts_4over6_swizzled():
     config = NVFP4QuantConfig(block="16x16", rowwise=True, columnwise=True, four_over_six="mse", scale_layout="swizzled")
     x = normal_input((48, 80), torch.bfloat16, seed=6)
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config))
+    assert_same(quantize(x, config), ref_nvfp4.quantize(x, config))
 
 
 def test_3d_input_through_ops():
@@ -346,10 +249,13 @@ def test_3d_input_through_ops():
     dict(rowwise=True, columnwise=True, stochastic_rounding=True),
 ])
 def test_empty_input(shape, kwargs, monkeypatch):
-    forbid_launches(monkeypatch, kq, "_quantize_kernel", "_amax_kernel")
+    forbid_launches(monkeypatch, amax_module, "amax_kernel")
+    forbid_launches(monkeypatch, cast16_module, "cast16_kernel")
+    forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel")
+    forbid_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
     config = NVFP4QuantConfig(**kwargs)
     x = torch.empty(shape, dtype=torch.bfloat16, device=DEV)
-    assert_same(kq.quantize(x, config, seed=1), ref_nvfp4.quantize(x, config), f"{shape} {kwargs}")
+    assert_same(quantize(x, config, seed=1), ref_nvfp4.quantize(x, config), f"{shape} {kwargs}")
 
 
 def test_empty_3d_through_ops():
@@ -396,11 +302,10 @@ def _assert_neighbours(codes_packed, scaled, context):
 
 
 @pytest.mark.parametrize("name", list(SR_CONFIGS))
-@pytest.mark.usefixtures("sr_variant")
 def test_sr_rounds_to_a_neighbour_and_keeps_scales(name):
     kwargs = SR_CONFIGS[name]
     x = make_input(kwargs, (32, 64), torch.bfloat16, seed=21)
-    got = kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=1234)
+    got = quantize(x, NVFP4QuantConfig(**kwargs), seed=1234)
     rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
     for field in ("rowwise_scale", "rowwise_amax", "columnwise_scale", "columnwise_amax"):
         a, b = getattr(got, field), getattr(rn, field)
@@ -413,13 +318,12 @@ def test_sr_rounds_to_a_neighbour_and_keeps_scales(name):
 
 
 @pytest.mark.parametrize("name", list(SR_CONFIGS))
-@pytest.mark.usefixtures("sr_variant")
 def test_sr_mean_has_lower_error_than_rn(name):
     kwargs = SR_CONFIGS[name]
     x = make_input(kwargs, (32, 64), torch.bfloat16, seed=22)
     xf = x.float()
     rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
-    draws = [kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=s) for s in range(50)]
+    draws = [quantize(x, NVFP4QuantConfig(**kwargs), seed=s) for s in range(50)]
     for which in ("rowwise", "columnwise"):
         rn_err = (ref_nvfp4.dequantize(rn, torch.float32, which) - xf).pow(2).mean().sqrt()
         mean = torch.stack([ref_nvfp4.dequantize(d, torch.float32, which) for d in draws]).mean(0)
@@ -441,30 +345,26 @@ def _host_philox(seed: int, counters: np.ndarray, stream: int) -> np.ndarray:
     return np.stack(c, axis=-1).astype(np.uint32)
 
 
-def _host_sr_bytes(seed: int, rows: int, cols: int, stream: int, variant: str) -> torch.Tensor:
+def _host_sr_bytes(seed: int, rows: int, cols: int, stream: int) -> torch.Tensor:
     """The random byte of every element of a quantized (rows, cols) matrix (x rowwise, stream 0; x^T or
-    RHT(x^T) columnwise, stream 1) under an SR bit mapping of ``_cast16_kernel``:
-    "blocks": Philox block r * (cols / 16) + c // 16, byte c % 16; "pairs": block (r // 2) * (cols / 8) + c // 8,
-    byte 8 (r % 2) + c % 8; byte b is byte b % 4 of word b // 4."""
+    RHT(x^T) columnwise, stream 1) under the SR bit mapping of ``cast16_kernel``: Philox block
+    (r // 2) * (cols / 8) + c // 8, byte 8 (r % 2) + c % 8; byte b is byte b % 4 of word b // 4."""
     r = np.arange(rows, dtype=np.int64)[:, None]
     c = np.arange(cols, dtype=np.int64)[None, :]
-    if variant == "pairs":
-        counter, byte = (r // 2) * (cols // 8) + c // 8, (r % 2) * 8 + c % 8
-    else:
-        counter, byte = r * (cols // 16) + c // 16 + 0 * r, c % 16 + 0 * r
+    counter, byte = (r // 2) * (cols // 8) + c // 8, (r % 2) * 8 + c % 8
     words = _host_philox(seed, counter.ravel(), stream)
     w = words[np.arange(counter.size), (byte.ravel() // 4)]
     return torch.from_numpy(((w >> (8 * (byte.ravel() % 4)).astype(np.uint32)) & 0xFF).astype(np.int32).reshape(rows, cols))
 
 
 @pytest.mark.parametrize("name", list(SR_CONFIGS))
-def test_sr_bits_match_host_philox(name, sr_variant):
+def test_sr_bits_match_host_philox(name):
     """The SR codes are the reference rule (ref.nvfp4.stochastic_round_e2m1) on x * enc with the bytes
-    of the documented Philox mapping (``_host_sr_bytes``), bit for bit, for every SR_VARIANT."""
+    of the documented Philox mapping (``_host_sr_bytes``), bit for bit."""
     kwargs = SR_CONFIGS[name]
     m, k = 48, 96
     x = make_input(kwargs, (m, k), torch.bfloat16, seed=24)
-    got = kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=0x1234_5678_9ABC)
+    got = quantize(x, NVFP4QuantConfig(**kwargs), seed=0x1234_5678_9ABC)
     rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
     xf = x.float().cpu()
     col_mat = ref_nvfp4.apply_rht(x.t(), kwargs.get("rht_sign_mask", 0xD7E8)).float().cpu() if kwargs.get("rht") else xf.t()
@@ -473,42 +373,40 @@ def test_sr_bits_match_host_philox(name, sr_variant):
         if name == "16x16":  # compact (R/16 rows of) 2D scales -> one per 1x16 block
             scale = scale.repeat_interleave(16, dim=0)[: mat.shape[0]] if scale.shape[0] != mat.shape[0] else scale
         scaled = _scaled_values(mat, scale, amax, 448.0)
-        rbytes = _host_sr_bytes(0x1234_5678_9ABC, mat.shape[0], mat.shape[1], stream, sr_variant)
+        rbytes = _host_sr_bytes(0x1234_5678_9ABC, mat.shape[0], mat.shape[1], stream)
         want = codecs.pack_fp4(ref_nvfp4.stochastic_round_e2m1(scaled, rbytes))
-        assert torch.equal(getattr(got, f"{which}_data").cpu(), want), f"{name} {which} {sr_variant}"
+        assert torch.equal(getattr(got, f"{which}_data").cpu(), want), f"{name} {which}"
 
 
-@pytest.mark.usefixtures("sr_variant")
 def test_sr_seeds():
     config = NVFP4QuantConfig(**SR_CONFIGS["1x16"])
     x = normal_input((32, 64), torch.bfloat16, seed=23)
-    a = kq.quantize(x, config, seed=7)
-    assert_same(kq.quantize(x, config, seed=7), a, "same seed")
-    b = kq.quantize(x, config, seed=8)
+    a = quantize(x, config, seed=7)
+    assert_same(quantize(x, config, seed=7), a, "same seed")
+    b = quantize(x, config, seed=8)
     assert not torch.equal(a.rowwise_data, b.rowwise_data)
     assert not torch.equal(a.columnwise_data, b.columnwise_data)
     # the seed drawn from a generator (on x.device, read by the kernel from device memory)
-    g1 = kq.quantize(x, config, generator=torch.Generator(DEV).manual_seed(5))
-    assert_same(kq.quantize(x, config, generator=torch.Generator(DEV).manual_seed(5)), g1, "same generator seed")
-    g2 = kq.quantize(x, config, generator=torch.Generator(DEV).manual_seed(6))
+    g1 = quantize(x, config, generator=torch.Generator(DEV).manual_seed(5))
+    assert_same(quantize(x, config, generator=torch.Generator(DEV).manual_seed(5)), g1, "same generator seed")
+    g2 = quantize(x, config, generator=torch.Generator(DEV).manual_seed(6))
     assert not torch.equal(g1.rowwise_data, g2.rowwise_data)
     torch.manual_seed(0)
-    d1 = kq.quantize(x, config)  # torch's default generator
-    d2 = kq.quantize(x, config)
+    d1 = quantize(x, config)  # torch's default generator
+    d2 = quantize(x, config)
     assert not torch.equal(d1.rowwise_data, d2.rowwise_data)
     # seeds through the public op
     p1 = nvfp4lab.quantize_nvfp4(x, backend="triton", seed=7, **SR_CONFIGS["1x16"])
     assert_same(p1, a, "ops seed")
 
 
-@pytest.mark.usefixtures("sr_variant")
 def test_sr_rowwise_and_columnwise_streams_differ():
     # a symmetric input (x == x^T): with one shared stream, rowwise block (r, b) and columnwise block
     # (c, g) with the same index would get the same bits and the two outputs would be equal bytes.
     # Every 1x16 block holds one 1.0 (its amax, -> 6) and fifteen 0.3 (-> 1.8, between 1.5 and 2).
     idx = torch.arange(64)
     x = torch.where((idx.view(-1, 1) % 16) == (idx.view(1, -1) % 16), 1.0, 0.3).to(torch.bfloat16).to(DEV)
-    t = kq.quantize(x, NVFP4QuantConfig(**SR_CONFIGS["1x16"]), seed=3)
+    t = quantize(x, NVFP4QuantConfig(**SR_CONFIGS["1x16"]), seed=3)
     assert torch.equal(t.rowwise_scale, t.columnwise_scale)
     assert not torch.equal(t.rowwise_data, t.columnwise_data)
 
@@ -553,11 +451,11 @@ def test_e2m1_encode_fast_matches_reference():
 @triton.jit
 def _sr_e2m1_probe_kernel(y_ptr, r_ptr, out_ptr, N: tl.constexpr):
     off = tl.program_id(0) * N + tl.arange(0, N)
-    tl.store(out_ptr + off, kq._sr_e2m1(tl.load(y_ptr + off), tl.load(r_ptr + off)))
+    tl.store(out_ptr + off, sr_e2m1(tl.load(y_ptr + off), tl.load(r_ptr + off)))
 
 
 def test_sr_e2m1_matches_reference():
-    # _sr_e2m1 (integer path for |y| >= 1) against ref.nvfp4.stochastic_round_e2m1: every bf16 pattern
+    # sr_e2m1 (integer path for |y| >= 1) against ref.nvfp4.stochastic_round_e2m1: every bf16 pattern
     # with 12 bytes, +-300 ulps around every grid point and step boundary (both signs) and specials
     # with all 256 bytes, random fp32 patterns and bytes (an offline run: every mantissa of the
     # exponents 90..132, 0, 1, 254, 255, both signs, 8 byte patterns each, against the torch mirror)
@@ -610,16 +508,6 @@ def test_e2m1_scale_encode_matches_reference():
     assert torch.equal(out.cpu(), want)
 
 
-def test_generic_kernel_matches_reference(monkeypatch):
-    """The generic cast kernel (forced) still gives the reference bits for recipes _cast16_kernel takes."""
-    monkeypatch.setenv("NVFP4LAB_QUANT_KERNEL", "generic")
-    for name in ("1x16-rowcol", "16x16-rowcol", "pertoken-rowcol"):
-        kwargs = CONFIGS[name]
-        x = make_input(kwargs, (48, 80), torch.bfloat16, 5)
-        cfg = NVFP4QuantConfig(**kwargs)
-        assert_same(kq.quantize(x, cfg), ref_nvfp4.quantize(x.cpu(), cfg), name)
-
-
 # ------------------------------------------------------------------------- summation-order helpers
 @triton.jit
 def _sum_probe_kernel(t_ptr, seq_ptr, tree_ptr, A: tl.constexpr, B: tl.constexpr):
@@ -628,8 +516,8 @@ def _sum_probe_kernel(t_ptr, seq_ptr, tree_ptr, A: tl.constexpr, B: tl.constexpr
     e = tl.arange(0, 16)[None, None, :]
     t = tl.load(t_ptr + (a * B + b) * 16 + e)
     out = tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :]
-    tl.store(seq_ptr + out, _seq_sum16(t, A, B))
-    tl.store(tree_ptr + out, _tree_sum16(t, A, B))
+    tl.store(seq_ptr + out, seq_sum16(t, A, B))
+    tl.store(tree_ptr + out, tree_sum16(t, A, B))
 
 
 def test_error_sum_orders():
@@ -662,7 +550,7 @@ def _dequant_probe_kernel(scale_ptr, amax_ptr, fast_ptr, exact_ptr, A: tl.conste
     outer = tl.load(amax_ptr + b + a * 0)  # [A, B]: one outer amax per column
     codes = tl.zeros([A, B, 16], tl.int32) + tl.arange(0, 16)[None, None, :]
     off = (a[:, :, None] * B + b[:, :, None]) * 16 + tl.arange(0, 16)[None, None, :]
-    tl.store(fast_ptr + off, _dequant_4over6_fast(codes, scale_f, outer, E6))
+    tl.store(fast_ptr + off, dequant_4over6_fast(codes, scale_f, outer, E6))
     exact = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros([A, B, 16], tl.float32) + E6)
     tl.store(exact_ptr + off, exact)
 
@@ -691,7 +579,7 @@ def test_4over6_extreme_magnitudes(magnitude, kwargs):
     x = normal_input((32, 64), torch.float32, seed=61)
     x = x / x.abs().max() * magnitude
     config = NVFP4QuantConfig(**kwargs)
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{magnitude:g} {kwargs}")
+    assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{magnitude:g} {kwargs}")
 
 
 def test_4over6_per_token_mixed_rows():
@@ -702,13 +590,13 @@ def test_4over6_per_token_mixed_rows():
     x[5] = 0.0
     for mode in ("mae", "mse"):
         config = NVFP4QuantConfig(per_token=True, four_over_six=mode, rowwise=True, columnwise=True)
-        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), mode)
+        assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), mode)
 
 
-# --------------------------------------------------- per-token global scales precomputed (PT_PRE)
-# NVFP4LAB_PT_PRECOMPUTE=1: _pt_scales_kernel computes each row's / column's S_enc / 6 and S_dec once
-# (S_dec -1 flags an amax outside the normal range) and _cast16_kernel loads them; both switch values
-# must give the reference's bits, and the tile's fast / EXACT decision must not move.
+# ------------------------------------------------------- per-token global scales from tables
+# pt_scales_kernel computes each row's / column's S_enc / 6 and S_dec once (S_dec -1 flags an amax
+# outside the normal range) and cast16_kernel loads them: the reference's bits, and the tile's fast /
+# EXACT decision must not move.
 PT_CONFIGS = {
     "pertoken-rowcol": dict(per_token=True, rowwise=True, columnwise=True),
     "pertoken-col": dict(per_token=True, rowwise=False, columnwise=True),
@@ -717,28 +605,31 @@ PT_CONFIGS = {
 }
 
 
+TILE_32X1 = dict(block_k=32, num_warps=1)  # 48 x 80: 3 x 3 cast programs, the last K tile half full
+
+
 def _record_pt_launches(monkeypatch):
-    return record_launches(monkeypatch, kq, "_cast16_kernel"), record_launches(monkeypatch, kq, "_pt_scales_kernel")
+    return (record_launches(monkeypatch, cast16_module, "cast16_kernel"),
+            record_launches(monkeypatch, pt_scales_module, "pt_scales_kernel"))
 
 
-def _check_pt_launches(casts, tables, precompute, kwargs):
-    assert casts and all(call["PT_PRE"] == precompute for call in casts)
+def _check_pt_launches(casts, tables, kwargs):
+    """Every per-token cast reads tables: one table launch per output side and cast launch."""
+    assert casts and all(call["PER_TOKEN"] for call in casts)
     sides = int(kwargs.get("rowwise", True)) + int(kwargs.get("columnwise", False))
-    assert len(tables) == (sides * len(casts) if precompute else 0)
+    assert len(tables) == sides * len(casts)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", list(PT_CONFIGS))
-def test_pertoken_precompute_matches_reference(name, case, pt_precompute, monkeypatch):
+def test_pertoken_tables_match_reference(name, case, monkeypatch):
     shape, dtype, tile = CASES[case]
-    if tile:
-        monkeypatch.setenv("NVFP4LAB_CAST16_TILE", tile.split("x", 1)[1])
     casts, tables = _record_pt_launches(monkeypatch)
     kwargs = PT_CONFIGS[name]
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, shape, dtype, seed=zlib.crc32(f"pt/{name}/{case}".encode()) % 1000)
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {case}")
-    _check_pt_launches(casts, tables, pt_precompute, kwargs)
+    assert_same(quantize(x, config, **tile), ref_nvfp4.quantize(x, config), f"{name} {case}")
+    _check_pt_launches(casts, tables, kwargs)
 
 
 def _pt_extreme_inputs():
@@ -768,41 +659,42 @@ def _pt_extreme_inputs():
 
 @pytest.mark.parametrize("which", list(_pt_extreme_inputs()))
 @pytest.mark.parametrize("name", ["pertoken-rowcol", "pertoken-row"])
-def test_pertoken_precompute_extreme_amaxes(name, which, pt_precompute, monkeypatch):
-    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")  # 3 x 3 programs, the last K tile half full
+def test_pertoken_tables_extreme_amaxes(name, which, monkeypatch):
     casts, tables = _record_pt_launches(monkeypatch)
     kwargs = PT_CONFIGS[name]
     config = NVFP4QuantConfig(**kwargs)
     x = _pt_extreme_inputs()[which].to(DEV)
-    got = kq.quantize(x, config)
-    _check_pt_launches(casts, tables, pt_precompute, kwargs)
+    got = quantize(x, config, **TILE_32X1)
+    _check_pt_launches(casts, tables, kwargs)
     assert all(call["BLOCK_K"] == 32 for call in casts)
+    want = ref_nvfp4.quantize(x, config)
     if which == "nan":
-        # a NaN column's scale byte is 0x7F in the kernel, 0xFF (NaN's sign) in the reference, with either
-        # switch value (NaN's sign is unspecified): here the two paths must agree with each other
-        monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "0")
-        assert_same(got, kq.quantize(x, config), f"{name} {which}")
-        return
-    assert_same(got, ref_nvfp4.quantize(x, config), f"{name} {which}")
+        # NaN's sign and payload are unspecified: a NaN column's scale byte is 0x7F in the kernel, 0xFF in
+        # the reference, and its amax another NaN; those read as the kernel's, every other byte bit for bit
+        assert bool(torch.isnan(want.rowwise_amax).any()), "the input gives no NaN amax"
+        for side in ("rowwise", "columnwise"):
+            scale, amax, got_amax = getattr(want, f"{side}_scale"), getattr(want, f"{side}_amax"), getattr(got, f"{side}_amax")
+            if scale is not None:
+                setattr(want, f"{side}_scale", torch.where(scale == 0xFF, torch.full_like(scale, 0x7F), scale))
+                setattr(want, f"{side}_amax", torch.where(torch.isnan(amax) & torch.isnan(got_amax), got_amax, amax))
+    assert_same(got, want, f"{name} {which}")
 
 
-def test_pertoken_precompute_rowwise_any_m(pt_precompute, monkeypatch):
+def test_pertoken_tables_rowwise_any_m(monkeypatch):
     # 37 rows: the last 16-row group holds 5; a tiny and a huge row in different groups
-    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")
     casts, tables = _record_pt_launches(monkeypatch)
     config = NVFP4QuantConfig(per_token=True, rowwise=True)
     x = normal_input((37, 48), torch.float32, seed=72)
     x[2] *= 1e-36
     x[35] *= 1e36
     x[36] = 0.0
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config))
-    _check_pt_launches(casts, tables, pt_precompute, dict(rowwise=True))
+    assert_same(quantize(x, config, **TILE_32X1), ref_nvfp4.quantize(x, config))
+    _check_pt_launches(casts, tables, dict(rowwise=True))
 
 
 @pytest.mark.parametrize("special", [0.0, 1e-35, 1e35, float("inf"), float("nan")])
-def test_pertoken_precompute_provided_amaxes(special, pt_precompute, monkeypatch):
+def test_pertoken_tables_provided_amaxes(special, monkeypatch):
     # supplied amaxes (the amax pass does not run) with one row and one column set to a special value
-    monkeypatch.setenv("NVFP4LAB_CAST16_TILE", "32x1")
     casts, tables = _record_pt_launches(monkeypatch)
     config = NVFP4QuantConfig(per_token=True, rowwise=True, columnwise=True)
     x = normal_input((48, 80), torch.float32, seed=73)
@@ -810,20 +702,10 @@ def test_pertoken_precompute_provided_amaxes(special, pt_precompute, monkeypatch
     columnwise_amax = x.abs().amax(dim=0) * 3
     amax[20] = special
     columnwise_amax[70] = special
-    got = kq.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
+    got = quantize(x, config, amax=amax, columnwise_amax=columnwise_amax, **TILE_32X1)
     want = ref_nvfp4.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
     assert_same(got, want, f"{special}")
-    _check_pt_launches(casts, tables, pt_precompute, dict(rowwise=True, columnwise=True))
-
-
-def test_pt_precompute_switch_values(monkeypatch):
-    monkeypatch.delenv("NVFP4LAB_PT_PRECOMPUTE", raising=False)
-    assert kq.pt_precompute() is (kq.PT_PRECOMPUTE == "1") and kq.PT_PRECOMPUTE == "1"  # the default
-    monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "0")
-    assert not kq.pt_precompute()
-    monkeypatch.setenv("NVFP4LAB_PT_PRECOMPUTE", "yes")
-    with pytest.raises(ValueError):
-        kq.pt_precompute()
+    _check_pt_launches(casts, tables, dict(rowwise=True, columnwise=True))
 
 
 # ----------------------------------------------------------------------------- conformance, compile
@@ -842,15 +724,33 @@ def test_custom_ops_opcheck():
     torch.library.opcheck(kq.nvfp4_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
 
 
-def test_custom_ops_opcheck_per_token(pt_precompute):
-    # the PT_PRE tables are allocated and filled inside the cast op: schema and fake impl unchanged
+@pytest.mark.parametrize("rht_sign_mask,four_over_six,sr,block_2d,per_token", [
+    (0xD7E8, 1, False, False, False),  # 4over6 with RHT
+    (-1, 2, True, False, False),  # 4over6 with SR
+    (0xD7E8, 0, False, True, False),  # RHT with 16x16 blocks
+    (0xD7E8, 0, False, False, True),  # RHT with per-token amaxes
+    (-1, 3, False, False, False),  # no such 4over6 mode
+])
+def test_cast_op_rejects_combinations_no_recipe_has(rht_sign_mask, four_over_six, sr, block_2d, per_token, monkeypatch):
+    # the cast kernels implement only the recipes NVFP4QuantConfig accepts: a direct op call outside them
+    # is a ValueError before anything launches
+    forbid_launches(monkeypatch, cast16_module, "cast16_kernel")
+    forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel")
+    x = normal_input((32, 64), torch.bfloat16, seed=33)
+    amax = x.float().abs().amax().reshape(1)
+    with pytest.raises(ValueError):
+        kq.nvfp4_quantize_cast(x, amax, amax, None, 0, True, True, block_2d, per_token, rht_sign_mask, four_over_six,
+                               448.0, sr, "compact")
+
+
+def test_custom_ops_opcheck_per_token():
+    # the per-token tables are allocated and filled inside the cast op: schema and fake impl unchanged
     x = normal_input((32, 64), torch.bfloat16, seed=32)
     row_amax, col_amax = kq.nvfp4_amax(x, kq.AMAX_PER_TOKEN, kq.AMAX_PER_TOKEN, 0)
     args = (x, row_amax, col_amax, None, 0, True, True, False, True, -1, 0, 448.0, False, "padded")
     torch.library.opcheck(kq.nvfp4_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
 
 
-@pytest.mark.usefixtures("pt_precompute")
 def test_compile_fullgraph_cpu():
     x = normal_input((32, 64), torch.bfloat16, seed=31)
 
@@ -872,7 +772,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 from nvfp4lab import NVFP4QuantConfig
-from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
+from nvfp4lab.kernels.nvfp4_quantize_details.cast16 import cast16_kernel
+from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import four_over_six_kernel
+from nvfp4lab.kernels.nvfp4_quantize_details.pt_scales import pt_scales_kernel
+
+FOUR_OVER_SIX_CODES = {None: 0, "mae": 1, "mse": 2}
 
 def frontend(fn, sig, meta, warps):
     # the kernel's own parameter order (a constexpr's index must be its position in the signature)
@@ -896,18 +801,26 @@ for name, kwargs in json.loads(sys.argv[1]).items():
                row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", seed_value="i64", M="i32", K="i32",
                offsets_ptr="*i64", group_split_ptr="*i32", num_splits="i32")
     cfg = NVFP4QuantConfig(**kwargs)
+    block_2d, mask = cfg.block == "16x16", cfg.rht_sign_mask if cfg.rht else -1
     try:
-        frontend(kq._quantize_kernel, sig, kq.config_meta(cfg), 4)
-        frontend(kq._quantize_kernel, sig, dict(kq.config_meta(cfg), GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 4)
-        if kq.use_cast16(cfg.rht, cfg.four_over_six, cfg.block == "16x16"):
-            meta16 = kq.cast16_meta(cfg.rowwise, cfg.columnwise, cfg.block == "16x16", cfg.per_token, cfg.e4m3_max,
-                                    cfg.stochastic_rounding, cfg.stochastic_rounding, cfg.scale_layout, 128,
-                                    cfg.rht_sign_mask if cfg.rht else -1)
-            frontend(kq._cast16_kernel, sig, meta16, 1)
-            frontend(kq._cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
-            if cfg.per_token:  # NVFP4LAB_PT_PRECOMPUTE=1: global scales loaded from _pt_scales_kernel's tables
-                frontend(kq._cast16_kernel, sig, dict(meta16, PT_PRE=True), 1)
-                frontend(kq._cast16_kernel, sig, dict(meta16, PT_PRE=True, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
+        if opt_flags.use_cast16(cfg.four_over_six):
+            # the one-launch cast, and for row+col SR / RHT casts the rowwise-only and columnwise-only
+            # launches a split cast makes
+            sides = [(cfg.rowwise, cfg.columnwise)]
+            if cfg.rowwise and cfg.columnwise and (cfg.rht or cfg.stochastic_rounding) and not block_2d:
+                sides += [(True, False), (False, True)]
+            for rowwise, columnwise in sides:
+                meta16 = opt_flags.constexprs(opt_flags.cast16_meta(
+                    8192, rowwise, columnwise, block_2d, cfg.per_token, mask, cfg.e4m3_max, cfg.stochastic_rounding,
+                    cfg.stochastic_rounding, cfg.scale_layout))
+                frontend(cast16_kernel, sig, meta16, 1)
+                frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
+        else:
+            meta = opt_flags.constexprs(opt_flags.four_over_six_meta(
+                8192, 8192, cfg.rowwise, cfg.columnwise, block_2d, cfg.per_token, FOUR_OVER_SIX_CODES[cfg.four_over_six],
+                cfg.e4m3_max, cfg.scale_layout))
+            frontend(four_over_six_kernel, sig, meta, 4)
+            frontend(four_over_six_kernel, sig, dict(meta, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 4)
     except Exception as exc:  # report every recipe, not only the first failure
         failures[name] = str(exc).strip().splitlines()[-1][:400]
 from nvfp4lab.kernels import grouped_quantize as gq
@@ -920,7 +833,7 @@ for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0)]:
     except Exception as exc:
         failures[f"grouped-amax-{row_mode}-{col_mode}"] = str(exc).strip().splitlines()[-1][:400]
 try:
-    frontend(kq._pt_scales_kernel, dict(amax_ptr="*fp32", table_ptr="*fp32", N="i32"), dict(E6=2688.0, BLOCK=1024), 4)
+    frontend(pt_scales_kernel, dict(amax_ptr="*fp32", table_ptr="*fp32", N="i32"), dict(E6=2688.0, BLOCK=1024), 4)
 except Exception as exc:
     failures["pt-scales"] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))
@@ -934,9 +847,7 @@ def test_cast_kernels_build_for_sm90():
     import subprocess
     import sys
 
-    # RHT recipes build both their default (_cast16_kernel) and the generic kernel
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"))
-    env.pop("NVFP4LAB_CAST16_RHT", None)
     configs = dict(CONFIGS, **{f"sr-{k}": dict(v, stochastic_rounding=True) for k, v in CONFIGS.items() if not v.get("four_over_six")})
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(configs)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -953,7 +864,7 @@ gpu = pytest.mark.gpu
 def test_gpu_16384_per_tensor_rowcol():
     config = NVFP4QuantConfig(rowwise=True, columnwise=True)
     x = normal_input((16384, 16384), torch.bfloat16, seed=40, device="cuda")
-    got = kq.quantize(x, config)
+    got = quantize(x, config)
     want = ref_nvfp4.quantize(x, config)
     assert_same(got, want, "16384^2")
 
@@ -966,19 +877,7 @@ def test_gpu_matches_reference(name, shape):
     config = NVFP4QuantConfig(**kwargs)
     for dtype in (torch.bfloat16, torch.float32):
         x = make_input(kwargs, shape, dtype, seed=41, device="cuda")
-        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape} {dtype}")
-
-
-@gpu
-@pytest.mark.parametrize("shape", [(4096, 4096), (2064, 3088)])
-@pytest.mark.parametrize("name", RHT_CONFIGS)
-def test_gpu_generic_rht_matches_reference(name, shape, monkeypatch):
-    """The generic kernel's RHT on the GPU (NVFP4LAB_CAST16_RHT=0; test_gpu_matches_reference runs the
-    default, _cast16_kernel's butterflies), the reference's bf16 RHT on rht-safe inputs."""
-    monkeypatch.setenv("NVFP4LAB_CAST16_RHT", "0")
-    launches = record_launches(monkeypatch, kq, "_quantize_kernel")
-    test_gpu_matches_reference(name, shape)
-    assert launches and all(call["RHT"] for call in launches)
+        assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape} {dtype}")
 
 
 @gpu
@@ -987,7 +886,7 @@ def test_gpu_scale_layouts(layout):
     for block in ("1x16", "16x16"):
         config = NVFP4QuantConfig(block=block, rowwise=True, columnwise=True, scale_layout=layout)
         x = normal_input((4000, 2064), torch.bfloat16, seed=42, device="cuda")
-        assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{layout} {block}")
+        assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{layout} {block}")
 
 
 @gpu
@@ -997,7 +896,7 @@ def test_gpu_offsets_beyond_2_31():
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     amax = x.abs().amax().float().reshape(1)
     config = NVFP4QuantConfig(rowwise=True, columnwise=True)
-    got = kq.quantize(x, config, amax=amax)
+    got = quantize(x, config, amax=amax)
     for rows in (slice(0, 256), slice(m - 256, m)):
         want = ref_nvfp4.quantize(x[rows].contiguous(), NVFP4QuantConfig(rowwise=True), amax=amax)
         assert torch.equal(got.rowwise_data[rows], want.rowwise_data)
@@ -1015,12 +914,12 @@ def test_gpu_sr(name):
     x = make_input(kwargs, (1024, 2048), torch.bfloat16, seed=43, device="cuda")
     xf = x.float()
     rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
-    got = kq.quantize(x, NVFP4QuantConfig(**kwargs), seed=99)
+    got = quantize(x, NVFP4QuantConfig(**kwargs), seed=99)
     assert torch.equal(got.rowwise_scale, rn.rowwise_scale) and torch.equal(got.columnwise_scale, rn.columnwise_scale)
     col_mat = ref_nvfp4.apply_rht(x.t(), 0xD7E8).float() if kwargs.get("rht") else xf.t()
     _assert_neighbours(got.rowwise_data, _scaled_values(xf, rn.rowwise_scale, rn.rowwise_amax, 448.0).cpu(), "rowwise")
     _assert_neighbours(got.columnwise_data, _scaled_values(col_mat, rn.columnwise_scale, rn.columnwise_amax, 448.0).cpu(), "columnwise")
-    draws = [kq.quantize(x, NVFP4QuantConfig(**kwargs)) for _ in range(50)]  # seeds from torch's CUDA generator
+    draws = [quantize(x, NVFP4QuantConfig(**kwargs)) for _ in range(50)]  # seeds from torch's CUDA generator
     for which in ("rowwise", "columnwise"):
         rn_err = (ref_nvfp4.dequantize(rn, torch.float32, which) - xf).pow(2).mean().sqrt()
         mean = torch.stack([ref_nvfp4.dequantize(d, torch.float32, which) for d in draws]).mean(0)
@@ -1062,7 +961,7 @@ def test_gpu_cuda_graph(name):
     kwargs = CONFIGS[name]
     x = make_input(kwargs, (2048, 4096), torch.bfloat16, seed=44, device="cuda")
     config = NVFP4QuantConfig(**kwargs)
-    graph, out = _capture(lambda: kq.quantize(x, config))
+    graph, out = _capture(lambda: quantize(x, config))
     x.copy_(make_input(kwargs, (2048, 4096), torch.bfloat16, seed=45, device="cuda"))  # new data, same buffer
     graph.replay()
     torch.cuda.synchronize()
@@ -1072,18 +971,19 @@ def test_gpu_cuda_graph(name):
 @gpu
 @pytest.mark.parametrize("shape", [(4096, 4096), (2064, 3088)])
 @pytest.mark.parametrize("name", ["pertoken-rowcol", "pertoken-row"])
-def test_gpu_pertoken_precompute(name, shape, pt_precompute):
-    """Both NVFP4LAB_PT_PRECOMPUTE paths at size, a few rows and columns outside the normal range
-    (fp32 input), and CUDA-graph replay with the table kernel inside the captured cast."""
+def test_gpu_pertoken_tables(name, shape):
+    """Per-token casts (global scales from pt_scales_kernel's tables) at size, a few rows and columns
+    outside the normal range (fp32 input), and CUDA-graph replay with the table kernel inside the
+    captured cast."""
     kwargs = PT_CONFIGS[name]
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, shape, torch.float32, seed=46, device="cuda")
     x[100] = 0.0
     x[1000] *= 1e-35
     x[2000] *= 1e35
-    assert_same(kq.quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape}")
+    assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{name} {shape}")
     xb = make_input(kwargs, shape, torch.bfloat16, seed=47, device="cuda")
-    graph, out = _capture(lambda: kq.quantize(xb, config))
+    graph, out = _capture(lambda: quantize(xb, config))
     xb.copy_(make_input(kwargs, shape, torch.bfloat16, seed=48, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
@@ -1095,7 +995,7 @@ def test_gpu_cuda_graph_sr_draws_fresh_bits():
     kwargs = SR_CONFIGS["rht"]
     x = make_input(kwargs, (1024, 2048), torch.bfloat16, seed=46, device="cuda")
     config = NVFP4QuantConfig(**kwargs)
-    graph, out = _capture(lambda: kq.quantize(x, config))  # seed drawn from torch's CUDA generator
+    graph, out = _capture(lambda: quantize(x, config))  # seed drawn from torch's CUDA generator
     graph.replay()
     first = out.rowwise_data.clone(), out.columnwise_data.clone()
     graph.replay()

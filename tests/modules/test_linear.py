@@ -36,7 +36,7 @@ def test_linear_is_an_nn_linear_with_the_same_state_dict():
     ref = nn.Linear(64, 32)
     lin = Linear(64, 32)
     assert isinstance(lin, nn.Linear)
-    # plus the recipe as extra state (tests/modules/test_checkpoint.py); a plain nn.Linear skips it with strict=False
+    # plus the recipe as extra state (tests/test_checkpoint.py); a plain nn.Linear skips it with strict=False
     assert list(lin.state_dict()) == [*ref.state_dict(), "_extra_state"] and list(ref.state_dict()) == ["weight", "bias"]
     lin.load_state_dict(ref.state_dict())
     assert torch.equal(lin.weight, ref.weight) and torch.equal(lin.bias, ref.bias)
