@@ -137,10 +137,14 @@ class BF16Grouped(torch.nn.Module):
     def __init__(self, num, k, n, device):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.randn(num, n, k, device=device, dtype=torch.bfloat16) * k ** -0.5)
+        self._offs = {}  # device offsets per m_splits, made once (as GroupedLinear keeps its own)
 
     def forward(self, x, m_splits):
         if x.is_cuda and hasattr(torch, "_grouped_mm"):
-            offs = torch.tensor(m_splits, device=x.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            offs = self._offs.get(tuple(m_splits))
+            if offs is None:
+                offs = torch.tensor(m_splits, device=x.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+                self._offs[tuple(m_splits)] = offs
             return torch._grouped_mm(x, self.weight.transpose(-2, -1), offs=offs)
         return torch.cat([part @ w.t() for part, w in zip(x.split(m_splits), self.weight)])
 
@@ -161,7 +165,7 @@ def build(kind, tokens, k, n, quantized, device, prev=None):
 
 
 def step_of(module, x, dy, splits, forward=None):
-    forward = forward or module
+    forward = forward if forward is not None else module
     opt = torch.optim.SGD(module.parameters(), lr=1e-6)
 
     def step():

@@ -11,6 +11,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:  # the GPU tier: every direct launch checks that its arguments keep the first call's specialization
+    from nvfp4lab.kernels.launch import Launch
+
+    Launch.verify = True
 
 SHARED_GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
 

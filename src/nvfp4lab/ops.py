@@ -22,9 +22,10 @@ from .tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets, register_dequ
 
 try:  # the Triton backend; the reference backend needs no Triton
     from .kernels import dequantize as dequant_kernels
-    from .kernels import grouped_quantize, nvfp4_quantize, swizzle as swizzle_kernels
+    from .kernels import grouped_quantize, nvfp4_quantize
     from .kernels import mxfp8 as mxfp8_kernels
     from .kernels import nvfp4_gemm as gemm_kernels
+    from .kernels import swizzle as swizzle_kernels
     _TRITON_ERROR = None
 except ImportError as err:  # pragma: no cover - depends on the installation
     _TRITON_ERROR = err

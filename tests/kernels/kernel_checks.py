@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from nvfp4lab.conformance import default_folder, run_folder
+from nvfp4lab.kernels.launch import Launch
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -24,36 +25,33 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor, nan_equal: bool = Fa
         raise AssertionError(f"{int((~same).sum())} mismatches, first at {idx}: got {got[idx].item()!r}, want {want[idx].item()!r}")
 
 
-class _NoLaunch:
-    # a Triton launch is ``kernel[grid](...)``: failing on the indexing catches it before any work
-    def __getitem__(self, grid):
-        raise AssertionError("kernel launched for an empty input")
+def _wrap_launches(monkeypatch, module, kernel_name: str, on_launch) -> None:
+    """Every launch goes through ``nvfp4lab.kernels.launch.Launch``: call ``on_launch(meta)`` before each
+    launch of the named kernel of ``module``."""
+    target = getattr(module, kernel_name)
+    real_call = Launch.__call__
+
+    def call(self, *args):
+        if self.kernel is target:
+            on_launch(self.meta)
+        return real_call(self, *args)
+
+    monkeypatch.setattr(Launch, "__call__", call)
 
 
 def forbid_launches(monkeypatch, module, *kernel_names: str) -> None:
-    """Replace the named kernels of ``module`` for this test with ones that fail when launched."""
+    """Fail the test if one of the named kernels of ``module`` is launched."""
     for name in kernel_names:
-        monkeypatch.setattr(module, name, _NoLaunch())
-
-
-class _Recorder:
-    def __init__(self, kernel, calls):
-        self.kernel, self.calls = kernel, calls
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def record(*args, **kwargs):
-            self.calls.append(kwargs)
-            return launch(*args, **kwargs)
-        return record
+        def fail(meta, name=name):
+            raise AssertionError(f"{name} launched for an empty input")
+        _wrap_launches(monkeypatch, module, name, fail)
 
 
 def record_launches(monkeypatch, module, kernel_name: str) -> list:
-    """Let the named kernel of ``module`` run as usual for this test, recording each launch's keyword
-    arguments (constexprs, num_warps) in the returned list: which path the launcher chose."""
+    """Let the named kernel of ``module`` run as usual for this test, recording each launch's constexprs
+    and launch options (num_warps, ...) in the returned list: which path the launcher chose."""
     calls: list = []
-    monkeypatch.setattr(module, kernel_name, _Recorder(getattr(module, kernel_name), calls))
+    _wrap_launches(monkeypatch, module, kernel_name, calls.append)
     return calls
 
 

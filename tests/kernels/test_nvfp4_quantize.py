@@ -609,15 +609,23 @@ TILE_32X1 = dict(block_k=32, num_warps=1)  # 48 x 80: 3 x 3 cast programs, the l
 
 
 def _record_pt_launches(monkeypatch):
-    return (record_launches(monkeypatch, cast16_module, "cast16_kernel"),
-            record_launches(monkeypatch, pt_scales_module, "pt_scales_kernel"))
+    """(cast launches, table launches): the tables come from the amax pass when it computes every
+    per-token amax of the call, else from pt_scales_kernel (one launch before each cast launch)."""
+    casts = record_launches(monkeypatch, cast16_module, "cast16_kernel")
+    tables = record_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
+    amax_tables = record_launches(monkeypatch, amax_module, "amax_kernel")
+    return casts, (tables, amax_tables)
 
 
-def _check_pt_launches(casts, tables, kwargs):
-    """Every per-token cast reads tables: one table launch per output side and cast launch."""
+def _check_pt_launches(casts, tables, provided_amax: bool):
+    """Every per-token cast reads tables: written by the one amax launch (TABLE_E6), or, with provided
+    amaxes, by one pt_scales launch (both sides' tables) before each cast launch."""
+    scale_tables, amax_launches = tables
     assert casts and all(call["PER_TOKEN"] for call in casts)
-    sides = int(kwargs.get("rowwise", True)) + int(kwargs.get("columnwise", False))
-    assert len(tables) == sides * len(casts)
+    if provided_amax:
+        assert len(scale_tables) == len(casts) and not amax_launches
+    else:
+        assert not scale_tables and len(amax_launches) == 1 and amax_launches[0]["TABLE_E6"] > 0
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -629,7 +637,7 @@ def test_pertoken_tables_match_reference(name, case, monkeypatch):
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, shape, dtype, seed=zlib.crc32(f"pt/{name}/{case}".encode()) % 1000)
     assert_same(quantize(x, config, **tile), ref_nvfp4.quantize(x, config), f"{name} {case}")
-    _check_pt_launches(casts, tables, kwargs)
+    _check_pt_launches(casts, tables, provided_amax=False)
 
 
 def _pt_extreme_inputs():
@@ -665,7 +673,7 @@ def test_pertoken_tables_extreme_amaxes(name, which, monkeypatch):
     config = NVFP4QuantConfig(**kwargs)
     x = _pt_extreme_inputs()[which].to(DEV)
     got = quantize(x, config, **TILE_32X1)
-    _check_pt_launches(casts, tables, kwargs)
+    _check_pt_launches(casts, tables, provided_amax=False)
     assert all(call["BLOCK_K"] == 32 for call in casts)
     want = ref_nvfp4.quantize(x, config)
     if which == "nan":
@@ -689,7 +697,7 @@ def test_pertoken_tables_rowwise_any_m(monkeypatch):
     x[35] *= 1e36
     x[36] = 0.0
     assert_same(quantize(x, config, **TILE_32X1), ref_nvfp4.quantize(x, config))
-    _check_pt_launches(casts, tables, dict(rowwise=True))
+    _check_pt_launches(casts, tables, provided_amax=False)
 
 
 @pytest.mark.parametrize("special", [0.0, 1e-35, 1e35, float("inf"), float("nan")])
@@ -705,7 +713,7 @@ def test_pertoken_tables_provided_amaxes(special, monkeypatch):
     got = quantize(x, config, amax=amax, columnwise_amax=columnwise_amax, **TILE_32X1)
     want = ref_nvfp4.quantize(x, config, amax=amax, columnwise_amax=columnwise_amax)
     assert_same(got, want, f"{special}")
-    _check_pt_launches(casts, tables, dict(rowwise=True, columnwise=True))
+    _check_pt_launches(casts, tables, provided_amax=True)
 
 
 # ----------------------------------------------------------------------------- conformance, compile
@@ -718,10 +726,10 @@ def test_conformance_shipped_subset():
 
 def test_custom_ops_opcheck():
     x = normal_input((32, 64), torch.bfloat16, seed=30)
-    torch.library.opcheck(kq.nvfp4_amax, (x, 1, 3, 0xD7E8), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(kq.nvfp4_amax.op, (x, 1, 3, 0xD7E8), test_utils=("test_schema", "test_faketensor"))
     amax = x.float().abs().amax().reshape(1)
     args = (x, amax, amax, None, 5, True, True, False, False, 0xD7E8, 0, 448.0, True, "swizzled")
-    torch.library.opcheck(kq.nvfp4_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(kq.nvfp4_quantize_cast.op, args, test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.parametrize("rht_sign_mask,four_over_six,sr,block_2d,per_token", [
@@ -748,7 +756,7 @@ def test_custom_ops_opcheck_per_token():
     x = normal_input((32, 64), torch.bfloat16, seed=32)
     row_amax, col_amax = kq.nvfp4_amax(x, kq.AMAX_PER_TOKEN, kq.AMAX_PER_TOKEN, 0)
     args = (x, row_amax, col_amax, None, 0, True, True, False, True, -1, 0, 448.0, False, "padded")
-    torch.library.opcheck(kq.nvfp4_quantize_cast, args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(kq.nvfp4_quantize_cast.op, args, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_compile_fullgraph_cpu():
@@ -833,7 +841,8 @@ for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0)]:
     except Exception as exc:
         failures[f"grouped-amax-{row_mode}-{col_mode}"] = str(exc).strip().splitlines()[-1][:400]
 try:
-    frontend(pt_scales_kernel, dict(amax_ptr="*fp32", table_ptr="*fp32", N="i32"), dict(E6=2688.0, BLOCK=1024), 4)
+    frontend(pt_scales_kernel, dict(row_amax_ptr="*fp32", row_table_ptr="*fp32", N_ROW="i32", col_amax_ptr="*fp32",
+                                   col_table_ptr="*fp32", N_COL="i32"), dict(E6=2688.0, BLOCK=1024), 4)
 except Exception as exc:
     failures["pt-scales"] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))

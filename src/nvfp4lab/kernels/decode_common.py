@@ -12,11 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+
 from . import _codecs
-
-
-def roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
 
 
 def rcp_f32(v: float) -> float:

@@ -46,6 +46,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..layout import cdiv, next_power_of_2, roundup
+from .launch import launch
+
 from ..rht import inverse_rht
 from .decode_common import (
     cast_to_out,
@@ -53,7 +56,6 @@ from .decode_common import (
     e2m1_decode_exact,
     e4m3_decode_exact,
     rcp_f32,
-    roundup,
     soft_bf16_cast,
 )
 from .launch import custom_op
@@ -321,8 +323,8 @@ def _as_words(data: torch.Tensor) -> torch.Tensor:
 def _tile_shape(rows: int, cols: int) -> tuple[int, int, int]:
     """(BLOCK_ROWS, BLOCK_COLS, num_warps) of the rowwise kernel: 32 x 256, 4 warps (smaller for small Q)."""
     block_cols, block_rows = 256, 32
-    block_cols = max(16, min(block_cols, triton.next_power_of_2(cols)))
-    block_rows = max(1, min(block_rows, triton.next_power_of_2(rows)))
+    block_cols = max(16, min(block_cols, next_power_of_2(cols)))
+    block_rows = max(1, min(block_rows, next_power_of_2(rows)))
     return block_rows, block_cols, 4
 
 
@@ -334,21 +336,21 @@ def _t_group_rows(out: torch.Tensor) -> int:
 def _t_tile_shape(rows: int, cols: int, gr: int) -> tuple[int, int]:
     """(GROUPS, WORDS) of the transposing kernel: GROUPS groups of ``gr`` Q rows x WORDS words (even:
     whole scale blocks), 16 x 32 (256 slots, 8 warps) for both group heights, smaller for small Q."""
-    groups = max(1, min(16, triton.next_power_of_2(triton.cdiv(rows, gr))))
-    words = max(2, min(32, triton.next_power_of_2(cols // 8)))
+    groups = max(1, min(16, next_power_of_2(cdiv(rows, gr))))
+    words = max(2, min(32, next_power_of_2(cols // 8)))
     return groups, words
 
 
 def _launch_rows_kernel(grid, words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp,
                         constexprs: dict) -> None:
-    _nvfp4_dequantize_kernel[grid](words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp,
-                                   **constexprs)
+    launch(_nvfp4_dequantize_kernel, grid,
+           (words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp), constexprs)
 
 
 def _launch_t_kernel(grid, words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp,
                      constexprs: dict) -> None:
-    _nvfp4_dequantize_t_kernel[grid](words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp,
-                                     **constexprs)
+    launch(_nvfp4_dequantize_t_kernel, grid,
+           (words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp), constexprs)
 
 
 def launch_nvfp4_dequantize(
@@ -384,7 +386,7 @@ def launch_nvfp4_dequantize(
         groups, words = block_rows or d_groups, block_cols or d_words
         check_tile(groups * gr, words, min_cols=2)  # a slot holds one 2-word scale block
         num_warps = num_warps or max(1, min(8, groups * words // 64))  # one warp per 32 two-word slots
-        grid = (triton.cdiv(rows, gr * groups) * triton.cdiv(cols // 8, words),)
+        grid = (cdiv(rows, gr * groups) * cdiv(cols // 8, words),)
         _launch_t_kernel(grid, *args, dict(
             GROUPS=groups, WORDS=words, LOCAL_I64=max(gr * groups * cols // 8, 8 * words * rows) >= _INT32_LIMIT,
             EVEN_ROWS=rows % (gr * groups) == 0, EVEN_WORDS=(cols // 8) % words == 0, GR=gr, num_warps=num_warps,
@@ -393,7 +395,7 @@ def launch_nvfp4_dequantize(
     d_rows, d_cols, d_warps = _tile_shape(rows, cols)
     block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
     check_tile(block_rows, block_cols, min_cols=16)
-    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
+    grid = (cdiv(rows, block_rows) * cdiv(cols, block_cols),)
     _launch_rows_kernel(grid, *args, dict(
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
         EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps, **common))

@@ -27,6 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..layout import cdiv
+from .launch import launch
+
 from ..config import NVFP4QuantConfig
 from ..tensors import GroupedNVFP4Tensor
 from .launch import custom_op
@@ -182,7 +185,7 @@ def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, co
     row_shape, col_shape = _amax_shapes(m, k, n, row_mode, col_mode)
     row_amax = torch.zeros(row_shape, dtype=torch.float32, device=x.device)
     col_amax = torch.zeros(col_shape, dtype=torch.float32, device=x.device)
-    group_split = torch.empty(triton.cdiv(m, 16), dtype=torch.int32, device=x.device)
+    group_split = torch.empty(cdiv(m, 16), dtype=torch.int32, device=x.device)
     if poison:
         group_split.fill_(-1)
     if x.numel() == 0:
@@ -204,8 +207,8 @@ def launch_grouped_amax(x, row_view, col_view, offsets, group_split, grid, meta:
     (an absent one gets the other's view, never touched), the device offsets, the group-split output,
     the grid and the constexprs / num_warps built in ``nvfp4_grouped_amax``."""
     m, k = x.shape
-    _grouped_amax_kernel[grid](x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k, **meta,
-                               enable_fp_fusion=False)
+    launch(_grouped_amax_kernel, grid, (x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k),
+           dict(meta, enable_fp_fusion=False))
 
 
 @nvfp4_grouped_amax.register_fake
@@ -214,7 +217,7 @@ def _nvfp4_grouped_amax_fake(x, offsets, row_mode, col_mode, rht_sign_mask, bloc
     m, k = x.shape
     row_shape, col_shape = _amax_shapes(m, k, offsets.shape[0] - 1, row_mode, col_mode)
     return (x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32),
-            x.new_empty((triton.cdiv(m, 16),), dtype=torch.int32))
+            x.new_empty((cdiv(m, 16),), dtype=torch.int32))
 
 
 def _cast_shapes(m, k, rowwise, columnwise):

@@ -1,4 +1,4 @@
-"""Custom ops that cost no dispatch in eager mode.
+"""Custom ops that cost no dispatch in eager mode, and Triton launches that cost no argument binding.
 
 A custom op is what torch.compile and CUDA-graph capture need: an opaque call with a shape-only fake
 implementation. Each call through the dispatcher costs host time, the more so through
@@ -10,14 +10,29 @@ returns a callable that runs the implementation itself unless the call is traced
 torch.compile, an infrastructure dispatch mode (fake tensors, proxy tracing, functionalization) or a
 tensor subclass input. CUDA-graph capture is eager mode: the kernels the implementation launches are
 captured as they would be through the op.
+
+:func:`launch` starts a ``@triton.jit`` kernel. The first launch of a kernel for a given set of
+constexprs, launch options and argument specialization goes through Triton's own ``kernel[grid](...)``
+(which compiles and binds); later ones call the compiled kernel's launcher directly, skipping
+Triton's per-call argument binding and cache-key computation. The specialization key is Triton's:
+each tensor's dtype and 16-byte alignment, each int's 16-divisibility, value 1 and width, the type of
+other arguments, and the device. Every kernel passed to it takes its runtime arguments first and its
+constexprs after them. Under the interpreter, and whenever a Triton launch hook is installed (e.g. the
+Proton profiler), every launch takes Triton's path.
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
 import torch
+from triton.runtime.jit import JITFunction
 
-__all__ = ["EagerCustomOp", "custom_op", "tracing"]
+try:  # Triton >= 3.4
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - older Triton: hooks live on CompiledKernel
+    _knobs = None
+
+__all__ = ["EagerCustomOp", "custom_op", "launch", "tracing"]
 
 _INFRA_MODES = (torch._C._TorchDispatchModeKey.FAKE, torch._C._TorchDispatchModeKey.PROXY,
                 torch._C._TorchDispatchModeKey.FUNCTIONAL)
@@ -69,3 +84,114 @@ def custom_op(name: str, *, mutates_args: Iterable[str] = ()):
         return EagerCustomOp(name, fn, mutates_args)
 
     return wrap
+
+
+# --------------------------------------------------------------------------------------- launches
+def _hooks():
+    """Triton's launch enter / exit hooks, as its own launcher passes them."""
+    if _knobs is not None:
+        return _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+    from triton.compiler import CompiledKernel  # pragma: no cover
+
+    return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook  # pragma: no cover
+
+
+def _hook_active(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+_I32_MIN, _I32_MAX, _U64_FROM = -(1 << 31), (1 << 31) - 1, 1 << 63
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def arg_key(arg):
+    """What Triton specializes a kernel on for one runtime argument: a tensor's dtype and 16-byte
+    alignment, an int's 16-divisibility, value 1 and width, the type of anything else."""
+    kind = type(arg)
+    if kind in _TENSORS:
+        return arg.dtype, arg.data_ptr() & 15 == 0
+    if kind is int:
+        return arg & 15 == 0, arg == 1, _I32_MIN <= arg <= _I32_MAX, arg >= _U64_FROM
+    return kind
+
+
+def aligned(t: torch.Tensor) -> bool:
+    """Whether a tensor's data pointer is 16-byte aligned (Triton specializes pointers on it)."""
+    return t.data_ptr() & 15 == 0
+
+
+class Launch:
+    """One kernel with a fixed grid, constexprs and launch options (``meta``), for callers that launch
+    it many times with arguments of one specialization: they keep the Launch in a cache whose key
+    holds everything Triton specializes on (:func:`arg_key` of each argument) and the grid's inputs.
+
+    The first call goes through ``kernel[grid](*args, **meta)``; later calls run the compiled kernel's
+    launcher directly on the current device and stream. ``verify = True`` (the GPU test tier) checks
+    on every call that the arguments still have the first call's specialization."""
+
+    verify = False
+    __slots__ = ("kernel", "grid", "meta", "handle", "tail", "device", "spec")
+
+    def __init__(self, kernel, grid: tuple, meta: dict):
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.meta = meta
+        self.handle = None
+        self.tail = None
+        self.device = None
+        self.spec = None
+
+    def __call__(self, *args) -> None:
+        handle = self.handle
+        kernel = self.kernel
+        if handle is None or type(kernel) is not JITFunction:
+            self._first(args)
+            return
+        enter, leave = _hooks()
+        device = torch.cuda.current_device()
+        if _hook_active(enter) or _hook_active(leave) or device != self.device or self.tail is None:
+            kernel[self.grid](*args, **self.meta)
+            return
+        if Launch.verify and tuple(map(arg_key, args)) != self.spec:
+            raise RuntimeError(f"{kernel.__name__}: arguments of another specialization than the first call's "
+                               f"({tuple(map(arg_key, args))} != {self.spec}): the caller's cache key misses a property")
+        grid = self.grid
+        handle.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), handle.function,
+                   handle.packed_metadata, None, enter, leave, *args, *self.tail)
+
+    def _first(self, args) -> None:
+        kernel = self.kernel
+        handle = kernel[self.grid](*args, **self.meta)
+        if type(kernel) is JITFunction and self.handle is None:
+            self.handle = handle
+            self.device = torch.cuda.current_device()
+            self.tail = _constexpr_tail(kernel, len(args), self.meta)
+            self.spec = tuple(map(arg_key, args))
+
+
+def _constexpr_tail(kernel: JITFunction, n_args: int, meta: dict):
+    """The constexpr values (``meta``'s, else the defaults) of the parameters after the first
+    ``n_args``, or None when those are not exactly the kernel's constexprs (then every launch takes
+    Triton's path)."""
+    params = kernel.params
+    if any(p.is_constexpr for p in params[:n_args]) or not all(p.is_constexpr for p in params[n_args:]):
+        return None
+    return tuple(meta[p.name] if p.name in meta else p.default for p in params[n_args:])
+
+
+_LAUNCHES: dict = {}
+
+
+def launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
+    """Launch ``kernel[grid](*args, **meta)`` (``args``: the runtime arguments in parameter order,
+    ``meta``: constexprs and launch options) through a :class:`Launch` cached on the grid, the meta
+    and every argument's specialization: for launch sites that are not hot enough for a cache of their
+    own."""
+    if type(kernel) is not JITFunction:  # the interpreter
+        Launch(kernel, grid, meta)(*args)
+        return
+    key = (id(kernel), tuple(grid), tuple(meta.items()), tuple(map(arg_key, args)))
+    bound = _LAUNCHES.get(key)
+    if bound is None:
+        bound = _LAUNCHES[key] = Launch(kernel, grid, meta)
+    bound(*args)

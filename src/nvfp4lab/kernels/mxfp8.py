@@ -49,13 +49,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ..layout import cdiv, next_power_of_2, roundup
+from .launch import launch
+
 from . import _codecs
 from .decode_common import (
     cast_to_out,
     check_tile,
     e4m3_decode_exact,
     rcp_f32,
-    roundup,
     soft_bf16_cast,
 )
 from .launch import custom_op
@@ -394,7 +396,7 @@ def _quantize_tile(rows: int, cols: int, rowwise: bool, colwise: bool, hw_cast: 
         block_cols, warps = 128, (2 if hw_cast else 1)
     else:
         block_cols, warps = 64, 1
-    return 32, max(32, min(block_cols, triton.next_power_of_2(cols))), warps
+    return 32, max(32, min(block_cols, next_power_of_2(cols))), warps
 
 
 def scale_shapes(rows: int, cols: int, layout: str) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -436,25 +438,26 @@ def launch_mxfp8_quantize(
     dummy = x  # stands in for an output pointer that a constexpr-disabled branch never touches
     check_tile(block_rows, block_cols, min_cols=32, row_multiple=32)
     even = rows % block_rows == 0 and cols % block_cols == 0
-    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
-    _mxfp8_quantize_kernel[grid](
+    grid = (cdiv(rows, block_rows) * cdiv(cols, block_cols),)
+    launch(_mxfp8_quantize_kernel, grid, (
         x, row_data if rowwise else dummy, row_scale if rowwise else dummy,
         col_data if colwise else dummy, col_scale if colwise else dummy,
         rows, cols,
         cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4), roundup(cols // 32, 4) // 4,
         cols if scale_layout == "compact" else roundup(cols, 128), roundup(rows // 32, 4) // 4,
         rcp_f32(FP8_MAX[fp8_format]),
+    ), dict(
         ROWWISE=rowwise, COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
         EVEN=even, HW_CAST=fp8_cast == "hw", PACK=even and cols % 4 == 0 and fp8_cast == "soft"
         and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)), num_warps=num_warps,
-    )
+    ))
 
 
 def _dequantize_tile(rows: int, cols: int, colwise: bool) -> tuple[int, int, int]:
     """(BLOCK_ROWS, BLOCK_COLS, num_warps): 32 x 256 tiles (a columnwise tile is one 32-row block)."""
-    block_rows = 32 if colwise else max(1, min(32, triton.next_power_of_2(rows)))
-    block_cols = max(32, min(256, triton.next_power_of_2(cols)))
+    block_rows = 32 if colwise else max(1, min(32, next_power_of_2(rows)))
+    block_cols = max(32, min(256, next_power_of_2(cols)))
     return block_rows, block_cols, 4
 
 
@@ -483,14 +486,13 @@ def launch_mxfp8_dequantize(
     else:
         stride = cols // 32 if scale_layout == "compact" else roundup(cols // 32, 4)
         tiles = roundup(cols // 32, 4) // 4
-    grid = (triton.cdiv(rows, block_rows) * triton.cdiv(cols, block_cols),)
-    _mxfp8_dequantize_kernel[grid](
-        data, scale, out, rows, cols, stride, tiles,
+    grid = (cdiv(rows, block_rows) * cdiv(cols, block_cols),)
+    launch(_mxfp8_dequantize_kernel, grid, (data, scale, out, rows, cols, stride, tiles), dict(
         COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
         SOFT_BF16=soft_bf16_cast(out), EVEN=rows % block_rows == 0 and cols % block_cols == 0,
         num_warps=num_warps,
-    )
+    ))
 
 
 # ------------------------------------------------------------------------------------ custom ops

@@ -37,19 +37,21 @@ output is asked (rowwise 1x16 takes any M). 64-bit offsets. Empty inputs launch 
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from ..config import NVFP4QuantConfig
 from ..tensors import NVFP4Tensor
-from .launch import custom_op
+from .launch import Launch, aligned, custom_op, tracing
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.amax import (
     AMAX_NONE,
     AMAX_PER_TOKEN,
     AMAX_TENSOR,
     AMAX_TENSOR_RHT,
+    amax_kernel,
     launch_amax,
 )
 from .nvfp4_quantize_details.cast import (
@@ -62,12 +64,43 @@ from .nvfp4_quantize_details.cast import (
 )
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES", "amax_modes",
-           "draw_seed", "nvfp4_amax", "nvfp4_quantize_cast", "quantize"]
+           "compute_amax", "cast_outputs", "draw_seed", "nvfp4_amax", "nvfp4_quantize_cast", "quantize"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
     sizes = {AMAX_NONE: 0, AMAX_TENSOR: 1, AMAX_TENSOR_RHT: 1}
     return (m if row_mode == AMAX_PER_TOKEN else sizes[row_mode], k if col_mode == AMAX_PER_TOKEN else sizes[col_mode])
+
+
+@functools.lru_cache(maxsize=4096)
+def _amax_launch(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, table_e6: float, block_m: int,
+                 block_k: int, num_warps: int, spec) -> Launch:
+    meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, table_e6=table_e6, block_m=block_m,
+                               block_k=block_k, num_warps=num_warps)
+    return Launch(amax_kernel, opt_flags.amax_grid(m, k, meta), meta)
+
+
+def compute_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int, block_m: int = 0,
+                 block_k: int = 0, num_warps: int = 0, table_e6: float = 0.0):
+    """The outer amaxes of :func:`nvfp4_amax` (None for mode 0), in one launch. ``table_e6`` > 0 (both
+    modes per-token or none): each is returned as the (3, n) per-token table of the cast
+    (``pt_scales_kernel``'s layout; the amax is row 0)."""
+    m, k = x.shape
+    row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
+    make = torch.zeros if x.numel() == 0 else torch.empty  # the amax of nothing is 0
+    lead = (3,) if table_e6 else ()
+    row_amax = make(lead + (row_size,), dtype=torch.float32, device=x.device) if row_mode != AMAX_NONE else None
+    col_amax = make(lead + (col_size,), dtype=torch.float32, device=x.device) if col_mode != AMAX_NONE else None
+    if x.numel() and (row_amax is not None or col_amax is not None):
+        amax_launch = _amax_launch(m, k, row_mode, col_mode, rht_sign_mask, table_e6, block_m, block_k, num_warps,
+                                   (x.device, x.dtype, aligned(x)))
+        launch_amax(amax_launch, x, row_amax, col_amax, row_size if row_amax is not None else 0,
+                    col_size if col_amax is not None else 0)
+    return row_amax, col_amax
+
+
+def _or_empty(t: Optional[torch.Tensor], device, dtype=torch.float32) -> torch.Tensor:
+    return t if t is not None else torch.empty(0, dtype=dtype, device=device)
 
 
 @custom_op("nvfp4lab::nvfp4_amax", mutates_args=())
@@ -79,19 +112,8 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
     col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,).
     block_m, block_k, num_warps: an explicit tile (0: opt_flags' choice).
     """
-    m, k = x.shape
-    row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
-    if x.numel() == 0:  # the amax of nothing is 0
-        return (torch.zeros(row_size, dtype=torch.float32, device=x.device),
-                torch.zeros(col_size, dtype=torch.float32, device=x.device))
-    row_amax = torch.empty(row_size, dtype=torch.float32, device=x.device)
-    col_amax = torch.empty(col_size, dtype=torch.float32, device=x.device)
-    if row_mode == AMAX_NONE and col_mode == AMAX_NONE:
-        return row_amax, col_amax
-    meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, block_m=block_m, block_k=block_k,
-                               num_warps=num_warps)
-    launch_amax(x, row_amax, col_amax, opt_flags.amax_grid(m, k, meta), meta)
-    return row_amax, col_amax
+    row_amax, col_amax = compute_amax(x, row_mode, col_mode, rht_sign_mask, block_m, block_k, num_warps)
+    return _or_empty(row_amax, x.device), _or_empty(col_amax, x.device)
 
 
 @nvfp4_amax.register_fake
@@ -99,6 +121,25 @@ def _nvfp4_amax_fake(x, row_mode, col_mode, rht_sign_mask, block_m=0, block_k=0,
     m, k = x.shape
     row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
     return x.new_empty(row_size, dtype=torch.float32), x.new_empty(col_size, dtype=torch.float32)
+
+
+def cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask,
+                 four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m=0, block_k=0, num_warps=0,
+                 poison=False, tables=False) -> tuple:
+    """The outputs (row_data, row_scale, col_data, col_scale) of :func:`nvfp4_quantize_cast`, absent
+    ones None. ``tables``: the per-token amaxes are given as the cast's (3, n) tables."""
+    m, k = x.shape
+    dev = x.device
+    row_data = uninitialized((m, k // 2), dev, poison) if rowwise else None
+    row_scale = scale_buffer(m, k // 16, scale_layout, dev, poison) if rowwise else None
+    col_data = uninitialized((k, m // 2), dev, poison) if columnwise else None
+    col_scale = scale_buffer(k, m // 16, scale_layout, dev, poison) if columnwise else None
+    outputs = (row_data, row_scale, col_data, col_scale)
+    if x.numel():
+        launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
+                    rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m=block_m,
+                    block_k=block_k, num_warps=num_warps, tables=tables)
+    return outputs
 
 
 @custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
@@ -129,18 +170,10 @@ def nvfp4_quantize_cast(
     kernel) when given, else the int ``seed``. block_m, block_k, num_warps: an explicit tile (0:
     opt_flags' choice). poison: fill the outputs with 0xFF before the kernels write them (tests).
     """
-    m, k = x.shape
-    dev = x.device
-    row_data = uninitialized((m, k // 2) if rowwise else (0,), dev, poison)
-    row_scale = scale_buffer(m, k // 16, scale_layout, dev, poison) if rowwise else uninitialized((0,), dev)
-    col_data = uninitialized((k, m // 2) if columnwise else (0,), dev, poison)
-    col_scale = scale_buffer(k, m // 16, scale_layout, dev, poison) if columnwise else uninitialized((0,), dev)
-    if x.numel() == 0:
-        return row_data, row_scale, col_data, col_scale
-    launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
-                columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-                scale_layout, block_m=block_m, block_k=block_k, num_warps=num_warps)
-    return row_data, row_scale, col_data, col_scale
+    outputs = cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
+                           rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m, block_k,
+                           num_warps, poison)
+    return tuple(_or_empty(t, x.device, torch.uint8) for t in outputs)
 
 
 @nvfp4_quantize_cast.register_fake
@@ -187,19 +220,34 @@ def quantize(
     block_m, block_k, num_warps: the tile of every kernel of this call (0: opt_flags' choice;
     ``cast16_kernel`` takes BLOCK_K and num_warps, its BLOCK_M is 16); any tile gives the same bits.
     poison: fill the outputs with 0xFF before the kernels write them (tests).
-    """
-    tile = dict(block_m=block_m, block_k=block_k, num_warps=num_warps)
-    row_mode, col_mode = amax_modes(config, amax, columnwise_amax)
-    row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, config.rht_sign_mask if config.rht else 0, **tile)
 
-    row_amax = None
+    Traced calls (torch.compile, fake tensors) go through the custom ops; eager calls run the same
+    launchers directly.
+    """
+    traced = tracing(x2d)
+    row_mode, col_mode = amax_modes(config, amax, columnwise_amax)
+    shared = row_mode == col_mode == AMAX_TENSOR  # one per-tensor amax serves both copies
+    if shared:
+        col_mode = AMAX_NONE
+    rht_mask = config.rht_sign_mask if config.rht else 0
+    # eager per-token casts whose amaxes are all computed here take the tables from the amax pass
+    tables = (not traced and config.per_token and (row_mode == AMAX_PER_TOKEN or not config.rowwise)
+              and (col_mode == AMAX_PER_TOKEN or not config.columnwise))
+    if traced:
+        row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps)
+    else:
+        row_computed, col_computed = compute_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps,
+                                                  6.0 * config.e4m3_max if tables else 0.0)
+    if shared:
+        col_computed = row_computed
+
+    row_amax = col_amax = None
     if config.rowwise:
         row_amax = amax.clone() if amax is not None else row_computed
-    col_amax = None
     if config.columnwise:
         if columnwise_amax is not None:
             col_amax = columnwise_amax.clone()
-        elif col_mode == AMAX_NONE:
+        elif col_mode == AMAX_NONE and not shared:
             col_amax = amax.clone()
         else:
             col_amax = col_computed
@@ -209,16 +257,19 @@ def quantize(
         if seed is not None:
             seed_int = int(seed) % (1 << 63)
         else:
-            seed_tensor, seed_int = draw_seed(x2d, generator)
-    row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(
-        x2d, row_amax, col_amax, seed_tensor, seed_int,
-        config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
-        config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
-        config.e4m3_max, config.stochastic_rounding, config.scale_layout, **tile, poison=poison,
+            seed_tensor, seed_int = draw_seed(x2d, generator, traced)
+    args = (x2d, row_amax, col_amax, seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16",
+            config.per_token, config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
+            config.e4m3_max, config.stochastic_rounding, config.scale_layout, block_m, block_k, num_warps, poison)
+    if traced:
+        row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(*args)
+    else:
+        row_data, row_scale, col_data, col_scale = cast_outputs(*args, tables=tables)
+        if tables:  # the amaxes are the tables' first rows
+            row_amax = row_amax[0] if row_amax is not None else None
+            col_amax = col_amax[0] if col_amax is not None else None
+    return NVFP4Tensor.from_parts(
+        x2d.shape, x2d.dtype, config,
+        rowwise=(row_data, row_scale, row_amax) if config.rowwise else None,
+        columnwise=(col_data, col_scale, col_amax) if config.columnwise else None,
     )
-    out = NVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config)
-    if config.rowwise:
-        out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale, row_amax
-    if config.columnwise:
-        out.columnwise_data, out.columnwise_scale, out.columnwise_amax = col_data, col_scale, col_amax
-    return out

@@ -24,13 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import custom_op
+from ..layout import cdiv, next_power_of_2, roundup
+from .launch import custom_op, launch
 
 _INT32_LIMIT = 2**31
-
-
-def _roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
 
 
 @triton.jit
@@ -70,7 +67,7 @@ def _unswizzle_kernel(src_ptr, dst_ptr, rows, cols, col_tiles, BLOCK_COLS: tl.co
 
 
 def _block_cols(cols_padded: int) -> int:
-    return max(4, min(64, triton.next_power_of_2(cols_padded)))
+    return max(4, min(64, next_power_of_2(cols_padded)))
 
 
 def _check_band(cols_padded: int) -> None:
@@ -81,30 +78,30 @@ def _check_band(cols_padded: int) -> None:
 def launch_swizzle(scale: torch.Tensor, out: torch.Tensor) -> None:
     """Write swizzle(scale) into ``out`` (roundup(R,128) * roundup(C,4) uint8 bytes, any shape)."""
     rows, cols = scale.shape
-    rows_p, cols_p = _roundup(rows, 128), _roundup(cols, 4)
+    rows_p, cols_p = roundup(rows, 128), roundup(cols, 4)
     if rows_p * cols_p == 0:
         return
     _check_band(cols_p)
     block_cols = _block_cols(cols_p)
-    grid = (rows_p // 128, triton.cdiv(cols_p, block_cols))
-    _swizzle_kernel[grid](scale, out, rows, cols, cols_p // 4, BLOCK_COLS=block_cols, num_warps=4)
+    grid = (rows_p // 128, cdiv(cols_p, block_cols))
+    launch(_swizzle_kernel, grid, (scale, out, rows, cols, cols_p // 4), dict(BLOCK_COLS=block_cols, num_warps=4))
 
 
 def launch_unswizzle(buf: torch.Tensor, rows: int, cols: int, out: torch.Tensor) -> None:
     """Write unswizzle(buf) into the compact (rows, cols) ``out``."""
     if rows * cols == 0:
         return
-    cols_p = _roundup(cols, 4)
+    cols_p = roundup(cols, 4)
     _check_band(cols_p)
     block_cols = _block_cols(cols_p)
-    grid = (_roundup(rows, 128) // 128, triton.cdiv(cols, block_cols))
-    _unswizzle_kernel[grid](buf, out, rows, cols, cols_p // 4, BLOCK_COLS=block_cols, num_warps=4)
+    grid = (roundup(rows, 128) // 128, cdiv(cols, block_cols))
+    launch(_unswizzle_kernel, grid, (buf, out, rows, cols, cols_p // 4), dict(BLOCK_COLS=block_cols, num_warps=4))
 
 
 @custom_op("nvfp4lab::swizzle_scales", mutates_args=())
 def _swizzle_op(scale: torch.Tensor) -> torch.Tensor:
     rows, cols = scale.shape
-    out = torch.empty(_roundup(rows, 128), _roundup(cols, 4), dtype=torch.uint8, device=scale.device)
+    out = torch.empty(roundup(rows, 128), roundup(cols, 4), dtype=torch.uint8, device=scale.device)
     launch_swizzle(scale.contiguous(), out)
     return out
 
@@ -112,7 +109,7 @@ def _swizzle_op(scale: torch.Tensor) -> torch.Tensor:
 @_swizzle_op.register_fake
 def _(scale):
     rows, cols = scale.shape
-    return scale.new_empty(_roundup(rows, 128), _roundup(cols, 4), dtype=torch.uint8)
+    return scale.new_empty(roundup(rows, 128), roundup(cols, 4), dtype=torch.uint8)
 
 
 @custom_op("nvfp4lab::unswizzle_scales", mutates_args=())
@@ -147,7 +144,7 @@ def unswizzle_scales(buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     _check_uint8_2d("buf", buf)
     if rows < 0 or cols < 0:
         raise ValueError(f"rows and cols must be >= 0, got {rows}, {cols}")
-    need = _roundup(rows, 128) * _roundup(cols, 4)
+    need = roundup(rows, 128) * roundup(cols, 4)
     if buf.numel() != need:
         raise ValueError(f"buf must hold roundup(rows,128)*roundup(cols,4) = {need} bytes, got {buf.numel()}")
     return _unswizzle_op(buf, rows, cols)

@@ -9,9 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-def roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
+from ...layout import roundup
 
 
 @functools.lru_cache(maxsize=None)

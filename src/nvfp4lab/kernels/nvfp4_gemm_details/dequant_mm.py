@@ -14,6 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ...layout import cdiv
+from ..launch import launch
+
 from . import opt_flags
 from .common import epilogue
 from .fused import expand
@@ -42,13 +45,13 @@ def epilogue_kernel(
 
 
 def _launch_epilogue_kernel(grid, acc, a_amax, b_amax, bias, out, m, n, inv_e, constexprs: dict):
-    epilogue_kernel[grid](acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e, **constexprs)
+    launch(epilogue_kernel, grid, (acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e), constexprs)
 
 
 def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
     """The reference epilogue (alpha, bias, out_old, cast) over an fp32 product (m, n), one pass."""
     bm, bn, warps = (64, 128, 8) if out.is_cuda and not opt_flags.interpreting() else (32, 32, 4)
-    _launch_epilogue_kernel((triton.cdiv(m, bm), triton.cdiv(n, bn)), acc, a_amax, b_amax, bias, out, m, n, inv_e,
+    _launch_epilogue_kernel((cdiv(m, bm), cdiv(n, bn)), acc, a_amax, b_amax, bias, out, m, n, inv_e,
                             dict(**flags, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False))
     return out
 

@@ -30,8 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ...layout import roundup, cdiv, next_power_of_2
+from ..launch import launch
+
 from . import opt_flags
-from .common import e4m3_to_f32, epilogue, roundup, scale_offsets
+from .common import e4m3_to_f32, epilogue, scale_offsets
 
 # PTX for DECODE=1, one invocation per 4 bytes (Triton's pack=4). Operands: $0,$1 = low-nibble values
 # of bytes (0,1) and (2,3); $2,$3 = high-nibble values of bytes (0,1) and (2,3) (FP16 pairs); $4 = the
@@ -260,7 +263,7 @@ def expand_kernel(
 
 
 def _launch_gemm_kernel(grid, a, b_arg, b_stride, b, bias, out, offs, m, n, k, num_experts, inv_e, constexprs: dict):
-    nvfp4_gemm_kernel[grid](
+    launch(nvfp4_gemm_kernel, grid, (
         a.data, a.scale, a.amax,
         b_arg, b.scale, b.amax,
         bias, out, offs,
@@ -271,20 +274,20 @@ def _launch_gemm_kernel(grid, a, b_arg, b_stride, b, bias, out, offs, m, n, k, n
         num_experts,
         inv_e,
         TAB_LO,
-        **constexprs,
-    )
+    ), constexprs)
 
 
 def _launch_expand_kernel(grid, op, buf, rows, k, constexprs: dict):
-    expand_kernel[grid](op.data, op.scale, buf, rows, k, op.data.stride(0), op.scale_stride, op.cols4, buf.stride(0),
-                         TAB_LO, **constexprs)
+    launch(expand_kernel, grid,
+           (op.data, op.scale, buf, rows, k, op.data.stride(0), op.scale_stride, op.cols4, buf.stride(0), TAB_LO),
+           constexprs)
 
 
 def expand(op, rows: int, k: int, block_k: int, decode: int) -> torch.Tensor:
     """FP16 q * s of an operand's ``rows`` rows, (rows, roundup(k, block_k)), in the decoder's permuted
     order per block_k tile, zeros past k."""
     buf = torch.empty((rows, roundup(k, block_k)), dtype=torch.float16, device=op.data.device)
-    grid = (triton.cdiv(rows, opt_flags.EXPAND_ROWS), buf.shape[1] // block_k)
+    grid = (cdiv(rows, opt_flags.EXPAND_ROWS), buf.shape[1] // block_k)
     _launch_expand_kernel(grid, op, buf, rows, k, dict(
         B_SWIZZLED=op.swizzled, DECODE=decode, BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k, num_warps=4))
     return buf
@@ -299,11 +302,11 @@ def gemm(a, b, bias, out, offs, flags: dict, m: int, n: int, k: int, num_experts
     if config.b_predecode:
         b_arg = expand(b, b.data.shape[0], k, config.block_k, decode)
         b_stride = b_arg.stride(0)
-    rows_tiles = triton.cdiv(m, config.block_m) + (num_experts if grouped else 0)
-    grid = (rows_tiles * triton.cdiv(n, config.block_n),)
+    rows_tiles = cdiv(m, config.block_m) + (num_experts if grouped else 0)
+    grid = (rows_tiles * cdiv(n, config.block_n),)
     _launch_gemm_kernel(grid, a, b_arg, b_stride, b, bias, out, offs, m, n, k, num_experts, inv_e, dict(
         A_SWIZZLED=a.swizzled, B_SWIZZLED=b.swizzled, **flags,
-        GROUPED=grouped, E_POW2=triton.next_power_of_2(max(num_experts, 1)),
+        GROUPED=grouped, E_POW2=next_power_of_2(max(num_experts, 1)),
         EVEN_K=k % config.block_k == 0,
         DECODE=decode,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

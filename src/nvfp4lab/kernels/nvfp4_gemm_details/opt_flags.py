@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
+
+from ...layout import cdiv
 
 
 @dataclass(frozen=True)
@@ -142,16 +143,16 @@ def stream_splits(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     """K splits for the stream kernel: about ``ctas_per_sm`` programs per SM, within one wave of
     ``max_resident`` per SM and with ``split_min_k_tiles`` K tiles per split (``split_k`` when positive),
     every split non-empty."""
-    k_tiles = triton.cdiv(k, cfg.block_k)
+    k_tiles = cdiv(k, cfg.block_k)
     split = cfg.split_k
     if split <= 0:
-        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        split = triton.cdiv(cfg.ctas_per_sm * num_sms, tiles)
+        tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+        split = cdiv(cfg.ctas_per_sm * num_sms, tiles)
         if cfg.max_resident > 0:
             split = min(split, cfg.max_resident * num_sms // tiles)
         split = min(split, k_tiles // cfg.split_min_k_tiles)
     split = max(1, min(split, k_tiles))
-    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
+    return cdiv(k_tiles, cdiv(k_tiles, split))
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device, grouped: bool = False) -> GemmConfig:

@@ -22,8 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ...layout import roundup, cdiv
+from ..launch import launch
+
 from . import opt_flags
-from .common import e4m3_to_f32, epilogue, roundup, words
+from .common import e4m3_to_f32, epilogue, words
 
 # PTX for the stream decoder (DECODE=1), one invocation per 32-bit word of 8 codes n0..n7 (code i in
 # bits 4i..4i+3): $4 = the word, $5 = its FP16 block scale; $0..$3 = the FP16 pairs (n0, n4), (n1, n5),
@@ -275,7 +278,7 @@ def stream_counters(device: torch.device, size: int) -> torch.Tensor:
     stream), kept between calls: the kernel sets every counter it used back to 0, so no memset runs per
     call. Kernels on one stream run in order, so they never share counters concurrently. (CUDA graphs
     captured on one stream share its buffer: do not replay them concurrently on different streams.)"""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _STREAM_COUNTERS.get(key)
     if buf is None or buf.numel() < size:
@@ -286,19 +289,18 @@ def stream_counters(device: torch.device, size: int) -> torch.Tensor:
 
 def launch_a_expand_kernel(grid, a_w, a, out16, m, k, constexprs: dict):
     """A's words ``a_w`` (int32) -> FP16 ``out16`` (rows, roundup(k, 128 V)) in :func:`stream_decode`'s order."""
-    stream_expand_kernel[grid](a_w, a.scale, out16, m, k, a_w.stride(0), a.scale_stride, a.cols4, out16.stride(0),
-                                **constexprs)
+    launch(stream_expand_kernel, grid,
+           (a_w, a.scale, out16, m, k, a_w.stride(0), a.scale_stride, a.cols4, out16.stride(0)), constexprs)
 
 
 def _launch_stream_kernel(grid, a_arg, a_stride, a, b_w, b, bias, out, ws, counts, m, n, k, per_split, splits, inv_e,
                           constexprs: dict):
-    stream_kernel[grid](
+    launch(stream_kernel, grid, (
         a_arg, a.scale, a.amax, b_w, b.scale, b.amax, bias, out, ws, counts,
         m, n, k, per_split, splits,
         a_stride, a.scale_stride, a.cols4, b_w.stride(0), b.scale_stride, b.cols4, out.stride(0), out.stride(1),
         inv_e,
-        **constexprs,
-    )
+    ), constexprs)
 
 
 def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, config, decode: int) -> torch.Tensor:
@@ -310,9 +312,9 @@ def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, con
                          f"block_m of 16, got {config}")
     a_w, b_w = words(a.data), words(b.data)
     splits = opt_flags.stream_splits(config, m, n, k, opt_flags.num_sms(device))
-    per_split = triton.cdiv(triton.cdiv(k, bk), splits)
-    m_tiles = triton.cdiv(m, bm)
-    grid = (triton.cdiv(n, bn), splits, m_tiles)
+    per_split = cdiv(cdiv(k, bk), splits)
+    m_tiles = cdiv(m, bm)
+    grid = (cdiv(n, bn), splits, m_tiles)
     ws = torch.empty((splits, m, n), dtype=torch.float32, device=device) if splits > 1 else a.amax
     counts = stream_counters(device, grid[0] * m_tiles) if splits > 1 else a.amax
     a_arg, a_stride = a_w, a_w.stride(0)

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import abs_bits, load_rows, program_columns
+
+from .common import ONE_SIXTH, abs_bits, global_scales, in_normal_range, load_rows, program_columns
 from .rht import rht_tile
 
 # amax modes of the two outputs (see nvfp4lab.kernels.nvfp4_quantize.nvfp4_amax)
@@ -26,9 +27,22 @@ AMAX_NONE, AMAX_TENSOR, AMAX_PER_TOKEN, AMAX_TENSOR_RHT = 0, 1, 2, 3
 
 
 @triton.jit
-def finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, BLOCK: tl.constexpr):
+def _store_table(out_ptr, idx, n, value, ok, TABLE_E6: tl.constexpr):
+    """value -> out[idx]; with TABLE_E6 > 0 out is a (3, n) per-token table (``pt_scales_kernel``'s
+    layout and values, for E = TABLE_E6 / 6) and its two scale planes are written too."""
+    tl.store(out_ptr + idx, value, mask=ok)
+    if TABLE_E6 > 0:
+        s_enc, s_dec = global_scales(value, TABLE_E6, False)
+        tl.store(out_ptr + (idx + n), s_enc * ONE_SIXTH, mask=ok)
+        tl.store(out_ptr + ((idx + n) + n), tl.where(in_normal_range(value), s_dec, -1.0), mask=ok)
+
+
+@triton.jit
+def finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, BLOCK: tl.constexpr,
+                  TABLE_E6: tl.constexpr = 0.0):
     """Called by every program after its last atomic: the last program to arrive copies the N_ROW + N_COL
-    accumulators (scratch[1:]) into the fp32 outputs and zeroes them and the ticket (scratch[0])."""
+    accumulators (scratch[1:]) into the fp32 outputs and zeroes them and the ticket (scratch[0]).
+    TABLE_E6 > 0: the outputs are per-token tables (``_store_table``)."""
     tl.debug_barrier()  # every thread's atomics are issued before the ticket
     ticket = tl.atomic_add(scratch_ptr, 1, sem="acq_rel")
     if ticket == tl.num_programs(0) - 1:
@@ -38,8 +52,8 @@ def finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, BLOCK: tl
             ok = idx < total
             bits = tl.atomic_xchg(scratch_ptr + 1 + idx, tl.zeros_like(idx).to(tl.int32), mask=ok, sem="relaxed")
             value = bits.to(tl.float32, bitcast=True)
-            tl.store(row_out_ptr + idx, value, mask=idx < N_ROW)
-            tl.store(col_out_ptr + (idx - N_ROW), value, mask=ok & (idx >= N_ROW))
+            _store_table(row_out_ptr, idx, N_ROW, value, idx < N_ROW, TABLE_E6)
+            _store_table(col_out_ptr, idx - N_ROW, N_COL, value, ok & (idx >= N_ROW), TABLE_E6)
         tl.atomic_xchg(scratch_ptr, 0, sem="relaxed")
 
 
@@ -48,11 +62,12 @@ def amax_kernel(
     x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, STEPS_M: tl.constexpr = 1,
-    FINAL_BLOCK: tl.constexpr = 1024,
+    FINAL_BLOCK: tl.constexpr = 1024, TABLE_E6: tl.constexpr = 0.0,
 ):
     """Folds max |x| of STEPS_M tiles (consecutive along M) into the scratch accumulators, then
-    ``finalize_amax``. Per-tensor and per-column maxima are carried across the steps in registers, so
-    one program issues one atomic per output (same-address atomics serialize in L2)."""
+    ``finalize_amax`` (TABLE_E6 > 0: per-token outputs as (3, N) tables for the cast). Per-tensor and
+    per-column maxima are carried across the steps in registers, so one program issues one atomic per
+    output (same-address atomics serialize in L2)."""
     row_amax_ptr = scratch_ptr + 1
     col_amax_ptr = scratch_ptr + 1 + N_ROW
     pid_m, pid_k, cols, col_ok = program_columns(K, BLOCK_K)
@@ -87,7 +102,7 @@ def amax_kernel(
         c = tl.max(t, axis=0)
         c = tl.where(c > 0x7F800000, 0x7FC00000, c)
         tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok, sem="relaxed")
-    finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK)
+    finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK, TABLE_E6)
 
 
 _SCRATCH: dict = {}
@@ -107,11 +122,10 @@ def scratch_buffer(device: torch.device, size: int) -> torch.Tensor:
     return buffers[-1]
 
 
-def launch_amax(x, row_out, col_out, grid, meta: dict) -> None:
-    """The one launch of ``amax_kernel``: x (M, K), the fp32 outputs (an absent one is a (0,) tensor),
-    the grid and ``opt_flags.amax_meta``'s constexprs."""
+def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int) -> None:
+    """The one launch of ``amax_kernel`` (``amax_launch``: its :class:`~nvfp4lab.kernels.launch.Launch` for
+    this shape and modes): x (M, K), the fp32 outputs (an absent one: None) of n_row / n_col amaxes
+    ((3, n) tables with TABLE_E6)."""
     m, k = x.shape
-    n_row, n_col = row_out.numel(), col_out.numel()
     scratch = scratch_buffer(x.device, 1 + n_row + n_col)
-    amax_kernel[grid](x, scratch, row_out if n_row else col_out, col_out if n_col else row_out, m, k, n_row, n_col,
-                      **meta, enable_fp_fusion=False)
+    amax_launch(x, scratch, row_out if n_row else col_out, col_out if n_col else row_out, m, k, n_row, n_col)

@@ -2,16 +2,17 @@
 launches (``opt_flags``), the per-token tables, and the SR seed."""
 from __future__ import annotations
 
-from typing import Optional
+import functools
+from typing import NamedTuple, Optional
 
 import torch
 
-from ...ref.swizzle import roundup
-from ..launch import tracing
+from ...layout import roundup
+from ..launch import Launch, aligned, arg_key, tracing
 from . import opt_flags
-from .cast16 import launch_cast16
-from .four_over_six import launch_four_over_six
-from .pt_scales import pt_scales_tables
+from .cast16 import cast16_kernel
+from .four_over_six import four_over_six_kernel
+from .pt_scales import pt_scales_grid, pt_scales_kernel, pt_scales_tables
 
 FOUR_OVER_SIX_CODES = {None: 0, "mae": 1, "mse": 2}
 
@@ -45,17 +46,20 @@ def cast_shapes(m: int, k: int, rowwise: bool, columnwise: bool, layout: str) ->
     ]
 
 
-def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None) -> tuple[Optional[torch.Tensor], int]:
+def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
+              traced: Optional[bool] = None) -> tuple[Optional[torch.Tensor], int]:
     """The SR seed of a cast of ``x``, as (int64 (1,) device tensor, 0) or (None, int): drawn from
     ``generator`` (torch's default generator of x's device when None).
 
     On the device (the kernel reads it from memory) whenever the call may be replayed or traced: a
     CUDA generator, CUDA-graph capture, torch.compile. Otherwise on the host from the CPU generator
     (no kernel launch): eager calls on CUDA tensors with ``generator=None`` then follow
-    ``torch.manual_seed``, which seeds both generators."""
+    ``torch.manual_seed``, which seeds both generators. ``traced``: the caller's ``tracing(x)``, if known."""
     device = x.device
     on_device = generator.device.type != "cpu" if generator is not None else device.type == "cuda"
-    if on_device and (generator is not None or tracing(x) or torch.cuda.is_current_stream_capturing()):
+    if traced is None:
+        traced = tracing(x)
+    if on_device and (generator is not None or traced or torch.cuda.is_current_stream_capturing()):
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
         return seed, 0
     return None, int(torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator))
@@ -73,39 +77,91 @@ def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
         raise ValueError("RHT (rht_sign_mask >= 0) takes neither 16x16 blocks nor per_token")
 
 
-def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
-                rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
-                offsets=None, num_splits=0, split_steps=0, group_split=None,
-                block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> None:
-    """Launch the cast of a recipe into ``outputs`` = (row_data, row_scale, col_data, col_scale):
-    ``cast16_kernel`` (per-token tables first) or ``four_over_six_kernel``, in one or two launches
-    (``opt_flags.split_cast``). ``offsets`` (int64 split row offsets) with ``group_split`` (the grouped
-    amax pass's int32 split of each 16-row group) makes it the grouped cast. block_m, block_k,
-    num_warps: an explicit tile (0: opt_flags' choice)."""
+class CastStep(NamedTuple):
+    """One launch of a cast: the cast kernel, preceded for per-token casts by the launch that fills the
+    (3, n) global-scale tables of its row (n_row) and / or column (n_col) amaxes."""
+    cast: Launch
+    tables: Optional[Launch]
+    rowwise: bool
+    columnwise: bool
+    n_row: int
+    n_col: int
+
+
+@functools.lru_cache(maxsize=4096)
+def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+              stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
+              spec) -> tuple:
+    """The launches (:class:`CastStep`) of a cast: ``cast16_kernel`` (per-token tables first) or
+    ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
+    the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
+    caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`)."""
     check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding)
-    m, k = x.shape
-    grouped = offsets is not None
+    grouped = split_steps is not None
     tile = dict(block_k=block_k, num_warps=num_warps)
     if opt_flags.split_cast(m, k, rowwise, columnwise, block_2d, rht_sign_mask >= 0, stochastic_rounding,
                             four_over_six, grouped):
-        for row_only in (True, False):
-            launch_cast(x, outputs, row_amax if row_only else None, None if row_only else col_amax, seed_tensor,
-                        seed, row_only, not row_only, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
-                        stochastic_rounding, scale_layout, block_m=block_m, **tile)
-        return
-    steps = split_steps if grouped else None
-    if opt_flags.use_cast16(four_over_six):
-        meta = opt_flags.cast16_meta(k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, e4m3_max,
-                                     stochastic_rounding, seed_tensor is not None, scale_layout, split_steps=steps,
-                                     **tile)
-        if per_token:  # the kernel then reads the tables through the amax pointers
-            row_amax, col_amax = pt_scales_tables(row_amax if rowwise else None, m,
-                                                  col_amax if columnwise else None, k * num_splits if grouped else k,
-                                                  opt_flags.pt_scales_meta(meta["E6"]))
-        launch_cast16(x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, group_split, num_splits,
-                      opt_flags.cast16_grid(m, k, meta), meta)
+        sides = ((True, False), (False, True))
     else:
-        meta = opt_flags.four_over_six_meta(m, k, rowwise, columnwise, block_2d, per_token, four_over_six, e4m3_max,
-                                            scale_layout, split_steps=steps, block_m=block_m, **tile)
-        launch_four_over_six(x, outputs, row_amax, col_amax, offsets, group_split, num_splits,
-                             opt_flags.four_over_six_grid(m, k, meta), meta)
+        sides = ((rowwise, columnwise),)
+    steps = []
+    for row_side, col_side in sides:
+        if opt_flags.use_cast16(four_over_six):
+            meta = opt_flags.cast16_meta(k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
+                                         stochastic_rounding, seed_from_ptr, scale_layout, split_steps=split_steps,
+                                         **tile)
+            tables = None
+            n_row = m if per_token and row_side else 0
+            n_col = (k * num_splits if grouped else k) if per_token and col_side else 0
+            if per_token:  # the kernel then reads the tables through the amax pointers
+                tables_meta = opt_flags.pt_scales_meta(meta["E6"])
+                tables = Launch(pt_scales_kernel, pt_scales_grid(n_row, n_col, tables_meta), tables_meta)
+            steps.append(CastStep(Launch(cast16_kernel, opt_flags.cast16_grid(m, k, meta), meta), tables, row_side,
+                                  col_side, n_row, n_col))
+        else:
+            meta = opt_flags.four_over_six_meta(m, k, row_side, col_side, block_2d, per_token, four_over_six, e4m3_max,
+                                                scale_layout, split_steps=split_steps, block_m=block_m, **tile)
+            steps.append(CastStep(Launch(four_over_six_kernel, opt_flags.four_over_six_grid(m, k, meta), meta), None,
+                                  row_side, col_side, 0, 0))
+    return tuple(steps)
+
+
+def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
+                rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
+                offsets=None, num_splits=0, split_steps=None, group_split=None,
+                block_m: int = 0, block_k: int = 0, num_warps: int = 0, tables: bool = False) -> None:
+    """Launch the cast of a recipe into ``outputs`` = (row_data, row_scale, col_data, col_scale) (absent
+    ones: None) from the fp32 outer amaxes (absent: None). ``offsets`` (int64 split row offsets) with
+    ``group_split`` (the grouped amax pass's int32 split of each 16-row group) and ``split_steps``
+    (2^split_steps >= num_splits) makes it the grouped cast. block_m, block_k, num_warps: an explicit
+    tile (0: opt_flags' choice). ``tables``: per-token amaxes given as the cast's (3, n) tables (from
+    the amax pass), so no table launch runs."""
+    m, k = x.shape
+    seed_from_ptr = seed_tensor is not None
+    spec = (x.device, x.dtype, aligned(x), arg_key(seed), seed_from_ptr,
+            offsets is not None and aligned(offsets), group_split is not None and aligned(group_split),
+            row_amax is not None and aligned(row_amax), col_amax is not None and aligned(col_amax))
+    steps = cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+                      stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k,
+                      num_warps, spec)
+    any_out = next(o for o in outputs if o is not None)
+    for step in steps:
+        row_in = row_amax if step.rowwise else None
+        col_in = col_amax if step.columnwise else None
+        if step.tables is not None and not tables:
+            row_in, col_in = pt_scales_tables(step.tables, row_in, step.n_row, col_in, step.n_col)
+        any_f32 = row_in if row_in is not None else col_in
+        row_data, row_scale, col_data, col_scale = (o if o is not None else any_out for o in outputs)
+        if step.rowwise:
+            row_data = row_data.view(torch.int32)
+        if step.columnwise:
+            col_data = col_data.view(torch.int32)
+        # absent outputs get a present one's pointer, never written
+        step.cast(
+            x,
+            row_data if step.rowwise else col_data, row_scale if step.rowwise else col_scale,
+            col_data if step.columnwise else row_data, col_scale if step.columnwise else row_scale,
+            row_in if row_in is not None else any_f32, col_in if col_in is not None else any_f32,
+            *((seed_tensor if seed_tensor is not None else x, seed) if step.cast.kernel is cast16_kernel else ()),
+            m, k, offsets if offsets is not None else x, group_split if group_split is not None else x, num_splits,
+        )

@@ -9,9 +9,9 @@ without a GPU). Per-token casts load their global scales from ``pt_scales_kernel
 recipes (1x16 blocks) transform the columnwise side in registers (``rht16_cast16``). Stochastic
 rounding: :mod:`.stochastic_rounding`.
 """
-import torch
 import triton
 import triton.language as tl
+
 
 from .._codecs import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast
 from .common import (FLT_MAX, ONE_SIXTH, abs_bits, bf16_rne, clamp_flt_max, encode_factor, global_scales,
@@ -64,7 +64,7 @@ def _e2m1_codes(x, enc, rbytes, SR: tl.constexpr, EXACT: tl.constexpr):
     return codes
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_value"])  # a fresh seed per call must not select another compiled kernel
 def cast16_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, group_split_ptr, num_splits,
@@ -255,28 +255,3 @@ def cast16_kernel(
             csoff = scale_offsets(cols, g, m_blocks, LAYOUT)
         tl.store(col_scale_ptr + csoff, col_scale.to(tl.uint8), mask=cok)
 
-
-def launch_cast16(x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, group_split, num_splits, grid,
-                  meta: dict) -> None:
-    """The one launch of ``cast16_kernel``: x (M, K), outputs (row_data, row_scale, col_data, col_scale)
-    (absent ones get a present one's pointer, never written), fp32 outer amaxes or per-token tables
-    (absent: any fp32 tensor), the SR seed (an int64 device tensor, else the int), the grouped cast's
-    device offsets / group split (x otherwise), the grid and ``opt_flags.cast16_meta``'s constexprs,
-    num_warps and launch options."""
-    m, k = x.shape
-    row_data, row_scale, col_data, col_scale = outputs
-    rowwise, columnwise = meta["ROWWISE"], meta["COLWISE"]
-    any_f32 = row_amax if row_amax is not None else col_amax
-    cast16_kernel[grid](
-        x,
-        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
-        row_scale if rowwise else col_scale,
-        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
-        col_scale if columnwise else row_scale,
-        row_amax if row_amax is not None else any_f32,
-        col_amax if col_amax is not None else any_f32,
-        seed_tensor if seed_tensor is not None else x,
-        seed,
-        m, k, offsets if offsets is not None else x, group_split if group_split is not None else x, num_splits,
-        **meta, enable_fp_fusion=False,
-    )

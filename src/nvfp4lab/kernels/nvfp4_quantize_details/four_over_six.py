@@ -9,9 +9,9 @@ divisions per block (``dequant_4over6_fast``); EXACT tiles divide per element. E
 order (``seq_sum16``), 2D errors as TE's shuffle tree (``tree_sum16``). Launches pass
 ``enable_fp_fusion=False`` (an FMA would merge ``err + d*d``).
 """
-import torch
 import triton
 import triton.language as tl
+
 
 from .._codecs import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
 from .common import (E4M3_MAX, abs_bits, correct_div, encode_factor, global_scales, load_tile, normal_range,
@@ -275,24 +275,3 @@ def four_over_six_kernel(
             soff = scale_offsets(cols[None, :], groups[:, None], m_blocks, LAYOUT)
         tl.store(col_scale_ptr + soff, col_scale.to(tl.uint8), mask=ok)
 
-
-def launch_four_over_six(x, outputs, row_amax, col_amax, offsets, group_split, num_splits, grid, meta: dict) -> None:
-    """The one launch of ``four_over_six_kernel``: x (M, K), outputs (row_data, row_scale, col_data,
-    col_scale) (absent ones get a present one's pointer, never written), fp32 outer amaxes (absent: any
-    fp32 tensor), the grouped cast's device offsets / group split (x otherwise), the grid and
-    ``opt_flags.four_over_six_meta``'s constexprs and num_warps."""
-    m, k = x.shape
-    row_data, row_scale, col_data, col_scale = outputs
-    rowwise, columnwise = meta["ROWWISE"], meta["COLWISE"]
-    any_f32 = row_amax if row_amax is not None else col_amax
-    four_over_six_kernel[grid](
-        x,
-        row_data.view(torch.int32) if rowwise else col_data.view(torch.int32),
-        row_scale if rowwise else col_scale,
-        col_data.view(torch.int32) if columnwise else row_data.view(torch.int32),
-        col_scale if columnwise else row_scale,
-        row_amax if row_amax is not None else any_f32,
-        col_amax if col_amax is not None else any_f32,
-        m, k, offsets if offsets is not None else x, group_split if group_split is not None else x, num_splits,
-        **meta, enable_fp_fusion=False,
-    )

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-import triton
+
+from ...layout import cdiv, next_power_of_2
 
 from .amax import AMAX_PER_TOKEN, AMAX_TENSOR, AMAX_TENSOR_RHT
 
@@ -28,7 +29,7 @@ CAST16_ROW_MAXNREG = 128
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
-LAUNCH_OPTIONS = ("num_warps", "maxnreg")
+LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
 
 
 def interpreting() -> bool:
@@ -48,8 +49,8 @@ def fit_tile(m: int, k: int, tile: tuple[int, int, int], *, rht: bool = False, b
     bm, bk, warps = block_m or tile[0], block_k or tile[1], num_warps or tile[2]
     if rht:
         bm = min(bm, RHT_MAX_BLOCK_M)
-    bm = max(16, min(bm, triton.next_power_of_2(max(m, 1))))
-    bk = max(16, min(bk, triton.next_power_of_2(max(k, 1))))
+    bm = max(16, min(bm, next_power_of_2(max(m, 1))))
+    bk = max(16, min(bk, next_power_of_2(max(k, 1))))
     return bm, bk, warps
 
 
@@ -65,23 +66,25 @@ def amax_tile(m: int, k: int, *, rht: bool, per_token: bool, block_m: int = 0, b
 def amax_steps(m: int, block_m: int, *, per_token: bool) -> int:
     """Tiles (consecutive along M) per program of the amax passes: 4 for per-tensor amaxes (fewer
     same-address atomics), 1 with a per-token output (its atomics are per row and column anyway)."""
-    return max(1, min(1 if per_token else 4, triton.cdiv(m, block_m)))
+    return max(1, min(1 if per_token else 4, cdiv(m, block_m)))
 
 
-def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, *, block_m: int = 0,
-              block_k: int = 0, num_warps: int = 0) -> dict:
-    """Constexprs and num_warps of ``amax_kernel`` for the amax modes of the two outputs."""
+def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, *, table_e6: float = 0.0,
+              block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
+    """Constexprs and num_warps of ``amax_kernel`` for the amax modes of the two outputs (table_e6 > 0:
+    per-token outputs written as the cast's (3, N) tables, for E = table_e6 / 6)."""
     rht = col_mode == AMAX_TENSOR_RHT
     per_token = AMAX_PER_TOKEN in (row_mode, col_mode)
     bm, bk, warps = amax_tile(m, k, rht=rht, per_token=per_token, block_m=block_m, block_k=block_k,
                               num_warps=num_warps)
     return dict(ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode),
                 RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not interpreting(),
-                STEPS_M=amax_steps(m, bm, per_token=per_token), num_warps=warps)
+                STEPS_M=amax_steps(m, bm, per_token=per_token), TABLE_E6=table_e6, num_warps=warps,
+                enable_fp_fusion=False)
 
 
 def amax_grid(m: int, k: int, meta: dict) -> tuple[int]:
-    return (triton.cdiv(m, meta["BLOCK_M"] * meta["STEPS_M"]) * triton.cdiv(k, meta["BLOCK_K"]),)
+    return (cdiv(m, meta["BLOCK_M"] * meta["STEPS_M"]) * cdiv(k, meta["BLOCK_K"]),)
 
 
 # ------------------------------------------------------------------------------------------- cast
@@ -112,7 +115,7 @@ def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, 
 def cast16_tile(k: int, *, block_k: int = 0, num_warps: int = 0) -> tuple[int, int]:
     """(BLOCK_K, num_warps) of ``cast16_kernel``."""
     bk = block_k or CAST16_BLOCK_K
-    return max(16, min(bk, triton.next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
+    return max(16, min(bk, next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
 
 
 def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
@@ -140,14 +143,14 @@ def cast16_meta(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_tok
         RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
         REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
                   and rht_sign_mask < 0),
-        num_warps=warps,
+        num_warps=warps, enable_fp_fusion=False,
     )
     meta.update(cast16_launch_options(rowwise, columnwise))
     return meta
 
 
 def cast16_grid(m: int, k: int, meta: dict) -> tuple[int]:
-    return (triton.cdiv(m, 16) * triton.cdiv(k, meta["BLOCK_K"]),)
+    return (cdiv(m, 16) * cdiv(k, meta["BLOCK_K"]),)
 
 
 def four_over_six_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
@@ -158,14 +161,14 @@ def four_over_six_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d
     return dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, FOUR_OVER_SIX=four_over_six,
         E6=6.0 * e4m3_max, LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, BLOCK_K=bk,
-        GROUPED=split_steps is not None, SPLIT_STEPS=split_steps or 0, num_warps=warps,
+        GROUPED=split_steps is not None, SPLIT_STEPS=split_steps or 0, num_warps=warps, enable_fp_fusion=False,
     )
 
 
 def four_over_six_grid(m: int, k: int, meta: dict) -> tuple[int]:
-    return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(k, meta["BLOCK_K"]),)
+    return (cdiv(m, meta["BLOCK_M"]) * cdiv(k, meta["BLOCK_K"]),)
 
 
 def pt_scales_meta(e6: float) -> dict:
     """Constexprs and num_warps of ``pt_scales_kernel``."""
-    return dict(E6=e6, BLOCK=PT_SCALES_BLOCK, num_warps=PT_SCALES_WARPS)
+    return dict(E6=e6, BLOCK=PT_SCALES_BLOCK, num_warps=PT_SCALES_WARPS, enable_fp_fusion=False)

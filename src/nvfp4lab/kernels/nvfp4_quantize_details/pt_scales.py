@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...layout import cdiv
+
 from .common import ONE_SIXTH, global_scales, in_normal_range
 
 
@@ -56,10 +58,15 @@ def pt_scales_kernel(row_amax_ptr, row_table_ptr, N_ROW, col_amax_ptr, col_table
     tl.store(table_ptr + ((offs + n) + n), tl.where(in_normal_range(outer), s_dec, -1.0), mask=ok)
 
 
-def pt_scales_tables(row_amax, n_row: int, col_amax, n_col: int, meta: dict) -> tuple:
+def pt_scales_grid(n_row: int, n_col: int, meta: dict) -> tuple[int]:
+    return (cdiv(n_row, meta["BLOCK"]) + cdiv(n_col, meta["BLOCK"]),)
+
+
+def pt_scales_tables(tables_launch, row_amax, n_row: int, col_amax, n_col: int) -> tuple:
     """The (3, n) fp32 tables [amax, fl(S_enc * fl(1/6)), S_dec or -1] of per-token amaxes (n,) that
     ``cast16_kernel`` reads for per-token casts, for the row and/or column amax (None: absent, returned
-    as None), in one tiny launch (no host sync); ``meta``: ``opt_flags.pt_scales_meta``."""
+    as None), in one tiny launch of ``tables_launch`` (a :class:`~nvfp4lab.kernels.launch.Launch` of
+    ``pt_scales_kernel`` for these n_row, n_col; no host sync)."""
     tables = []
     for amax, n in ((row_amax, n_row), (col_amax, n_col)):
         if amax is not None and amax.numel() != n:
@@ -69,8 +76,6 @@ def pt_scales_tables(row_amax, n_row: int, col_amax, n_col: int, meta: dict) -> 
     if n_row + n_col:
         any_amax = row_amax if n_row else col_amax
         any_table = tables[0] if n_row else tables[1]
-        grid = (triton.cdiv(n_row, meta["BLOCK"]) + triton.cdiv(n_col, meta["BLOCK"]),)
-        pt_scales_kernel[grid](row_amax if n_row else any_amax, tables[0] if n_row else any_table, n_row,
-                               col_amax if n_col else any_amax, tables[1] if n_col else any_table, n_col,
-                               **meta, enable_fp_fusion=False)
+        tables_launch(row_amax if n_row else any_amax, tables[0] if n_row else any_table, n_row,
+                      col_amax if n_col else any_amax, tables[1] if n_col else any_table, n_col)
     return tables[0], tables[1]

@@ -1,0 +1,88 @@
+"""Where the host time of eager calls goes on a GPU machine: cProfile of one public op or of an eager
+Linear / GroupedLinear training step (te_default), top functions by own time. Diagnostic, not a
+benchmark (benchmarks/host.py measures).
+
+    python tools/host_profile.py linear 4096 2048 2048      # tokens, in, out
+    python tools/host_profile.py moe 8192 7168 2048
+    python tools/host_profile.py quantize                  # row+col RHT+SR on 128 x 256
+    python tools/host_profile.py --sync linear 4096 2048 2048   # where a step waits for the GPU
+
+``--sync`` runs one call under ``torch.cuda.set_sync_debug_mode("warn")`` and prints the stack of every
+host synchronization instead of profiling.
+"""
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+
+import torch
+
+import nvfp4lab
+
+MOE_SPLITS = [1152, 896, 1088, 960, 1216, 832, 1024, 1024]
+
+
+def _step(kind: str, tokens: int, k: int, n: int):
+    recipe = nvfp4lab.NVFP4Recipe.te_default()
+    dev = torch.device("cuda")
+    if kind == "linear":
+        module, splits = nvfp4lab.Linear(k, n, bias=False, recipe=recipe), None
+    else:
+        module, splits = nvfp4lab.GroupedLinear(8, k, n, bias=False, recipe=recipe), MOE_SPLITS
+    module = module.to(device=dev, dtype=torch.bfloat16)
+    x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16)
+    opt = torch.optim.SGD(module.parameters(), lr=1e-6)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        y = module(x) if splits is None else module(x, splits)
+        y.backward(dy)
+        opt.step()
+
+    return step
+
+
+def main(argv: list[str]) -> None:
+    sync = "--sync" in argv
+    argv = [a for a in argv if a != "--sync"]
+    kind = argv[0] if argv else "linear"
+    if kind == "quantize":
+        x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+
+        def fn():
+            nvfp4lab.quantize_nvfp4(x, columnwise=True, rht=True, stochastic_rounding=True)
+        calls = 2000
+    else:
+        tokens, k, n = (int(v) for v in argv[1:4])
+        fn, calls = _step(kind, tokens, k, n), 50
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    if sync:
+        import traceback
+        import warnings
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            print(f"-- {message}")
+            traceback.print_stack(limit=14)
+
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        fn()
+        torch.cuda.set_sync_debug_mode("default")
+        print(f"== {' '.join(argv)}: one call checked for host synchronizations")
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
+    print(f"== {' '.join(argv)}: {calls} calls")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(28)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
