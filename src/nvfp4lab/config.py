@@ -105,6 +105,7 @@ class MXFP8QuantConfig:
 
 
 @functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)
 def with_copies(config, rowwise: bool, columnwise: bool):
     """``config`` (an NVFP4 or MXFP8 config) asking for exactly these copies; cached (configs are
     frozen), so rebuilding a one-copy container costs no validation."""

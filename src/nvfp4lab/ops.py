@@ -53,6 +53,8 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
 
 def flatten_2d(name: str, x: torch.Tensor) -> torch.Tensor:
     """Leading dims flatten into M; the result is contiguous (M, K)."""
+    if x.dim() == 2:
+        return x if x.is_contiguous() else x.contiguous()
     if x.dim() < 2:
         raise ValueError(f"{name} must have at least 2 dims (M, K) after flattening leading dims, got shape {tuple(x.shape)}")
     m = 1
@@ -95,7 +97,8 @@ _CONFIGS: dict = {}
 def _nvfp4_config(**options) -> NVFP4QuantConfig:
     """The NVFP4QuantConfig of the option arguments, built and validated once per distinct combination."""
     try:
-        key = tuple((type(v), v) for v in options.values())
+        values = tuple(options.values())
+        key = (values, tuple(map(type, values)))  # types too: True and 1 hash alike
         config = _CONFIGS.get(key)
     except TypeError:  # an unhashable option: the config's own check names it
         return NVFP4QuantConfig(**options)

@@ -31,7 +31,9 @@ it; dx has x's dtype, dW W's dtype, db the bias dtype (bias grad summed in fp32)
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from collections import OrderedDict
 from typing import Optional, Sequence, Union
 
@@ -75,13 +77,24 @@ def transposed_operand(t: NVFP4Tensor) -> NVFP4Tensor:
         raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
     if t.columnwise_data is None:
         raise ValueError("t has no columnwise copy (quantize with columnwise=True)")
-    config = dataclasses.replace(t.config, rowwise=True, columnwise=False, rht=False)
+    config = _transposed_config(t.config)
     return NVFP4Tensor.from_parts(torch.Size((t.k, t.m)), t.dtype, config,
                                   rowwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax))
 
 
+@functools.lru_cache(maxsize=1024)
+def _transposed_config(config):
+    return dataclasses.replace(config, rowwise=True, columnwise=False, rht=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tensor_config(recipe, tensor: str, rowwise: bool, columnwise: bool):
+    """``recipe.tensor_config``, built and validated once per recipe and copies (recipes are frozen)."""
+    return recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise)
+
+
 def _quantize(recipe, tensor: str, x2: torch.Tensor, *, rowwise: bool, columnwise: bool, backend) -> QuantizedTensor:
-    config = recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise)
+    config = _tensor_config(recipe, tensor, rowwise, columnwise)
     if isinstance(recipe, MXFP8Recipe):
         return ops.quantize_mxfp8(x2, config=config, backend=backend)
     return ops.quantize_nvfp4(x2, config=config, backend=backend)
@@ -432,7 +445,10 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
 
 
 def _no_autocast(device: torch.device):
-    return torch.autocast(device_type=device.type, enabled=False)
+    """Autocast off inside the Functions (a no-op context when it is off already, the common case)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------- autograd Functions

@@ -48,9 +48,9 @@ def cast_to_out(v, out_ptr, SOFT_BF16: tl.constexpr):
         return v.to(out_ptr.dtype.element_ty)
 
 
-def soft_bf16_cast(out: torch.Tensor) -> bool:
+def soft_bf16_cast(out_dtype: torch.dtype, device: torch.device) -> bool:
     """bf16 output under the interpreter (CPU tensors): its own fp32 -> bf16 cast truncates."""
-    return out.dtype == torch.bfloat16 and out.device.type != "cuda"
+    return out_dtype == torch.bfloat16 and device.type != "cuda"
 
 
 def check_tile(block_rows: int, block_cols: int, *, min_cols: int, row_multiple: int = 1, max_rows: int = 128) -> None:

@@ -42,12 +42,14 @@ implementation (torch.compile, CUDA graphs: no host sync); empty inputs return w
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
-from .launch import launch
+from .launch import Launch, aligned
 
 from ..rht import inverse_rht
 from .decode_common import (
@@ -328,9 +330,9 @@ def _tile_shape(rows: int, cols: int) -> tuple[int, int, int]:
     return block_rows, block_cols, 4
 
 
-def _t_group_rows(out: torch.Tensor) -> int:
+def _t_group_rows(out_dtype: torch.dtype) -> int:
     """GR of the transposing kernel: Q rows per group, so that GR outputs are 16 bytes (one store)."""
-    return 4 if out.element_size() == 4 else 8
+    return 4 if out_dtype.itemsize == 4 else 8
 
 
 def _t_tile_shape(rows: int, cols: int, gr: int) -> tuple[int, int]:
@@ -341,16 +343,34 @@ def _t_tile_shape(rows: int, cols: int, gr: int) -> tuple[int, int]:
     return groups, words
 
 
-def _launch_rows_kernel(grid, words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp,
-                        constexprs: dict) -> None:
-    launch(_nvfp4_dequantize_kernel, grid,
-           (words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp), constexprs)
-
-
-def _launch_t_kernel(grid, words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp,
-                     constexprs: dict) -> None:
-    launch(_nvfp4_dequantize_t_kernel, grid,
-           (words, scale, amax, out, rows, cols, scale_stride, scale_col_tiles, dequant_rcp), constexprs)
+@functools.lru_cache(maxsize=4096)
+def _dequantize_plan(rows: int, cols: int, scale_layout: str, e4m3_max: float, transpose: bool, out_dtype: torch.dtype,
+                     per_row_amax: bool, block_rows, block_cols, num_warps, spec) -> tuple:
+    """(Launch, its scalar arguments after the four tensors) of one dequantize shape and choice of
+    kernel; ``spec``: the tensors' device, dtypes and alignment (part of the cache key only)."""
+    blocks = cols // 16
+    scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
+    scalars = (rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max))
+    common = dict(SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=per_row_amax,
+                  SOFT_BF16=soft_bf16_cast(out_dtype, spec[0]))
+    if transpose:
+        gr = _t_group_rows(out_dtype)
+        d_groups, d_words = _t_tile_shape(rows, cols, gr)
+        groups, words = block_rows or d_groups, block_cols or d_words
+        check_tile(groups * gr, words, min_cols=2)  # a slot holds one 2-word scale block
+        num_warps = num_warps or max(1, min(8, groups * words // 64))  # one warp per 32 two-word slots
+        grid = (cdiv(rows, gr * groups) * cdiv(cols // 8, words),)
+        meta = dict(GROUPS=groups, WORDS=words, LOCAL_I64=max(gr * groups * cols // 8, 8 * words * rows) >= _INT32_LIMIT,
+                    EVEN_ROWS=rows % (gr * groups) == 0, EVEN_WORDS=(cols // 8) % words == 0, GR=gr,
+                    num_warps=num_warps, **common)
+        return Launch(_nvfp4_dequantize_t_kernel, grid, meta), scalars
+    d_rows, d_cols, d_warps = _tile_shape(rows, cols)
+    block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
+    check_tile(block_rows, block_cols, min_cols=16)
+    grid = (cdiv(rows, block_rows) * cdiv(cols, block_cols),)
+    meta = dict(BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
+                EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps, **common)
+    return Launch(_nvfp4_dequantize_kernel, grid, meta), scalars
 
 
 def launch_nvfp4_dequantize(
@@ -376,29 +396,11 @@ def launch_nvfp4_dequantize(
     rows, cols = data.shape[0], data.shape[1] * 2
     if rows * cols == 0:
         return
-    blocks = cols // 16
-    scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
-    args = (_as_words(data), scale, amax, out, rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max))
-    common = dict(SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=amax.numel() != 1, SOFT_BF16=soft_bf16_cast(out))
-    if transpose:
-        gr = _t_group_rows(out)
-        d_groups, d_words = _t_tile_shape(rows, cols, gr)
-        groups, words = block_rows or d_groups, block_cols or d_words
-        check_tile(groups * gr, words, min_cols=2)  # a slot holds one 2-word scale block
-        num_warps = num_warps or max(1, min(8, groups * words // 64))  # one warp per 32 two-word slots
-        grid = (cdiv(rows, gr * groups) * cdiv(cols // 8, words),)
-        _launch_t_kernel(grid, *args, dict(
-            GROUPS=groups, WORDS=words, LOCAL_I64=max(gr * groups * cols // 8, 8 * words * rows) >= _INT32_LIMIT,
-            EVEN_ROWS=rows % (gr * groups) == 0, EVEN_WORDS=(cols // 8) % words == 0, GR=gr, num_warps=num_warps,
-            **common))
-        return
-    d_rows, d_cols, d_warps = _tile_shape(rows, cols)
-    block_rows, block_cols, num_warps = block_rows or d_rows, block_cols or d_cols, num_warps or d_warps
-    check_tile(block_rows, block_cols, min_cols=16)
-    grid = (cdiv(rows, block_rows) * cdiv(cols, block_cols),)
-    _launch_rows_kernel(grid, *args, dict(
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
-        EVEN=rows % block_rows == 0 and cols % block_cols == 0, num_warps=num_warps, **common))
+    words = _as_words(data)
+    spec = (out.device, out.dtype, amax.dtype, aligned(words), aligned(scale), aligned(amax), aligned(out))
+    bound, scalars = _dequantize_plan(rows, cols, scale_layout, e4m3_max, transpose, out.dtype, amax.numel() != 1,
+                                      block_rows, block_cols, num_warps, spec)
+    bound(words, scale, amax, out, *scalars)
 
 
 @custom_op("nvfp4lab::dequantize_nvfp4", mutates_args=())

@@ -22,6 +22,7 @@ Proton profiler), every launch takes Triton's path.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Iterable
 
 import torch
@@ -32,7 +33,16 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover - older Triton: hooks live on CompiledKernel
     _knobs = None
 
-__all__ = ["EagerCustomOp", "custom_op", "launch", "tracing"]
+__all__ = ["EagerCustomOp", "Launch", "aligned", "arg_key", "custom_op", "interpreting", "launch", "tracing"]
+
+# Triton reads TRITON_INTERPRET when a kernel is defined (at import), so this module reads it then too
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def interpreting() -> bool:
+    """Whether Triton runs this package's kernels under its interpreter (then no inline PTX, no bf16
+    ``tl.dot``, no register cap)."""
+    return _INTERPRETING
 
 _INFRA_MODES = (torch._C._TorchDispatchModeKey.FAKE, torch._C._TorchDispatchModeKey.PROXY,
                 torch._C._TorchDispatchModeKey.FUNCTIONAL)

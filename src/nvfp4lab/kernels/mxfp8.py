@@ -490,7 +490,7 @@ def launch_mxfp8_dequantize(
     launch(_mxfp8_dequantize_kernel, grid, (data, scale, out, rows, cols, stride, tiles), dict(
         COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
-        SOFT_BF16=soft_bf16_cast(out), EVEN=rows % block_rows == 0 and cols % block_cols == 0,
+        SOFT_BF16=soft_bf16_cast(out.dtype, out.device), EVEN=rows % block_rows == 0 and cols % block_cols == 0,
         num_warps=num_warps,
     ))
 

@@ -32,7 +32,7 @@ def scale_args(scale: torch.Tensor, layout: str, k: int):
     """(tensor, row stride, cols4, swizzled?) for a scale buffer of the given layout."""
     k16 = k // 16
     if layout == "swizzled":
-        return scale.reshape(-1), 0, roundup(k16, 4) // 4, True
+        return (scale if scale.dim() == 1 else scale.reshape(-1)), 0, roundup(k16, 4) // 4, True
     if scale.dim() != 2 or scale.stride(1) != 1:
         scale = scale.contiguous()
     return scale, scale.stride(0), 0, False
@@ -42,7 +42,9 @@ def operand(data: torch.Tensor, scale: torch.Tensor, layout: str, amax: torch.Te
     """An :class:`Operand` from a rowwise copy's parts (``layout``: the scale layout)."""
     if data.stride(-1) != 1:
         data = data.contiguous()
-    return Operand(data, *scale_args(scale, layout, k), amax.reshape(-1).to(torch.float32))
+    if amax.dim() != 1 or amax.dtype != torch.float32:
+        amax = amax.reshape(-1).to(torch.float32)
+    return Operand(data, *scale_args(scale, layout, k), amax)
 
 
 def words(data: torch.Tensor) -> torch.Tensor:

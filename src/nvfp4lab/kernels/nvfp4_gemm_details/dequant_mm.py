@@ -10,12 +10,14 @@ epilogue per non-empty expert (launches: 2 + 2 per non-empty expert).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ...layout import cdiv
-from ..launch import launch
+from ..launch import Launch, aligned
 
 from . import opt_flags
 from .common import epilogue
@@ -44,15 +46,21 @@ def epilogue_kernel(
              OUT_BF16, BLOCK_M, BLOCK_N)
 
 
-def _launch_epilogue_kernel(grid, acc, a_amax, b_amax, bias, out, m, n, inv_e, constexprs: dict):
-    launch(epilogue_kernel, grid, (acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e), constexprs)
+@functools.lru_cache(maxsize=4096)
+def _epilogue_launch(m: int, n: int, flags: tuple, interpreted: bool, spec) -> Launch:
+    """The epilogue kernel's launch for one product shape; ``spec``: its tensors' device, dtypes,
+    alignment and the output strides (part of the cache key only)."""
+    bm, bn, warps = (32, 32, 4) if interpreted else (64, 128, 8)
+    return Launch(epilogue_kernel, (cdiv(m, bm), cdiv(n, bn)),
+                  dict(**dict(flags), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False))
 
 
 def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
     """The reference epilogue (alpha, bias, out_old, cast) over an fp32 product (m, n), one pass."""
-    bm, bn, warps = (64, 128, 8) if out.is_cuda and not opt_flags.interpreting() else (32, 32, 4)
-    _launch_epilogue_kernel((cdiv(m, bm), cdiv(n, bn)), acc, a_amax, b_amax, bias, out, m, n, inv_e,
-                            dict(**flags, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False))
+    args = (acc, a_amax, b_amax, bias, out, m, n, out.stride(0), out.stride(1), inv_e)
+    spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:5]], args[7:9])
+    interpreted = not out.is_cuda or opt_flags.interpreting()
+    _epilogue_launch(m, n, tuple(flags.items()), interpreted, spec)(*args)
     return out
 
 

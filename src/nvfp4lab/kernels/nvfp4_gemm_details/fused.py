@@ -26,12 +26,14 @@ work. B is the stacked weights; alpha and bias follow the expert of the row.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ...layout import roundup, cdiv, next_power_of_2
-from ..launch import launch
+from ..launch import Launch, aligned
 
 from . import opt_flags
 from .common import e4m3_to_f32, epilogue, scale_offsets
@@ -262,35 +264,43 @@ def expand_kernel(
     tl.store(out_ptr + rows_b[:, None] * stride_o + cols[None, :], val, mask=mask_r[:, None])
 
 
-def _launch_gemm_kernel(grid, a, b_arg, b_stride, b, bias, out, offs, m, n, k, num_experts, inv_e, constexprs: dict):
-    launch(nvfp4_gemm_kernel, grid, (
-        a.data, a.scale, a.amax,
-        b_arg, b.scale, b.amax,
-        bias, out, offs,
-        m, n, k,
-        a.data.stride(0), a.scale_stride, a.cols4,
-        b_stride, b.scale_stride, b.cols4,
-        out.stride(0), out.stride(1),
-        num_experts,
-        inv_e,
-        TAB_LO,
-    ), constexprs)
-
-
-def _launch_expand_kernel(grid, op, buf, rows, k, constexprs: dict):
-    launch(expand_kernel, grid,
-           (op.data, op.scale, buf, rows, k, op.data.stride(0), op.scale_stride, op.cols4, buf.stride(0), TAB_LO),
-           constexprs)
+@functools.lru_cache(maxsize=4096)
+def _expand_launch(rows: int, k: int, block_k: int, decode: int, swizzled: bool, spec) -> Launch:
+    """The expansion kernel's launch for one operand shape; ``spec``: its tensors' device, dtypes,
+    alignment and strides (part of the cache key only)."""
+    grid = (cdiv(rows, opt_flags.EXPAND_ROWS), roundup(k, block_k) // block_k)
+    return Launch(expand_kernel, grid, dict(B_SWIZZLED=swizzled, DECODE=decode, BLOCK_R=opt_flags.EXPAND_ROWS,
+                                            BLOCK_K=block_k, num_warps=4))
 
 
 def expand(op, rows: int, k: int, block_k: int, decode: int) -> torch.Tensor:
     """FP16 q * s of an operand's ``rows`` rows, (rows, roundup(k, block_k)), in the decoder's permuted
     order per block_k tile, zeros past k."""
     buf = torch.empty((rows, roundup(k, block_k)), dtype=torch.float16, device=op.data.device)
-    grid = (cdiv(rows, opt_flags.EXPAND_ROWS), buf.shape[1] // block_k)
-    _launch_expand_kernel(grid, op, buf, rows, k, dict(
-        B_SWIZZLED=op.swizzled, DECODE=decode, BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k, num_warps=4))
+    args = (op.data, op.scale, buf, rows, k, op.data.stride(0), op.scale_stride, op.cols4, buf.stride(0), TAB_LO)
+    spec = (buf.device, op.data.dtype, aligned(op.data), aligned(op.scale), args[5:8])
+    _expand_launch(rows, k, block_k, decode, op.swizzled, spec)(*args)
     return buf
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm_launch(m: int, n: int, k: int, num_experts: int, grouped: bool, config, decode: int, flags: tuple,
+                 a_swizzled: bool, b_swizzled: bool, spec) -> Launch:
+    """The fused kernel's launch for one problem; ``spec``: its tensors' device, dtypes, alignment and
+    strides (part of the cache key only)."""
+    rows_tiles = cdiv(m, config.block_m) + (num_experts if grouped else 0)
+    grid = (rows_tiles * cdiv(n, config.block_n),)
+    return Launch(nvfp4_gemm_kernel, grid, dict(
+        A_SWIZZLED=a_swizzled, B_SWIZZLED=b_swizzled, **dict(flags),
+        GROUPED=grouped, E_POW2=next_power_of_2(max(num_experts, 1)),
+        EVEN_K=k % config.block_k == 0,
+        DECODE=decode,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        B_PRE=config.b_predecode,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **({} if config.maxnreg is None else {"maxnreg": config.maxnreg}),
+        enable_fp_fusion=False,  # alpha, bias and out_old are separate roundings, as in the reference
+    ))
 
 
 def gemm(a, b, bias, out, offs, flags: dict, m: int, n: int, k: int, num_experts: int, inv_e: float, grouped: bool,
@@ -302,17 +312,10 @@ def gemm(a, b, bias, out, offs, flags: dict, m: int, n: int, k: int, num_experts
     if config.b_predecode:
         b_arg = expand(b, b.data.shape[0], k, config.block_k, decode)
         b_stride = b_arg.stride(0)
-    rows_tiles = cdiv(m, config.block_m) + (num_experts if grouped else 0)
-    grid = (rows_tiles * cdiv(n, config.block_n),)
-    _launch_gemm_kernel(grid, a, b_arg, b_stride, b, bias, out, offs, m, n, k, num_experts, inv_e, dict(
-        A_SWIZZLED=a.swizzled, B_SWIZZLED=b.swizzled, **flags,
-        GROUPED=grouped, E_POW2=next_power_of_2(max(num_experts, 1)),
-        EVEN_K=k % config.block_k == 0,
-        DECODE=decode,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        B_PRE=config.b_predecode,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        **({} if config.maxnreg is None else {"maxnreg": config.maxnreg}),
-        enable_fp_fusion=False,  # alpha, bias and out_old are separate roundings, as in the reference
-    ))
+    args = (a.data, a.scale, a.amax, b_arg, b.scale, b.amax, bias, out, offs, m, n, k,
+            a.data.stride(0), a.scale_stride, a.cols4, b_stride, b.scale_stride, b.cols4,
+            out.stride(0), out.stride(1), num_experts, inv_e, TAB_LO)
+    spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:9]], args[12:20])
+    _gemm_launch(m, n, k, num_experts, grouped, config, decode, tuple(flags.items()), a.swizzled, b.swizzled,
+                 spec)(*args)
     return out

@@ -20,12 +20,12 @@ share rows. The interpreter gets small tiles so that tests hit every edge mask.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from ..launch import interpreting
 from ...layout import cdiv
 
 
@@ -92,9 +92,6 @@ INTERPRET_LARGE = GemmConfig(64, 64, 128, 4, 4, 1)
 # Rows per program of the FP16 expansion kernel.
 EXPAND_ROWS = 64
 
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.lru_cache(maxsize=None)

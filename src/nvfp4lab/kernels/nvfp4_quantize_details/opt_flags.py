@@ -10,9 +10,9 @@ smaller per-thread footprints win for every kernel that produces columnwise bloc
 """
 from __future__ import annotations
 
-import os
 
 
+from ..launch import interpreting
 from ...layout import cdiv, next_power_of_2
 
 from .amax import AMAX_PER_TOKEN, AMAX_TENSOR, AMAX_TENSOR_RHT
@@ -31,10 +31,6 @@ LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
 LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
 
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels under its interpreter (then no bf16 ``tl.dot``, no register cap)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def constexprs(meta: dict) -> dict:
