@@ -23,6 +23,7 @@ from torch import nn
 
 from .. import functional as F
 from .. import ops
+from ..layout import roundup
 from ..recipes import MXFP8Recipe, resolve_recipe
 from ..tensors import MXFP8Tensor, NVFP4Tensor
 from .linear import ConversionReport, GroupedLinear, Linear, _check_features
@@ -36,15 +37,11 @@ def weight_buffer_shapes(recipe, out_features: int, in_features: int) -> dict:
     n, k = out_features, in_features
     if isinstance(recipe, MXFP8Recipe):
         cols = k // 32
-        scale = (n, cols) if recipe.scale_layout == "compact" else (_roundup(n, 128), _roundup(cols, 4))
+        scale = (n, cols) if recipe.scale_layout == "compact" else (roundup(n, 128), roundup(cols, 4))
         return {"weight_data": (n, k), "weight_scale": scale}
     cols = k // 16
-    scale = (n, cols) if recipe.scale_layout == "compact" else (_roundup(n, 128), _roundup(cols, 4))
+    scale = (n, cols) if recipe.scale_layout == "compact" else (roundup(n, 128), roundup(cols, 4))
     return {"weight_data": (n, k // 2), "weight_scale": scale, "weight_amax": (1,)}
-
-
-def _roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
 
 
 class InferenceLinear(RecipeStateMixin, nn.Module):
