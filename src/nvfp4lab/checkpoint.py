@@ -47,6 +47,7 @@ from torch import nn
 from . import functional as F
 from . import ops
 from ._version import __version__
+from .layout import roundup
 from .modules.inference import InferenceLinear
 from .modules.linear import GroupedLinear, Linear
 from .modules.state import recipe_differences, recipe_from_dict, recipe_to_dict
@@ -64,10 +65,6 @@ def _block(recipe) -> int:
     return 32 if isinstance(recipe, MXFP8Recipe) else 16
 
 
-def _roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
 def _compact_scale(scale: torch.Tensor, layout: str, rows: int, cols: int) -> torch.Tensor:
     if layout == "compact":
         return scale
@@ -82,7 +79,7 @@ def _layout_scale(compact: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "swizzled":
         return ops.swizzle_scales(compact)
     rows, cols = compact.shape
-    padded = compact.new_zeros((_roundup(rows, 128), _roundup(cols, 4)))
+    padded = compact.new_zeros((roundup(rows, 128), roundup(cols, 4)))
     padded[:rows, :cols] = compact
     return padded
 

@@ -122,6 +122,15 @@ def e5m2_decode(code):
 
 
 @triton.jit
+def bf16_rne(v):
+    """fp32 -> the fp32 value of its round-to-nearest-even bf16 (bit arithmetic, same on every backend)."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    rounded = tl.where(v != v, 0x7FC00000, rounded)
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def f32_to_bf16_rne(v):
     """fp32 -> bf16, round to nearest even, in integer ops (NaN -> 0x7FC0, as torch's CPU cast).
 

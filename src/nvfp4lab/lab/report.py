@@ -19,7 +19,7 @@ PLOT_ROLES = (  # (metric, label) of the grouped-bar plot: the operands of fprop
 HEATMAPS = (("fprop", "fprop_sqnr_by_layer.png"), ("activation_rowwise", "activation_sqnr_by_layer.png"))
 
 
-def _finite_or_none(v):
+def finite_or_none(v):
     """JSON has no inf/nan: an exact copy (inf dB) is written as null."""
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
@@ -45,9 +45,9 @@ def to_json_dict(lab: LabResults) -> dict:
             "summary": r.recipe.summary,
             "formats": r.recipe.describe(),
             "end_to_end": {"cosine_mean": r.cosine_mean, "cosine_min": r.cosine_min},
-            "sqnr_db": {m: {"mean": _finite_or_none(s[f"{m}_mean_db"]), "worst": _finite_or_none(s[f"{m}_worst_db"]),
+            "sqnr_db": {m: {"mean": finite_or_none(s[f"{m}_mean_db"]), "worst": finite_or_none(s[f"{m}_worst_db"]),
                             "worst_layer": s[f"{m}_worst_layer"]} for m in METRICS},
-            "layers": [{k: (v if k == "layer" else _finite_or_none(v)) for k, v in row.items()} for row in r.layers],
+            "layers": [{k: (v if k == "layer" else finite_or_none(v)) for k, v in row.items()} for row in r.layers],
             "seconds": round(r.seconds, 3),
         })
     return {"meta": lab.meta, "recipes": recipes}

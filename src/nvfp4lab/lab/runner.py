@@ -19,7 +19,7 @@ DEFAULT_TOKENS = 256  # token rows per layer for the tensor and GEMM SQNRs (of 1
 DEFAULT_OUT = "lab-out"
 
 
-def _check_device(device) -> torch.device:
+def check_device(device) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -31,7 +31,7 @@ def _check_device(device) -> torch.device:
     return dev
 
 
-def _check_out_dir(out_dir) -> Path:
+def check_out_dir(out_dir) -> Path:
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ValueError(f"out dir {str(out)!r} exists and is not a folder")
@@ -48,7 +48,7 @@ def run_info(start: float) -> dict:
     }
 
 
-def _progress(enabled: bool):
+def progress_bar(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -78,18 +78,18 @@ def run_lab(
     """
     start = time.perf_counter()
     chosen = resolve_recipes(recipes)
-    dev = _check_device(device)
+    dev = check_device(device)
     model_path = cap.check_model_path(model) if model is not None else cap.default_model_path()
     texts = cap.load_sentences(sentences)
     if tokens <= 0 or tokens % cap.ROW_MULTIPLE:
         raise ValueError(f"tokens must be a positive multiple of {cap.ROW_MULTIPLE}, got {tokens}")
-    out = _check_out_dir(out_dir) if write else None
+    out = check_out_dir(out_dir) if write else None
     # the reference by default on every device: the same bits as the Triton kernels, and at the lab's
     # sizes (256 token rows per layer) no kernel compilation to wait for (figures in README)
     backend = "ref" if backend is None else backend
     resolve_backend(backend, dev)  # ValueError for an unknown backend, or triton without the package
 
-    with _progress(progress) as bar:
+    with progress_bar(progress) as bar:
         task = bar.add_task("loading model", total=None)
         net, tokenizer = cap.load_model(model_path, dev)
         bar.update(task, description="capturing activations + gradients")

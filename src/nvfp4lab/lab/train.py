@@ -40,7 +40,7 @@ from ..recipes import ALIASES, display_name, from_recipe_name, recipe_summary
 from .command import run_and_print
 from .recipes import split_names
 from .results import FINAL_LOSS_WINDOW, RecipeRun, TrainResults
-from .runner import _check_device, _check_out_dir, _progress, run_info
+from .runner import check_device, check_out_dir, progress_bar, run_info
 
 VOCAB = 256  # bytes
 DEFAULT_OUT = "train-out"
@@ -410,9 +410,9 @@ def run_train(
     size = resolve_size(size, steps)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    dev = _check_device(device)
+    dev = check_device(device)
     backend_name = resolve_backend(backend, dev)
-    out = _check_out_dir(out_dir) if write else None
+    out = check_out_dir(out_dir) if write else None
     data = load_corpus(corpus, size.corpus_bytes)
     starts = batch_starts(data.train.numel(), size, seed).to(dev)
     vstarts = val_starts(data.val.numel(), size).to(dev)
@@ -422,7 +422,7 @@ def run_train(
     # caller's RNG state afterwards.
     rng_devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
     runs = []
-    with torch.random.fork_rng(devices=rng_devices), _progress(progress) as bar:
+    with torch.random.fork_rng(devices=rng_devices), progress_bar(progress) as bar:
         torch.manual_seed(seed)
         init_state = copy.deepcopy(CharTransformer(size).state_dict())  # built on CPU: same weights on any device
         params = sum(v.numel() for v in init_state.values())

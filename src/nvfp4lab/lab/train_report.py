@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .report import _finite_or_none, default_console
+from .report import default_console, finite_or_none
 from .results import FINAL_LOSS_WINDOW, TrainResults
 
 FILES = ("train-results.json", "train-loss.png", "train-gap.png")
@@ -32,16 +32,16 @@ def to_json_dict(results: TrainResults) -> dict:
             "summary": r.summary,
             "recipe": r.recipe,
             "converted_layers": r.converted,
-            "final_train_loss": _finite_or_none(r.final_train_loss),
-            "final_val_loss": _finite_or_none(r.final_val_loss),
-            "gap_vs_baseline": {k: _finite_or_none(v) for k, v in gaps(results, r).items()},
-            "tokens_per_second": _finite_or_none(r.tokens_per_second(tps)),
+            "final_train_loss": finite_or_none(r.final_train_loss),
+            "final_val_loss": finite_or_none(r.final_val_loss),
+            "gap_vs_baseline": {k: finite_or_none(v) for k, v in gaps(results, r).items()},
+            "tokens_per_second": finite_or_none(r.tokens_per_second(tps)),
             "train_seconds": round(r.train_seconds, 3),
             "eval_seconds": round(r.eval_seconds, 3),
             "diverged_at_step": r.diverged_at,
-            "train_loss_per_step": [_finite_or_none(v) for v in r.train_losses],
+            "train_loss_per_step": [finite_or_none(v) for v in r.train_losses],
             "val_steps": r.val_steps,
-            "val_loss": [_finite_or_none(v) for v in r.val_losses],
+            "val_loss": [finite_or_none(v) for v in r.val_losses],
         })
     return {"meta": results.meta, "recipes": runs}
 

@@ -26,7 +26,7 @@ from .. import ops
 from ..layout import roundup
 from ..recipes import MXFP8Recipe, resolve_recipe
 from ..tensors import MXFP8Tensor, NVFP4Tensor
-from .linear import ConversionReport, GroupedLinear, Linear, _check_features
+from .linear import ConversionReport, GroupedLinear, Linear, check_features
 from .state import RecipeStateMixin
 
 WEIGHT_FIELDS = ("weight_data", "weight_scale", "weight_amax")
@@ -57,7 +57,7 @@ class InferenceLinear(RecipeStateMixin, nn.Module):
                  recipe=None, weight_dtype: torch.dtype = torch.float32, backend: str | None = None):
         super().__init__()
         recipe = resolve_recipe(recipe)
-        _check_features(in_features, out_features, recipe)
+        check_features(in_features, out_features, recipe)
         self.in_features, self.out_features = in_features, out_features
         self.recipe, self.backend, self.weight_dtype = recipe, backend, weight_dtype
         for name, shape in weight_buffer_shapes(recipe, out_features, in_features).items():

@@ -30,7 +30,7 @@ from ..recipes import NVFP4Recipe, block_multiple, resolve_recipe
 from .state import RecipeStateMixin
 
 
-def _check_features(in_features: int, out_features: int, recipe) -> None:
+def check_features(in_features: int, out_features: int, recipe) -> None:
     mult = block_multiple(recipe)
     for name, value in (("in_features", in_features), ("out_features", out_features)):
         if value % mult != 0:
@@ -92,7 +92,7 @@ class Linear(RecipeStateMixin, nn.Linear, _WeightCacheMixin):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  recipe=None, backend: Optional[str] = None):
         recipe = resolve_recipe(recipe)
-        _check_features(in_features, out_features, recipe)
+        check_features(in_features, out_features, recipe)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = recipe
         self.backend = backend
@@ -151,7 +151,7 @@ class GroupedLinear(RecipeStateMixin, nn.Module, _WeightCacheMixin):
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"num_gemms must be a positive int, got {num_gemms!r}")
         recipe = resolve_recipe(recipe)
-        _check_features(in_features, out_features, recipe)
+        check_features(in_features, out_features, recipe)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.recipe, self.backend = recipe, backend
         self.use_bias = bias

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ...layout import roundup
+from .._codecs import f32_to_bf16_rne
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,15 +55,6 @@ def words(data: torch.Tensor) -> torch.Tensor:
         return data.view(torch.int32)
     except RuntimeError:  # a row stride or storage offset that is not a multiple of 4 bytes
         return data.clone(memory_format=torch.contiguous_format).view(torch.int32)
-
-
-@triton.jit
-def f32_to_bf16_rne(v):
-    """fp32 -> bf16 with round-to-nearest-even from bits (the interpreter's own cast truncates)."""
-    bits = v.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    rounded = tl.where(v != v, 0x7FC0, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit

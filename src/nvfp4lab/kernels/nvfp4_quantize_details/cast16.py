@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 
 
-from .._codecs import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast
-from .common import (FLT_MAX, ONE_SIXTH, abs_bits, bf16_rne, clamp_flt_max, encode_factor, global_scales,
+from .._codecs import bf16_rne, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast
+from .common import (FLT_MAX, ONE_SIXTH, abs_bits, clamp_flt_max, encode_factor, global_scales,
                      normal_range, pack_codes, scale_offsets, split_of)
 from .pt_scales import pt_table_load
 from .rht import rht16_cast16

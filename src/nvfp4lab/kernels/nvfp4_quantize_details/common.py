@@ -29,15 +29,6 @@ def clamp_flt_max(v):
 
 
 @triton.jit
-def bf16_rne(v):
-    """fp32 -> the fp32 value of its round-to-nearest-even bf16 (bit arithmetic, same on every backend)."""
-    bits = v.to(tl.int32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-    rounded = tl.where(v != v, 0x7FC00000, rounded)
-    return rounded.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def correct_div(a, b, F64: tl.constexpr):
     """Correctly rounded fp32 a / b (a, b fp32 tensors of one shape).
 

@@ -10,7 +10,7 @@ rows v of a column of x (the rows of x^T), T = diag(s) H16 / 4 with the sign mas
 import triton
 import triton.language as tl
 
-from .common import bf16_rne
+from .._codecs import bf16_rne
 
 
 @triton.jit
