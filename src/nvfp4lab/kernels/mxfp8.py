@@ -50,7 +50,6 @@ import triton
 import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
-from .launch import launch
 
 from . import _codecs
 from .decode_common import (
@@ -60,7 +59,7 @@ from .decode_common import (
     rcp_f32,
     soft_bf16_cast,
 )
-from .launch import custom_op
+from .launch import custom_op, interpreting, launch
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
@@ -544,10 +543,11 @@ def _(data, scale, fp8_format, scale_layout, columnwise, out_dtype):
 
 
 # ------------------------------------------------------------------------------------ entry points
-def quantize_mxfp8(x2d: torch.Tensor, config, *, fp8_cast: str = "soft"):
+def quantize_mxfp8(x2d: torch.Tensor, config, *, fp8_cast: str | None = None):
     """MXFP8-quantize a 2-D (M, K) tensor with an :class:`MXFP8QuantConfig`; identical to
     ``ref.mxfp8.quantize``. Rowwise needs K % 32 == 0, columnwise M % 32 == 0. ``fp8_cast``: see
-    :func:`launch_mxfp8_quantize`."""
+    :func:`launch_mxfp8_quantize`; None takes the GPU's conversion ("hw", the same bits in fewer
+    instructions) on CUDA and the integer encoders ("soft") under the interpreter."""
     from ..config import MXFP8QuantConfig
     from ..tensors import MXFP8Tensor
 
@@ -562,6 +562,8 @@ def quantize_mxfp8(x2d: torch.Tensor, config, *, fp8_cast: str = "soft"):
         raise ValueError(f"x2d.shape[1] (K) must be a multiple of 32 (MXFP8 rowwise blocks hold 32 elements along K), got {cols}")
     if config.columnwise and rows % 32 != 0:
         raise ValueError(f"x2d.shape[0] (M) must be a multiple of 32 (MXFP8 columnwise blocks hold 32 rows), got {rows}")
+    if fp8_cast is None:
+        fp8_cast = "hw" if x2d.is_cuda and not interpreting() else "soft"
     row_data, row_scale, col_data, col_scale = _quantize_mxfp8_op(
         x2d, config.rowwise, config.columnwise, config.fp8_format, config.scale_layout, fp8_cast
     )
