@@ -230,6 +230,9 @@ def quantize_nvfp4_grouped_bulk(
         raise ValueError(f"pass either config= or individual options, not both (got {sorted(options)})")
     if config.scale_layout != "compact":
         raise ValueError("scale_layout: the grouped bulk buffers hold compact scales; use quantize_nvfp4_grouped (per-split views) for padded/swizzled scales")
+    if config.broadcast_2d:
+        raise ValueError("config: PR 3045's 2D weight (numerics='te_pr3045', block='16x16') is a per-tensor cast; "
+                         "quantize each weight alone with quantize_nvfp4 (TE's split_quantize rejects it too)")
     x2 = flatten_2d("x", x)
     m, k = x2.shape
     _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")

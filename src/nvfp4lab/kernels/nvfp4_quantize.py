@@ -4,7 +4,8 @@ Passes over x (M, K), each a ``torch.library`` custom op with a fake implementat
 (``torch.compile(fullgraph=True)`` and CUDA-graph capture work, no host sync):
 
 1. ``nvfp4_amax``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
-   column (K,), or per tensor of the bf16 RHT output (``nvfp4_quantize_details.amax``).
+   column (K,), per tensor of the bf16 RHT output, or per column of PR 3045's fp32 RHT output
+   (``nvfp4_quantize_details.amax``).
 2. ``nvfp4_quantize_cast``, one read of x for both outputs (``nvfp4_quantize_details.cast``):
    * ``cast16_kernel`` (every recipe without 4over6): one 16-row group x 128 columns per one-warp
      program; per-token recipes first compute their global scales once per row and column
@@ -31,6 +32,9 @@ Numerics: those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32.
   (``nvfp4_quantize_details.rht``).
 * Stochastic rounding: Philox4x32-10, 8 random bits per element, stream 0 rowwise / 1 columnwise,
   the seed an int or an int64 device tensor read by the kernel (``nvfp4_quantize_details.stochastic_rounding``).
+* PR 3045's numerics (``config.numerics == "te_pr3045"``, per token): the cast's PR3045 constexpr
+  (floored S_enc, enc = S_enc / s, its fp32 RHT); its 2D weight is the per-tensor 16x16 cast with the
+  scalar amax copied into the vectors (``ref.nvfp4.broadcast_amax``).
 
 Constraints: x contiguous (M, K) bf16/fp16/fp32; K % 16 == 0; M % 16 == 0 when a columnwise or 16x16
 output is asked (rowwise 1x16 takes any M). 64-bit offsets. Empty inputs launch nothing.
@@ -42,12 +46,14 @@ from typing import Optional
 import torch
 
 from ..config import NVFP4QuantConfig
+from ..ref.nvfp4 import broadcast_amax
 from ..tensors import NVFP4Tensor
 from .launch import custom_op
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.amax import (
     AMAX_NONE,
     AMAX_PER_TOKEN,
+    AMAX_PER_TOKEN_RHT,
     AMAX_TENSOR,
     AMAX_TENSOR_RHT,
     launch_amax,
@@ -61,13 +67,15 @@ from .nvfp4_quantize_details.cast import (
     uninitialized,
 )
 
-__all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES", "amax_modes",
+__all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
+           "amax_modes",
            "draw_seed", "nvfp4_amax", "nvfp4_quantize_cast", "quantize"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
     sizes = {AMAX_NONE: 0, AMAX_TENSOR: 1, AMAX_TENSOR_RHT: 1}
-    return (m if row_mode == AMAX_PER_TOKEN else sizes[row_mode], k if col_mode == AMAX_PER_TOKEN else sizes[col_mode])
+    return (m if row_mode == AMAX_PER_TOKEN else sizes[row_mode],
+            k if col_mode in (AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT) else sizes[col_mode])
 
 
 @custom_op("nvfp4lab::nvfp4_amax", mutates_args=())
@@ -76,7 +84,8 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
     """Outer amax of x (M, K) for the two outputs, as fp32 device tensors (no host sync).
 
     row_mode: 0 none (returns a (0,) tensor), 1 per tensor (1,), 2 per row (M,).
-    col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,).
+    col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,),
+    4 per column of PR 3045's fp32 RHT(x^T) (K,).
     block_m, block_k, num_warps: an explicit tile (0: opt_flags' choice).
     """
     m, k = x.shape
@@ -121,6 +130,7 @@ def nvfp4_quantize_cast(
     block_k: int = 0,
     num_warps: int = 0,
     poison: bool = False,
+    pr3045: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize x (M, K) with the given outer amaxes; returns (row_data, row_scale, col_data, col_scale).
 
@@ -128,6 +138,7 @@ def nvfp4_quantize_cast(
     1 MAE, 2 MSE. stochastic_rounding takes ``seed_tensor`` (int64 (1,) on x.device, read inside the
     kernel) when given, else the int ``seed``. block_m, block_k, num_warps: an explicit tile (0:
     opt_flags' choice). poison: fill the outputs with 0xFF before the kernels write them (tests).
+    pr3045: PR 3045's numerics (per_token casts only; with RHT its fp32 transform).
     """
     m, k = x.shape
     dev = x.device
@@ -139,14 +150,14 @@ def nvfp4_quantize_cast(
         return row_data, row_scale, col_data, col_scale
     launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
                 columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-                scale_layout, block_m=block_m, block_k=block_k, num_warps=num_warps)
+                scale_layout, block_m=block_m, block_k=block_k, num_warps=num_warps, pr3045=pr3045)
     return row_data, row_scale, col_data, col_scale
 
 
 @nvfp4_quantize_cast.register_fake
 def _nvfp4_quantize_cast_fake(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                               rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
-                              block_m=0, block_k=0, num_warps=0, poison=False):
+                              block_m=0, block_k=0, num_warps=0, poison=False, pr3045=False):
     m, k = x.shape
     return tuple(x.new_empty(shape, dtype=torch.uint8) for shape in cast_shapes(m, k, rowwise, columnwise, scale_layout))
 
@@ -160,6 +171,8 @@ def amax_modes(config: NVFP4QuantConfig, amax, columnwise_amax) -> tuple[int, in
     if config.columnwise and columnwise_amax is None:
         if amax is not None and not config.rht and not config.per_token:
             col_mode = AMAX_NONE  # the supplied per-tensor amax serves both outputs
+        elif config.rht and config.per_token:  # PR 3045's per-token fp32 RHT
+            col_mode = AMAX_PER_TOKEN_RHT
         elif config.rht:
             col_mode = AMAX_TENSOR_RHT
         else:
@@ -188,6 +201,10 @@ def quantize(
     ``cast16_kernel`` takes BLOCK_K and num_warps, its BLOCK_M is 16); any tile gives the same bits.
     poison: fill the outputs with 0xFF before the kernels write them (tests).
     """
+    if config.broadcast_2d:  # PR 3045's 2D weight: TE main's per-tensor 16x16 cast, amax into the vectors
+        inner = quantize(x2d, config.per_tensor_2d(), amax=amax, columnwise_amax=columnwise_amax, seed=seed,
+                         generator=generator, block_m=block_m, block_k=block_k, num_warps=num_warps, poison=poison)
+        return broadcast_amax(inner, config)
     tile = dict(block_m=block_m, block_k=block_k, num_warps=num_warps)
     row_mode, col_mode = amax_modes(config, amax, columnwise_amax)
     row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, config.rht_sign_mask if config.rht else 0, **tile)
@@ -215,6 +232,7 @@ def quantize(
         config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
         config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
         config.e4m3_max, config.stochastic_rounding, config.scale_layout, **tile, poison=poison,
+        pr3045=config.numerics == "te_pr3045",
     )
     out = NVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config)
     if config.rowwise:

@@ -62,27 +62,29 @@ def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None) -> t
 
 
 def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six,
-                    stochastic_rounding) -> None:
+                    stochastic_rounding, pr3045: bool = False) -> None:
     """The recipe rules the cast kernels rely on (those of ``NVFP4QuantConfig``), for direct op calls."""
     rht = rht_sign_mask >= 0
     if four_over_six not in (0, 1, 2):
         raise ValueError(f"four_over_six must be 0 (off), 1 (MAE) or 2 (MSE), got {four_over_six!r}")
     if four_over_six and (rht or stochastic_rounding):
         raise ValueError("four_over_six takes neither RHT (rht_sign_mask >= 0) nor stochastic_rounding")
-    if rht and (block_2d or per_token):
-        raise ValueError("RHT (rht_sign_mask >= 0) takes neither 16x16 blocks nor per_token")
+    if pr3045 and (not per_token or block_2d or four_over_six):
+        raise ValueError("pr3045 (PR 3045's numerics) is the per-token 1x16 cast: per_token, no 16x16 blocks, no 4over6")
+    if rht and (block_2d or (per_token and not pr3045)):
+        raise ValueError("RHT (rht_sign_mask >= 0) takes neither 16x16 blocks nor per_token (but PR 3045's fp32 RHT: pr3045)")
 
 
 def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                 rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
                 offsets=None, num_splits=0, split_steps=0, group_split=None,
-                block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> None:
+                block_m: int = 0, block_k: int = 0, num_warps: int = 0, pr3045: bool = False) -> None:
     """Launch the cast of a recipe into ``outputs`` = (row_data, row_scale, col_data, col_scale):
     ``cast16_kernel`` (per-token tables first) or ``four_over_six_kernel``, in one or two launches
     (``opt_flags.split_cast``). ``offsets`` (int64 split row offsets) with ``group_split`` (the grouped
     amax pass's int32 split of each 16-row group) makes it the grouped cast. block_m, block_k,
-    num_warps: an explicit tile (0: opt_flags' choice)."""
-    check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding)
+    num_warps: an explicit tile (0: opt_flags' choice). pr3045: PR 3045's numerics (per-token casts)."""
+    check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding, pr3045)
     m, k = x.shape
     grouped = offsets is not None
     tile = dict(block_k=block_k, num_warps=num_warps)
@@ -91,17 +93,17 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
         for row_only in (True, False):
             launch_cast(x, outputs, row_amax if row_only else None, None if row_only else col_amax, seed_tensor,
                         seed, row_only, not row_only, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
-                        stochastic_rounding, scale_layout, block_m=block_m, **tile)
+                        stochastic_rounding, scale_layout, block_m=block_m, **tile, pr3045=pr3045)
         return
     steps = split_steps if grouped else None
     if opt_flags.use_cast16(four_over_six):
         meta = opt_flags.cast16_meta(k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, e4m3_max,
                                      stochastic_rounding, seed_tensor is not None, scale_layout, split_steps=steps,
-                                     **tile)
+                                     **tile, pr3045=pr3045)
         if per_token:  # the kernel then reads the tables through the amax pointers
             row_amax, col_amax = pt_scales_tables(row_amax if rowwise else None, m,
                                                   col_amax if columnwise else None, k * num_splits if grouped else k,
-                                                  opt_flags.pt_scales_meta(meta["E6"]))
+                                                  opt_flags.pt_scales_meta(meta["E6"], pr3045))
         launch_cast16(x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, group_split, num_splits,
                       opt_flags.cast16_grid(m, k, meta), meta)
     else:
