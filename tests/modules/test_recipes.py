@@ -122,19 +122,38 @@ def test_from_env_maps_te_variables():
     assert NVFP4Recipe.from_env(environ={}) == NVFP4Recipe.te_default()
     base = NVFP4Recipe.per_token()
     assert NVFP4Recipe.from_env(base, environ={"NVTE_NVFP4_PER_TOKEN_ACTIVATION": "0", "NVTE_NVFP4_DISABLE_RHT": "0"}) == NVFP4Recipe()
-    pt = NVFP4Recipe.from_env(environ={"NVTE_NVFP4_PER_TOKEN": "1", "NVTE_NVFP4_DISABLE_RHT": "1"})
-    assert pt.per_token_activations and pt.per_token_gradients
     assert NVFP4Recipe.from_env(environ={"NVFP4LAB_RHT_SIGN_MASK": "0xACE1"}).rht_sign_mask == 0xACE1
-    assert NVFP4Recipe.from_env(base, environ={"NVTE_BACKWARD_OVERRIDE": "none"}).backward == "quantized"
+    # "" is off, as TE's os.getenv(name, "0") == "1" reads it
+    assert NVFP4Recipe.from_env(environ={"NVTE_NVFP4_DISABLE_RHT": ""}).rht
+
+
+def test_from_env_per_token_switch_is_pr3045s_recipe():
+    """NVTE_NVFP4_PER_TOKEN=1 turns the recipe into PR 3045's, whose own variables opt into RHT / SR /
+    2D weights and which overrules the knobs it forces (as the PR's NVFP4BlockScaling does)."""
+    env = {"NVTE_NVFP4_PER_TOKEN": "1", "NVTE_NVFP4_DISABLE_RHT": "0", "NVTE_NVFP4_4OVER6": "all"}
+    assert NVFP4Recipe.from_env(environ=env) == NVFP4Recipe.pr3045()
+    env.update(NVTE_NVFP4_PER_TOKEN_RHT="1", NVTE_NVFP4_PER_TOKEN_SR="1", NVTE_NVFP4_PER_TOKEN_WEIGHT_2D="1",
+               NVTE_BACKWARD_OVERRIDE="dequantized")
+    assert NVFP4Recipe.from_env(environ=env) == NVFP4Recipe.pr3045(rht=True, stochastic_rounding=True, weight_2d=True,
+                                                                   backward="dequantized")
+    # the PR's variables without its switch act only on a PR 3045 base
+    assert NVFP4Recipe.from_env(environ={"NVTE_NVFP4_PER_TOKEN_SR": "1"}) == NVFP4Recipe()
+    assert NVFP4Recipe.from_env(NVFP4Recipe.pr3045(), environ={"NVTE_NVFP4_PER_TOKEN_SR": "1"}).stochastic_rounding
 
 
 @pytest.mark.parametrize(
     "env, match",
     [
-        ({"NVTE_NVFP4_DISABLE_RHT": "yes"}, "NVTE_NVFP4_DISABLE_RHT must be 0 or 1"),
-        ({"NVTE_NVFP4_4OVER6": "grads"}, "NVTE_NVFP4_4OVER6 must be"),
+        # TE reads only "1" as on: values it would silently read as off are refused
+        ({"NVTE_NVFP4_DISABLE_RHT": "yes"}, "NVTE_NVFP4_DISABLE_RHT='yes': TE reads only the exact string '1' as on"),
+        ({"NVTE_NVFP4_DISABLE_RHT": "true"}, "TE reads only the exact string '1'"),
+        ({"NVTE_NVFP4_ROW_SCALED_ACTIVATION": " 1"}, "TE reads only the exact string '1'"),
+        ({"NVTE_NVFP4_PER_TOKEN": "True"}, "NVTE_NVFP4_PER_TOKEN='True'"),
+        ({"NVTE_NVFP4_4OVER6": "grads"}, "NVTE_NVFP4_4OVER6 must be one of"),
+        ({"NVTE_NVFP4_4OVER6": "All"}, "TE's exact spelling"),  # TE asserts the lower-case names
         ({"NVTE_NVFP4_4OVER6_ERR_MODE": "L1"}, "NVTE_NVFP4_4OVER6_ERR_MODE must be MAE or MSE"),
         ({"NVTE_BACKWARD_OVERRIDE": "fp32"}, "NVTE_BACKWARD_OVERRIDE must be"),
+        ({"NVTE_BACKWARD_OVERRIDE": "none"}, "NVTE_BACKWARD_OVERRIDE must be"),  # TE's assert refuses it too
         ({"NVFP4LAB_RHT_SIGN_MASK": "abc"}, "NVFP4LAB_RHT_SIGN_MASK must be an integer"),
         ({"NVTE_NVFP4_ROW_SCALED_ACTIVATION": "1"}, "rht and per_token_activations"),  # TE default keeps RHT on
     ],
