@@ -785,7 +785,7 @@ for name, kwargs in json.loads(sys.argv[1]).items():
             for rowwise, columnwise in sides:
                 meta16 = opt_flags.constexprs(opt_flags.cast16_meta(
                     8192, rowwise, columnwise, block_2d, cfg.per_token, mask, cfg.e4m3_max, cfg.stochastic_rounding,
-                    cfg.stochastic_rounding, cfg.scale_layout))
+                    cfg.stochastic_rounding, cfg.scale_layout, pr3045=cfg.numerics == "te_pr3045"))
                 frontend(cast16_kernel, sig, meta16, 1)
                 frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
         else:
@@ -799,16 +799,18 @@ for name, kwargs in json.loads(sys.argv[1]).items():
 from nvfp4lab.kernels import grouped_quantize as gq
 amax_sig = dict(x_ptr="*bf16", row_amax_ptr="*i32", col_amax_ptr="*i32", offsets_ptr="*i64", group_split_ptr="*i32",
                 num_splits="i32", M="i32", K="i32")
-for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0)]:
+for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0), (2, 4)]:
     try:
         frontend(gq._grouped_amax_kernel, amax_sig, dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=0xD7E8, BLOCK_M=64,
                  BLOCK_K=128, DOT_BF16=True, SPLIT_STEPS=3, STEPS_M=4), 8)
     except Exception as exc:
         failures[f"grouped-amax-{row_mode}-{col_mode}"] = str(exc).strip().splitlines()[-1][:400]
-try:
-    frontend(pt_scales_kernel, dict(amax_ptr="*fp32", table_ptr="*fp32", N="i32"), dict(E6=2688.0, BLOCK=1024), 4)
-except Exception as exc:
-    failures["pt-scales"] = str(exc).strip().splitlines()[-1][:400]
+for pr3045 in (False, True):
+    try:
+        frontend(pt_scales_kernel, dict(row_amax_ptr="*fp32", row_table_ptr="*fp32", N_ROW="i32", col_amax_ptr="*fp32",
+                                        col_table_ptr="*fp32", N_COL="i32"), dict(E6=2688.0, BLOCK=1024, PR3045=pr3045), 4)
+    except Exception as exc:
+        failures[f"pt-scales-{pr3045}"] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))
 """
 
@@ -822,6 +824,8 @@ def test_cast_kernels_build_for_sm90():
 
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"))
     configs = dict(CONFIGS, **{f"sr-{k}": dict(v, stochastic_rounding=True) for k, v in CONFIGS.items() if not v.get("four_over_six")})
+    pr3045 = dict(per_token=True, numerics="te_pr3045", rowwise=True, columnwise=True)  # PR 3045's cast (2D: per tensor)
+    configs.update({"pr3045-rowcol": pr3045, "pr3045-rht-sr-rowcol": dict(pr3045, rht=True, stochastic_rounding=True)})
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(configs)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -53,10 +53,15 @@ def _butterfly_pairs(t):
 @triton.jit
 def _stage_rows(t, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """One butterfly stage over row-index bit H (a power of 2) of a [BLOCK_M, BLOCK_K] tile: rows r and
-    r + H (r with bit H clear) become (a + b, a - b)."""
-    t = tl.permute(tl.reshape(t, [BLOCK_M // (2 * H), 2, H, BLOCK_K]), (0, 2, 3, 1))
-    a, b = tl.split(t)
-    t = tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2))
+    r + H (r with bit H clear) become (a + b, a - b). (H = 1 without a size-1 axis.)"""
+    if H == 1:
+        t = tl.permute(tl.reshape(t, [BLOCK_M // 2, 2, BLOCK_K]), (0, 2, 1))
+        a, b = tl.split(t)
+        t = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
+    else:
+        t = tl.permute(tl.reshape(t, [BLOCK_M // (2 * H), 2, H, BLOCK_K]), (0, 2, 3, 1))
+        a, b = tl.split(t)
+        t = tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2))
     return tl.reshape(t, [BLOCK_M, BLOCK_K])
 
 
