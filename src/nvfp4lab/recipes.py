@@ -181,9 +181,11 @@ class NVFP4Recipe:
 
     @classmethod
     def per_token(cls, *, gradients: bool = False, **overrides) -> "NVFP4Recipe":
-        """Per-token activations (TE main's row-scaled activation, seeds 000/001) with per-tensor 16x16
-        weights (PR 3045's 2D weight) and stochastic rounding of gradients; RHT off (per-token NVFP4
-        does not take it). ``gradients=True`` also makes dy per-token (PR 3045)."""
+        """Per-token activations (TE main's row-scaled activation, seed 000, i.e.
+        ``NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True)``) with per-tensor 16x16
+        weights and stochastic rounding of gradients; RHT off (TE main's per-token NVFP4 does not take
+        it). ``gradients=True`` also makes dy per-token (an nvfp4lab option; PR 3045's recipe, with its
+        own numerics, is :meth:`pr3045`)."""
         base = dict(rht=False, per_token_activations=True, per_token_gradients=gradients)
         base.update(overrides)
         return cls(**base)

@@ -42,6 +42,22 @@ def test_per_token_preset():
     assert g.config_for("grad_wgrad") == cfg(rowwise=False, columnwise=True, per_token=True, stochastic_rounding=True)
 
 
+def test_pr3045_preset_and_rules():
+    """PR 3045's recipe: x, W and dy per token with its numerics; RHT (fp32) may go with per-token there."""
+    r = NVFP4Recipe.pr3045(rht=True)
+    pt = dict(per_token=True, numerics="te_pr3045")
+    assert r.config_for("input_fprop") == cfg(**pt)
+    assert r.config_for("input_wgrad") == cfg(rowwise=False, columnwise=True, rht=True, **pt)
+    assert r.config_for("weight_fprop") == cfg(**pt) and r.config_for("weight_dgrad") == cfg(rowwise=False, columnwise=True, **pt)
+    assert r.config_for("grad_wgrad") == cfg(rowwise=False, columnwise=True, rht=True, **pt)
+    assert NVFP4Recipe.pr3045(backward="high_precision").backward == "high_precision"  # dy stays per token when quantized
+    for kwargs, match in ((dict(per_token_gradients=False), "without per_token_activations and per_token_gradients"),
+                          (dict(four_over_six_scope="weights"), "numerics='te_pr3045' and four_over_six_scope"),
+                          (dict(numerics="te_pr2931"), "numerics must be one of")):
+        with pytest.raises(ValueError, match=match):
+            NVFP4Recipe.pr3045(**kwargs)
+
+
 def test_four_over_six_preset_and_scopes():
     r = NVFP4Recipe.four_over_six()
     assert r.config_for("input_fprop") == cfg(four_over_six="mae", e4m3_max=256.0)
@@ -197,6 +213,8 @@ def test_mxfp8_recipe():
                                     four_over_six_err_mode="mse", four_over_six_e256_scope=None)),
     ("nvfp4-w2d-rht-sr-hpbwd", NVFP4Recipe.te_default(backward="high_precision")),
     ("nvfp4-dqbwd", NVFP4Recipe(weight_2d=False, rht=False, stochastic_rounding=False, backward="dequantized")),
+    ("nvfp4-pr3045", NVFP4Recipe.pr3045()),
+    ("nvfp4-w2d-pr3045-rht-sr", NVFP4Recipe.pr3045(weight_2d=True, rht=True, stochastic_rounding=True)),
     ("mxfp8", MXFP8Recipe()),
     ("mxfp8-hybrid", MXFP8Recipe(fp8_format="hybrid")),
     ("bf16", None),
@@ -213,6 +231,7 @@ def test_recipe_names_build_the_presets(name, expected):
     ("nvfp4-4o6mae-4o6w", "one 4over6 variant"),
     ("nvfp4-hpbwd-dqbwd", "one backward mode"),
     ("nvfp4-pt-rht", "incompatible recipe options rht and per_token_activations"),
+    ("nvfp4-pr3045-4o6mae", "numerics='te_pr3045' and four_over_six_scope='all'"),
 ])
 def test_bad_recipe_names(name, match):
     with pytest.raises(ValueError, match=match):
