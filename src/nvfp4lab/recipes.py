@@ -278,7 +278,7 @@ class NVFP4Recipe:
                                                   overruled as it does
         ========================================  ======================================================
 
-        A ``base`` with PR 3045's numerics reads the PR's variables too. An incompatible result raises
+        A ``base`` with PR 3045's numerics reads the PR's variables (and keeps its numerics). An incompatible result raises
         the recipe's ValueError (e.g. per-token activations need NVTE_NVFP4_DISABLE_RHT=1 on top of
         the TE default, as TE's quantizers refuse RHT with row-scaled activations).
         """
@@ -312,7 +312,7 @@ class NVFP4Recipe:
             except ValueError:
                 raise ValueError(f"environment variable NVFP4LAB_RHT_SIGN_MASK must be an integer, got {raw!r}") from None
         per_token = env_flag(env, "NVTE_NVFP4_PER_TOKEN")
-        if per_token or (per_token is None and base.numerics == "te_pr3045"):
+        if per_token or base.numerics == "te_pr3045":  # (the PR's subclass ignores NVTE_NVFP4_PER_TOKEN=0)
             pt = te_recipes.NVFP4PerTokenBlockScaling._env_fields(env)
             keep = {k: v for k, v in changes.items() if k in ("backward", "rht_sign_mask", "four_over_six_err_mode",
                                                                  "four_over_six_e256_scope")}
