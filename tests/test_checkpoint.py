@@ -157,7 +157,11 @@ def test_state_dict_keeps_the_recipe_and_refuses_another():
     # the GroupedLinear keeps its recipe the same way
     grouped = nvfp4lab.GroupedLinear(2, 32, 32, recipe=recipe)
     with pytest.raises(ValueError, match="the saved recipe differs"):
-        nvfp4lab.GroupedLinear(2, 32, 32).load_state_dict(grouped.state_dict())
+        nvfp4lab.GroupedLinear(2, 32, 32, recipe=NVFP4Recipe.te_default()).load_state_dict(grouped.state_dict())
+    # a layer without a recipe of its own follows nvfp4lab.autocast: it takes any saved recipe
+    follower = nvfp4lab.GroupedLinear(2, 32, 32)
+    follower.load_state_dict(grouped.state_dict())
+    assert follower.follows_autocast
 
 
 def test_state_dict_with_another_extra_state_version_names_the_layer():
@@ -199,6 +203,22 @@ def test_freeze_keeps_only_packed_weights_and_the_same_forward(minilm):
     freeze(_scramble_(again))
     again.load_state_dict(model.state_dict())
     assert torch.equal(_out(again, minilm[1]), trained)
+
+
+def test_pr3045_per_token_weights_freeze_but_have_no_checkpoint_form(tmp_path):
+    """PR 3045's recipe quantizes W per token: InferenceLinear keeps its (N,) amax and the same forward;
+    nvfp4lab's file and the ModelOpt export hold one amax per weight, so they refuse it, naming the layer."""
+    torch.manual_seed(0)
+    model = _Net()
+    convert(model, nvfp4lab.NVFP4PerTokenBlockScaling())
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        trained = model(x)
+        freeze(model)
+        assert torch.equal(model(x), trained)
+    assert model.blocks[0][0].weight_amax.shape == (32,)
+    with pytest.raises(ValueError, match="layer 'blocks.0.0'.*per token"):
+        nvfp4lab.save_quantized(model, tmp_path / "m.safetensors")
 
 
 # ----------------------------------------------------------------- nvfp4lab's checkpoint file

@@ -1,4 +1,6 @@
-"""The golden conformance vectors: the shipped subset always, the full ../shared/golden when present."""
+"""The golden conformance vectors: the shipped subset always, the full ../shared/golden and
+../shared/golden_pr3045 (TE PR 3045's per-token numerics) when present."""
+import json
 import subprocess
 import sys
 
@@ -8,19 +10,48 @@ from nvfp4lab.conformance import default_folder, run_folder
 
 from .conftest import SHARED_GOLDEN
 
+SHARED_GOLDEN_PR3045 = SHARED_GOLDEN.parent / "golden_pr3045"
 
-def _check(folder):
-    results = run_folder(folder, backend="ref")
+
+def _check(folder, backend="ref", pattern="*.safetensors"):
+    results = run_folder(folder, backend=backend, pattern=pattern)
     failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
     assert results, f"no cases in {folder}"
     assert not failed, "\n".join(failed)
     return len(results)
 
 
+def _ops_and_numerics(folder) -> set:
+    from safetensors import safe_open
+
+    found = set()
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            case = json.loads(f.metadata()["case"])
+        found.add((case["op"], case.get("params", {}).get("numerics", "te_main")))
+    return found
+
+
 def test_shipped_subset_covers_every_op():
-    names = {p.name.rsplit("_", 1)[0] for p in default_folder().glob("*.safetensors")}
-    assert names == {"nvfp4_quantize", "nvfp4_gemm", "mxfp8_quantize", "scale_swizzle"}
-    assert _check(default_folder()) >= 30
+    assert _ops_and_numerics(default_folder()) == {
+        ("nvfp4_quantize", "te_main"), ("nvfp4_gemm", "te_main"), ("mxfp8_quantize", "te_main"), ("scale_swizzle", "te_main"),
+        ("nvfp4_quantize", "te_pr3045"), ("nvfp4_dequantize", "te_pr3045"), ("nvfp4_gemm", "te_pr3045"),
+    }
+    assert _check(default_folder()) >= 38
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's x/0 warns (the IEEE result is meant)
+def test_shipped_pr3045_cases_through_triton():
+    assert _check(default_folder(), backend="triton", pattern="pr3045_*.safetensors") == 8
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+def test_full_shared_golden_pr3045_when_present(backend):
+    """Every case of TE PR 3045's vectors on both backends (Triton: the interpreter on CPU)."""
+    if not SHARED_GOLDEN_PR3045.is_dir():
+        pytest.skip("../shared/golden_pr3045 is not beside this checkout; the shipped pr3045_* cases still ran")
+    assert _check(SHARED_GOLDEN_PR3045, backend=backend) == len(list(SHARED_GOLDEN_PR3045.glob("*.safetensors")))
 
 
 def test_full_shared_golden_when_present():

@@ -18,8 +18,8 @@ LAYERS = (
     ("functional", ("nvfp4lab.functional", "nvfp4lab.fsdp", "nvfp4lab.distributed")),
     ("ops", ("nvfp4lab.ops",)),
     ("kernels and ref", ("nvfp4lab.kernels", "nvfp4lab.ref", "nvfp4lab.moe")),
-    ("low", ("nvfp4lab.tensors", "nvfp4lab.config", "nvfp4lab.recipes", "nvfp4lab.rht", "nvfp4lab.layout",
-             "nvfp4lab.checks", "nvfp4lab.runtime", "nvfp4lab._version")),
+    ("low", ("nvfp4lab.tensors", "nvfp4lab.config", "nvfp4lab.recipes", "nvfp4lab.te_recipes", "nvfp4lab.autocasting",
+             "nvfp4lab.rht", "nvfp4lab.layout", "nvfp4lab.checks", "nvfp4lab.runtime", "nvfp4lab._version")),
 )
 
 

@@ -1,5 +1,6 @@
 """nvfp4lab: NVFP4 and MXFP8 low-precision training for PyTorch, bit-exact with TransformerEngine."""
 from ._version import __version__
+from .autocasting import autocast
 from .checkpoint import export_modelopt, load_quantized, save_quantized
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
 from .modules import GroupedLinear, InferenceLinear, Linear, convert, freeze
@@ -16,6 +17,7 @@ from .ops import (
     unswizzle_scales,
 )
 from .recipes import MXFP8Recipe, NVFP4Recipe
+from .te_recipes import NVFP4BlockScaling, NVFP4PerTokenBlockScaling
 from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "nvfp4_grouped_gemm", "quantize_mxfp8", "quantize_nvfp4",
     "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
     "swizzle_scales", "unswizzle_scales",
-    "NVFP4Recipe", "MXFP8Recipe", "Linear", "GroupedLinear", "convert",
+    "NVFP4Recipe", "MXFP8Recipe", "NVFP4BlockScaling", "NVFP4PerTokenBlockScaling", "autocast",
+    "Linear", "GroupedLinear", "convert",
     "InferenceLinear", "freeze", "save_quantized", "load_quantized", "export_modelopt", "__version__",
 ]

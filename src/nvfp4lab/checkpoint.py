@@ -92,6 +92,9 @@ def _quantized_layers(model: nn.Module) -> dict:
 
 def _rowwise_weight(name: str, layer):
     """The rowwise quantized weight of a Linear / InferenceLinear (the bits its forward uses)."""
+    if isinstance(layer.recipe, NVFP4Recipe) and layer.recipe.tensor_config("weight").per_token:
+        raise ValueError(f"layer {name!r}: its recipe quantizes the weight per token (PR 3045, numerics='te_pr3045'), "
+                         "which has no quantized checkpoint form (one weight amax per tensor); save its state_dict instead")
     if isinstance(layer, InferenceLinear):
         return layer.quantized_weight()
     if isinstance(layer, GroupedLinear):

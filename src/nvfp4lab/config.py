@@ -19,6 +19,9 @@ SCALE_LAYOUTS = ("compact", "padded", "swizzled")
 BLOCKS = ("1x16", "16x16")
 FOUR_OVER_SIX_MODES = (None, "mae", "mse")
 E4M3_MAXES = (448.0, 256.0)
+# Whose numerics a quantization follows: TE main's (spec section 3.1, the default) or open PR 3045's
+# per-token cast (amax floored at 1e-12 in S_enc, enc = S_enc / s, code 0 in blocks of scale 0).
+NUMERICS = ("te_main", "te_pr3045")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,12 @@ class NVFP4QuantConfig:
     stochastic_rounding: round the E2M1 codes stochastically (gradients).
     scale_layout: "compact" (R, C/16) unpadded, "padded" (roundup(R,128), roundup(C/16,4)) zero-padded,
         or "swizzled" (the padded shape holding the cuBLAS 128x4 byte order).
+    numerics: "te_main" (TE main, spec 3.1) or "te_pr3045" (TE PR 3045's per-token cast, needs
+        per_token): S_enc = fl(2688 / max(amax, 1e-12)), enc = fl(S_enc / s) (0 where s == 0); the
+        stored amax stays the raw max |x|; its dequantize and GEMM use that raw amax. With it, ``rht``
+        is PR 3045's fp32 transform (no bf16 rounding, :func:`nvfp4lab.rht.apply_rht_fp32`) and
+        block="16x16" is its 2D weight: TE main's per-tensor 16x16 cast whose scalar amax is copied into
+        the per-token amax vectors.
     """
 
     block: str = "1x16"
@@ -48,8 +57,11 @@ class NVFP4QuantConfig:
     e4m3_max: Optional[float] = None
     stochastic_rounding: bool = False
     scale_layout: str = "compact"
+    numerics: str = "te_main"
 
     def __post_init__(self):
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
         if not (self.rowwise or self.columnwise):
@@ -65,11 +77,20 @@ class NVFP4QuantConfig:
             raise ValueError(f"rht_sign_mask must be a 16-bit integer, got {self.rht_sign_mask!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+        main = self.numerics == "te_main"
         rules = [
+            (not main and not self.per_token, "numerics='te_pr3045' without per_token",
+             "PR 3045's numerics are those of its per-token cast"),
+            (not main and self.four_over_six is not None, "numerics='te_pr3045' and four_over_six",
+             "PR 3045 forces 4over6 off"),
+            (not main and self.e4m3_max != 448.0, f"numerics='te_pr3045' and e4m3_max={self.e4m3_max:g}",
+             "PR 3045's per-token cast uses E = 448"),
             (self.rht and self.four_over_six is not None, "rht and four_over_six", "TE rejects RHT with 4over6"),
-            (self.rht and self.per_token, "rht and per_token", "per-token (row-scaled) NVFP4 does not take RHT"),
+            (main and self.rht and self.per_token, "rht and per_token",
+             "TE main's per-token (row-scaled) NVFP4 does not take RHT (PR 3045's fp32 RHT does: numerics='te_pr3045')"),
             (self.rht and self.block == "16x16", "rht and block='16x16'", "RHT applies to 1x16 activations/gradients, never to 2D weights"),
-            (self.per_token and self.block == "16x16", "per_token and block='16x16'", "2D blocks need one amax per tensor"),
+            (main and self.per_token and self.block == "16x16", "per_token and block='16x16'",
+             "2D blocks need one amax per tensor (PR 3045's 2D weight copies it into the vectors: numerics='te_pr3045')"),
             (self.stochastic_rounding and self.four_over_six is not None, "stochastic_rounding and four_over_six",
              "4over6 picks a scale by round-to-nearest error"),
         ]
@@ -82,6 +103,16 @@ class NVFP4QuantConfig:
     @property
     def block_rows(self) -> int:
         return 16 if self.block == "16x16" else 1
+
+    @property
+    def broadcast_2d(self) -> bool:
+        """PR 3045's 2D weight: a per-tensor 16x16 cast (:meth:`per_tensor_2d`) whose scalar amax is
+        copied into the per-token amax vectors."""
+        return self.numerics == "te_pr3045" and self.block == "16x16"
+
+    def per_tensor_2d(self) -> "NVFP4QuantConfig":
+        """The TE-main per-tensor config of a :attr:`broadcast_2d` cast (the codes and scales it writes)."""
+        return dataclasses.replace(self, per_token=False, numerics="te_main")
 
 
 FP8_FORMATS = ("e4m3", "e5m2")  # the element encodings of MXFP8 data

@@ -1,7 +1,9 @@
-"""Conformance check against a folder of golden vectors (format: shared/golden/README.md).
+"""Conformance check against a folder of golden vectors (format: shared/golden/README.md, with the
+additions of shared/golden_pr3045/README.md).
 
 Each ``*.safetensors`` case holds inputs, expected outputs and a JSON ``case`` header; this module
 runs nvfp4lab on the inputs and compares as the case says (exact bytes, or a per-element tolerance).
+``params.numerics`` ("te_main" when absent, or "te_pr3045") picks the numerics of every NVFP4 op.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Optional
 import torch
 
 from . import ops
+from .config import NVFP4QuantConfig
+from .tensors import NVFP4Tensor
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -54,7 +58,34 @@ def _nvfp4_kwargs(params: dict) -> dict:
         per_token=params["per_token"], rht=params["rht"],
         rht_sign_mask=params["rht_sign_mask"] if params["rht"] else 0xD7E8,
         four_over_six=params.get("four_over_six"), e4m3_max=params.get("e4m3_max"),
+        numerics=params.get("numerics", "te_main"),
     )
+
+
+def _tolerance_problem(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> Optional[str]:
+    """Per element |got - want| <= atol + rtol * |want| (NaN fails), after matching shape and dtype."""
+    got = got.cpu()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{name}: shape/dtype {tuple(got.shape)}/{got.dtype} != {tuple(want.shape)}/{want.dtype}"
+    g, w = got.double(), want.double()
+    bad = ((g - w).abs() > atol + rtol * w.abs()) | torch.isnan(g)
+    if not bad.any():
+        return None
+    idx = tuple(bad.nonzero()[0].tolist())
+    return (f"{name}: {int(bad.sum())} elements out of tolerance, first at {idx}: "
+            f"got {g[idx].item():.8g}, expected {w[idx].item():.8g}")
+
+
+def _dequantize_case(tensors: dict, params: dict, device: str, backend: str) -> torch.Tensor:
+    """nvfp4_dequantize: the stored (data, scale, amax) triple as the rowwise copy of an (R, C) tensor
+    (a columnwise triple of x is the rowwise one of x^T), dequantized to ``params.out_dtype``."""
+    data, scale, amax = (tensors[k].to(device) for k in ("data", "scale", "amax"))
+    rows, cols = data.shape[0], data.shape[1] * 2
+    config = NVFP4QuantConfig(block=params["block"], per_token=params["per_token"], rht=False,
+                              four_over_six=params.get("four_over_six"), e4m3_max=params.get("e4m3_max"),
+                              numerics=params.get("numerics", "te_main"))
+    t = NVFP4Tensor.from_parts(torch.Size((rows, cols)), _DTYPES[params["out_dtype"]], config, rowwise=(data, scale, amax))
+    return ops.dequantize_nvfp4(t, dtype=_DTYPES[params["out_dtype"]], backend=backend)
 
 
 def run_case(path: Path, backend: str, device: str) -> CaseResult:
@@ -86,18 +117,11 @@ def run_case(path: Path, backend: str, device: str) -> CaseResult:
     elif op == "nvfp4_gemm":
         qa = ops.quantize_nvfp4(tensors["a"].to(device), backend=backend, **_gemm_operand_kwargs(params["a_params"]))
         qb = ops.quantize_nvfp4(tensors["b"].to(device), backend=backend, **_gemm_operand_kwargs(params["b_params"]))
-        got = ops.nvfp4_gemm(qa, qb, out_dtype=_DTYPES[params["out_dtype"]], backend=backend).cpu()
-        want = tensors["out"]
-        rtol, atol = case["rtol"], case["atol"]
-        if got.shape != want.shape or got.dtype != want.dtype:
-            problems.append(f"out: shape/dtype {tuple(got.shape)}/{got.dtype} != {tuple(want.shape)}/{want.dtype}")
-        else:
-            g, w = got.double(), want.double()
-            bad = ((g - w).abs() > atol + rtol * w.abs()) | torch.isnan(g)
-            if bad.any():
-                idx = tuple(bad.nonzero()[0].tolist())
-                problems.append(f"out: {int(bad.sum())} elements out of tolerance, first at {idx}: "
-                                f"got {g[idx].item():.8g}, expected {w[idx].item():.8g}")
+        got = ops.nvfp4_gemm(qa, qb, out_dtype=_DTYPES[params["out_dtype"]], backend=backend)
+        problems.append(_tolerance_problem("out", got, tensors["out"], case["rtol"], case["atol"]))
+    elif op == "nvfp4_dequantize":
+        got = _dequantize_case(tensors, params, device, backend)
+        problems.append(_tolerance_problem("out", got, tensors["out"], case["rtol"], case["atol"]))
     else:
         return CaseResult(path.name, False, f"unknown op {op!r}")
     problems = [p for p in problems if p]

@@ -170,6 +170,10 @@ class NVFP4ShardedWeight(torch.Tensor):
         amax = values.abs().amax().float().reshape(1)
         dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
         config = weight_config(recipe)
+        if config.per_token:
+            raise ValueError(f"FP4 all-gather of {type(module).__name__}: its recipe quantizes the weight per token "
+                             "(PR 3045, numerics='te_pr3045'), whose column amaxes span the shards; use FSDP's "
+                             "high-precision all-gather (do not call enable_fp4_all_gather)")
         gather_columnwise = config.columnwise and not _columnwise_is_transposed_rowwise(config)
         transport = replace(config, columnwise=gather_columnwise, scale_layout="compact")
         q = ops.quantize_nvfp4(values, config=transport, amax=amax, columnwise_amax=amax, backend=module.backend)

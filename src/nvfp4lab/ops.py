@@ -126,6 +126,7 @@ def quantize_nvfp4(
     amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
     scale_layout: str = "compact",
+    numerics: str = "te_main",
     config: Optional[NVFP4QuantConfig] = None,
     backend: Optional[str] = None,
 ) -> NVFP4Tensor:
@@ -140,7 +141,7 @@ def quantize_nvfp4(
     if config is None:
         config = _nvfp4_config(block=block, rowwise=rowwise, columnwise=columnwise, per_token=per_token, rht=rht,
                                rht_sign_mask=rht_sign_mask, four_over_six=four_over_six, e4m3_max=e4m3_max,
-                               stochastic_rounding=stochastic_rounding, scale_layout=scale_layout)
+                               stochastic_rounding=stochastic_rounding, scale_layout=scale_layout, numerics=numerics)
     elif not isinstance(config, NVFP4QuantConfig):
         raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
     x2 = flatten_2d("x", x)
@@ -150,8 +151,9 @@ def quantize_nvfp4(
         _check_multiple("M (product of x's leading dims)", m, 16, "columnwise and 16x16 outputs block 16 rows")
     if seed is not None and generator is not None:
         raise ValueError("seed and generator: pass one of them, not both")
-    amax = _check_amax("amax", amax, (m,) if config.per_token else (1,), x.device)
-    col_expected = (k,) if config.per_token else (1,)
+    per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
+    amax = _check_amax("amax", amax, (m,) if per_vector else (1,), x.device)
+    col_expected = (k,) if per_vector else (1,)
     columnwise_amax = _check_amax("columnwise_amax", columnwise_amax, col_expected, x.device)
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
@@ -232,6 +234,9 @@ def quantize_nvfp4_grouped_bulk(
         raise ValueError(f"pass either config= or individual options, not both (got {sorted(options)})")
     if config.scale_layout != "compact":
         raise ValueError("scale_layout: the grouped bulk buffers hold compact scales; use quantize_nvfp4_grouped (per-split views) for padded/swizzled scales")
+    if config.broadcast_2d:
+        raise ValueError("config: PR 3045's 2D weight (numerics='te_pr3045', block='16x16') is a per-tensor cast; "
+                         "quantize each weight alone with quantize_nvfp4 (TE's split_quantize rejects it too)")
     x2 = flatten_2d("x", x)
     m, k = x2.shape
     _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
@@ -380,6 +385,12 @@ def _check_out(out, accumulate: bool, m: int, n: int, out_dtype: torch.dtype) ->
 
 
 # ------------------------------------------------------------------------------------------ GEMM
+def _check_same_numerics(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
+    if a.config.numerics != b.config.numerics:
+        raise ValueError(f"a and b must share numerics (a {a.config.numerics!r}, b {b.config.numerics!r}): PR 3045's "
+                         "per-token GEMM takes two PR 3045 operands (its epilogue order differs from TE main's)")
+
+
 def nvfp4_gemm(
     a: NVFP4Tensor,
     b: NVFP4Tensor,
@@ -402,6 +413,7 @@ def nvfp4_gemm(
             raise ValueError(f"{name} has no rowwise copy: nvfp4_gemm reads rowwise data (quantize with rowwise=True)")
     if a.k != b.k:
         raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
+    _check_same_numerics(a, b)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, n = a.m, b.m
@@ -480,6 +492,7 @@ def nvfp4_grouped_gemm(
     num_experts = int(b.shape[0])
     if a.k != b.k:
         raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
+    _check_same_numerics(a, b)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, k = a.m, a.k

@@ -15,6 +15,10 @@ Recipes are frozen dataclasses validated at construction. Named presets build th
 environment override layer (:meth:`NVFP4Recipe.from_env`) is explicit: no recipe ever reads the
 environment unless ``from_env`` is called.
 
+TE's own recipe classes (``NVFP4BlockScaling``, PR 3045's ``NVFP4PerTokenBlockScaling``, with TE's field
+names) live in :mod:`nvfp4lab.te_recipes`; :func:`resolve_recipe` accepts them and
+:meth:`NVFP4Recipe.from_te` / :meth:`NVFP4Recipe.to_te` map between the two.
+
 Recipe names (the one registry, as torchao's ``Float8LinearRecipeName`` / ``from_recipe_name``): every
 catalogue (``nvfp4lab lab``, ``nvfp4lab train``) is a list of names that :func:`from_recipe_name` turns
 into a recipe. A name is ``bf16`` (no quantization), ``mxfp8``, ``mxfp8-hybrid``, or ``nvfp4`` followed
@@ -29,8 +33,10 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
-from .config import SCALE_LAYOUTS, MXFP8QuantConfig, NVFP4QuantConfig
+from . import te_recipes
+from .config import NUMERICS, SCALE_LAYOUTS, MXFP8QuantConfig, NVFP4QuantConfig
 from .rht import DEFAULT_RHT_SIGN_MASK
+from .te_recipes import TE_RECIPE_TYPES, env_backward_override, env_flag
 
 TENSORS = ("input", "weight", "grad")  # the three tensors of a linear layer: x, W, dy
 # role -> (tensor, copy): the operand copies the three GEMMs read (spec section 4)
@@ -75,14 +81,20 @@ class NVFP4Recipe:
     """NVFP4 training recipe (TE's ``NVFP4BlockScaling`` options plus the seeds').
 
     weight_2d: weights use 16x16 blocks (one scale per tile, shared by both copies); else 1x16.
-        With per-token activations the weight stays per tensor (PR 3045's 2D weight: its scalar amax
-        works unchanged against a per-token operand in :func:`nvfp4lab.nvfp4_gemm`).
+        With TE main's per-token activations the weight stays per tensor (its scalar amax works
+        unchanged against a per-token operand in :func:`nvfp4lab.nvfp4_gemm`).
     rht: random Hadamard transform on the wgrad operands (columnwise copies of input and grad), with
         sign mask ``rht_sign_mask`` (TE's fixed 0xD7E8).
     stochastic_rounding: stochastic rounding of the gradient (both copies). Never on input or weight.
     per_token_activations: one amax per row of x (rowwise copy) and per column of x (columnwise copy);
-        TE main's ``row_scaled_activation`` (seed 000) / PR 3045's per-token cast (seed 001).
-    per_token_gradients: the same for dy (PR 3045 allows per-token gradients).
+        TE main's ``row_scaled_activation`` (seed 000).
+    per_token_gradients: the same for dy (an nvfp4lab option with TE main's numerics).
+    numerics: "te_main", or "te_pr3045" for PR 3045's per-token recipe (seed 001,
+        ``NVFP4PerTokenBlockScaling``): x, W and dy all per token (amax (M,)/(K,) for x, (N,)/(K,) for
+        W, (M,)/(N,) for dy) with that PR's cast numerics (:class:`NVFP4QuantConfig`) and GEMM epilogue
+        order; weight_2d is then its 2D weight (16x16 blocks, the per-tensor amax copied into the
+        vectors), rht its fp32 RHT on the wgrad copies, stochastic_rounding SR on dy. Needs
+        per_token_activations and per_token_gradients, no 4over6.
     four_over_six_scope: 4over6 scope, None / "weights" / "activations" / "all". Never on gradients.
     four_over_six_err_mode: "mae" (TE's default) or "mse" (fouroversix's default).
     four_over_six_e256_scope: which 4over6 tensors use E = 256 as the global-scale constant (the
@@ -94,9 +106,10 @@ class NVFP4Recipe:
         stochastic_rounding and the input's columnwise copy only act in "quantized" mode.
     scale_layout: block-scale layout of every quantized operand ("swizzled" = cuBLAS GEMM order).
 
-    Rules (ValueError at construction): 4over6 never on gradients; RHT excludes per-token on the
-    tensor that carries it (input or grad) and 4over6 on activations; per_token_gradients needs
-    backward="quantized"; every role's config must satisfy :class:`NVFP4QuantConfig`'s rules.
+    Rules (ValueError at construction): 4over6 never on gradients; with TE main's numerics RHT excludes
+    per-token on the tensor that carries it (input or grad), and per_token_gradients needs
+    backward="quantized"; RHT excludes 4over6 on activations; "te_pr3045" as above; every role's
+    config must satisfy :class:`NVFP4QuantConfig`'s rules.
     """
 
     weight_2d: bool = True
@@ -110,6 +123,7 @@ class NVFP4Recipe:
     four_over_six_e256_scope: Optional[str] = "all"
     backward: str = "quantized"
     scale_layout: str = "swizzled"
+    numerics: str = "te_main"
 
     def __post_init__(self):
         for name in ("weight_2d", "rht", "stochastic_rounding", "per_token_activations", "per_token_gradients"):
@@ -129,15 +143,25 @@ class NVFP4Recipe:
             raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
+        main = self.numerics == "te_main"
         rules = [
-            (self.rht and self.per_token_activations, "rht and per_token_activations",
-             "per-token NVFP4 does not take RHT, and the input's columnwise (wgrad) copy is per-token too"),
-            (self.rht and self.per_token_gradients, "rht and per_token_gradients",
-             "per-token NVFP4 does not take RHT, and the gradient's columnwise (wgrad) copy is per-token too"),
+            (main and self.rht and self.per_token_activations, "rht and per_token_activations",
+             "TE main's per-token NVFP4 does not take RHT, and the input's columnwise (wgrad) copy is per-token too "
+             "(PR 3045's recipe does: numerics='te_pr3045')"),
+            (main and self.rht and self.per_token_gradients, "rht and per_token_gradients",
+             "TE main's per-token NVFP4 does not take RHT, and the gradient's columnwise (wgrad) copy is per-token too "
+             "(PR 3045's recipe does: numerics='te_pr3045')"),
             (self.rht and _in_scope(self.four_over_six_scope, "input"), f"rht and four_over_six_scope={self.four_over_six_scope!r}",
              "TE rejects RHT with 4over6, and the input's columnwise copy would need both"),
-            (self.per_token_gradients and self.backward != "quantized", f"per_token_gradients and backward={self.backward!r}",
+            (main and self.per_token_gradients and self.backward != "quantized", f"per_token_gradients and backward={self.backward!r}",
              "gradients are only quantized with backward='quantized'"),
+            (not main and not (self.per_token_activations and self.per_token_gradients),
+             "numerics='te_pr3045' without per_token_activations and per_token_gradients",
+             "PR 3045's recipe quantizes x, W and dy per token"),
+            (not main and self.four_over_six_scope is not None,
+             f"numerics='te_pr3045' and four_over_six_scope={self.four_over_six_scope!r}", "PR 3045 forces 4over6 off"),
         ]
         for bad, names, why in rules:
             if bad:
@@ -157,12 +181,38 @@ class NVFP4Recipe:
 
     @classmethod
     def per_token(cls, *, gradients: bool = False, **overrides) -> "NVFP4Recipe":
-        """Per-token activations (TE main's row-scaled activation, seeds 000/001) with per-tensor 16x16
-        weights (PR 3045's 2D weight) and stochastic rounding of gradients; RHT off (per-token NVFP4
-        does not take it). ``gradients=True`` also makes dy per-token (PR 3045)."""
+        """Per-token activations (TE main's row-scaled activation, seed 000, i.e.
+        ``NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True)``) with per-tensor 16x16
+        weights and stochastic rounding of gradients; RHT off (TE main's per-token NVFP4 does not take
+        it). ``gradients=True`` also makes dy per-token (an nvfp4lab option; PR 3045's recipe, with its
+        own numerics, is :meth:`pr3045`)."""
         base = dict(rht=False, per_token_activations=True, per_token_gradients=gradients)
         base.update(overrides)
         return cls(**base)
+
+    @classmethod
+    def pr3045(cls, **overrides) -> "NVFP4Recipe":
+        """PR 3045's ``NVFP4PerTokenBlockScaling()`` (seed 001): x, W and dy per token with that PR's
+        numerics, 1x16 weights, RHT and SR off (``weight_2d``, ``rht``, ``stochastic_rounding`` are its
+        ``per_token_weight_2d``, ``per_token_rht``, ``per_token_sr``)."""
+        base = dict(numerics="te_pr3045", weight_2d=False, rht=False, stochastic_rounding=False,
+                    per_token_activations=True, per_token_gradients=True)
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def from_te(cls, te_recipe) -> "NVFP4Recipe":
+        """The recipe of a TE-named one (:class:`nvfp4lab.NVFP4BlockScaling`,
+        :class:`nvfp4lab.NVFP4PerTokenBlockScaling`)."""
+        if not isinstance(te_recipe, TE_RECIPE_TYPES):
+            raise TypeError(f"te_recipe must be an NVFP4BlockScaling or NVFP4PerTokenBlockScaling, got {type(te_recipe).__name__}")
+        return te_recipe.to_recipe()
+
+    def to_te(self):
+        """This recipe under TE's names (an :class:`nvfp4lab.NVFP4BlockScaling` or
+        :class:`nvfp4lab.NVFP4PerTokenBlockScaling`); ValueError naming what TE cannot express. The
+        scale layout is not part of it (TE's GEMM takes swizzled scales)."""
+        return te_recipes.from_recipe_fields(dataclasses.asdict(self))
 
     @classmethod
     def four_over_six(cls, scope: str = "all", err_mode: str = "mae", **overrides) -> "NVFP4Recipe":
@@ -182,8 +232,8 @@ class NVFP4Recipe:
         e4m3_max = 448.0
         if four_over_six is not None and _in_scope(self.four_over_six_e256_scope, tensor):
             e4m3_max = 256.0
-        if tensor == "weight":
-            options = dict(block="16x16" if self.weight_2d else "1x16")
+        if tensor == "weight":  # per tensor with TE main's numerics, per token with PR 3045's
+            options = dict(block="16x16" if self.weight_2d else "1x16", per_token=self.numerics == "te_pr3045")
         elif tensor == "input":
             options = dict(per_token=self.per_token_activations, rht=self.rht and columnwise)
         else:
@@ -191,7 +241,7 @@ class NVFP4Recipe:
                            stochastic_rounding=self.stochastic_rounding)
         return NVFP4QuantConfig(
             rowwise=rowwise, columnwise=columnwise, four_over_six=four_over_six, e4m3_max=e4m3_max,
-            rht_sign_mask=self.rht_sign_mask, scale_layout=self.scale_layout, **options,
+            rht_sign_mask=self.rht_sign_mask, scale_layout=self.scale_layout, numerics=self.numerics, **options,
         )
 
     def config_for(self, role: str) -> NVFP4QuantConfig:
@@ -204,84 +254,76 @@ class NVFP4Recipe:
     @classmethod
     def from_env(cls, base: Optional["NVFP4Recipe"] = None, environ: Optional[Mapping[str, str]] = None) -> "NVFP4Recipe":
         """``base`` (default :meth:`te_default`) with the overrides set in ``environ`` (default
-        ``os.environ``). Only this method reads the environment. Variables (unset = keep ``base``):
+        ``os.environ``). Only this method reads the environment; values are parsed as TE parses them
+        (:mod:`nvfp4lab.te_recipes`: a switch is on only for "1", off for "0" or "", any other value
+        raises). Variables (unset = keep ``base``):
 
         ========================================  ======================================================
         NVTE_NVFP4_DISABLE_RHT=0|1                rht = not value
         NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING    stochastic_rounding = not value
         NVTE_NVFP4_DISABLE_2D_QUANTIZATION        weight_2d = not value
         NVTE_NVFP4_ROW_SCALED_ACTIVATION=0|1      per_token_activations (TE main)
-        NVTE_NVFP4_PER_TOKEN_ACTIVATION=0|1       per_token_activations (PR 2931 name)
-        NVTE_NVFP4_PER_TOKEN=0|1                  per_token_activations and per_token_gradients (PR 3045)
+        NVTE_NVFP4_PER_TOKEN_ACTIVATION=0|1       per_token_activations (PR 2931's name)
         NVFP4LAB_PER_TOKEN_GRADIENTS=0|1          per_token_gradients (no TE name)
         NVTE_NVFP4_4OVER6=none|weights|activations|all           four_over_six_scope
-        NVTE_NVFP4_4OVER6_ERR_MODE=MAE|MSE                       four_over_six_err_mode
+        NVTE_NVFP4_4OVER6_ERR_MODE=MAE|MSE (any case)            four_over_six_err_mode
         NVTE_NVFP4_4OVER6_E4M3_USE_256=none|weights|activations|all  four_over_six_e256_scope
-        NVTE_BACKWARD_OVERRIDE=none|dequantized|high_precision   backward ("none" = "quantized")
-        NVFP4LAB_RHT_SIGN_MASK=<int, e.g. 0xD7E8>                rht_sign_mask
+        NVTE_BACKWARD_OVERRIDE=dequantized|high_precision        backward (unset: keep base)
+        NVFP4LAB_RHT_SIGN_MASK=<int, e.g. 0xD7E8>                rht_sign_mask (no TE name)
+        NVTE_NVFP4_PER_TOKEN=1                    PR 3045's recipe (:meth:`pr3045`), as that PR's
+                                                  env switch: then NVTE_NVFP4_PER_TOKEN_RHT / _SR /
+                                                  _WEIGHT_2D set rht / stochastic_rounding / weight_2d
+                                                  (default off), and the knobs the PR forces
+                                                  (DISABLE_*, ROW_SCALED_ACTIVATION, 4OVER6) are
+                                                  overruled as it does
         ========================================  ======================================================
 
-        Values are case-insensitive; a malformed value raises ValueError naming the variable, and an
-        incompatible result raises the recipe's ValueError (e.g. per-token activations need
-        NVTE_NVFP4_DISABLE_RHT=1 on top of the TE default).
+        A ``base`` with PR 3045's numerics reads the PR's variables (and keeps its numerics). An incompatible result raises
+        the recipe's ValueError (e.g. per-token activations need NVTE_NVFP4_DISABLE_RHT=1 on top of
+        the TE default, as TE's quantizers refuse RHT with row-scaled activations).
         """
         env = os.environ if environ is None else environ
         base = cls.te_default() if base is None else base
         if not isinstance(base, cls):
             raise TypeError(f"base must be an {cls.__name__} or None, got {type(base).__name__}")
         changes: dict = {}
-
-        def flag(name: str) -> Optional[bool]:
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return None
-            value = raw.strip().lower()
-            if value not in ("0", "1", "true", "false"):
-                raise ValueError(f"environment variable {name} must be 0 or 1, got {raw!r}")
-            return value in ("1", "true")
-
-        def scope(name: str):
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return ...
-            value = raw.strip().lower()
-            if value in ("none", "0"):
-                return None
-            if value not in ("weights", "activations", "all"):
-                raise ValueError(f"environment variable {name} must be none, weights, activations or all, got {raw!r}")
-            return value
-
-        for name, field in (("NVTE_NVFP4_DISABLE_RHT", "rht"), ("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "stochastic_rounding"),
-                            ("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "weight_2d")):
-            value = flag(name)
+        te = te_recipes.NVFP4BlockScaling._env_fields(env)  # TE main's variables, TE's parsing
+        for te_name, field, invert in (("disable_rht", "rht", True), ("disable_stochastic_rounding", "stochastic_rounding", True),
+                                       ("disable_2d_quantization", "weight_2d", True),
+                                       ("row_scaled_activation", "per_token_activations", False)):
+            if te_name in te:
+                changes[field] = te[te_name] != invert
+        for te_name, field in (("nvfp4_4over6", "four_over_six_scope"), ("nvfp4_4over6_e4m3_use_256", "four_over_six_e256_scope")):
+            if te_name in te:
+                changes[field] = None if te[te_name] == "none" else te[te_name]
+        if "nvfp4_4over6_err_mode" in te:
+            changes["four_over_six_err_mode"] = te["nvfp4_4over6_err_mode"].lower()
+        if "backward_override" in te:
+            changes["backward"] = te_recipes.backward_mode(te["backward_override"])
+        for name, field in (("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "per_token_activations"),
+                            ("NVFP4LAB_PER_TOKEN_GRADIENTS", "per_token_gradients")):
+            value = env_flag(env, name)
             if value is not None:
-                changes[field] = not value
-        for name, fields in (("NVTE_NVFP4_PER_TOKEN", ("per_token_activations", "per_token_gradients")),
-                             ("NVTE_NVFP4_ROW_SCALED_ACTIVATION", ("per_token_activations",)),
-                             ("NVTE_NVFP4_PER_TOKEN_ACTIVATION", ("per_token_activations",)),
-                             ("NVFP4LAB_PER_TOKEN_GRADIENTS", ("per_token_gradients",))):
-            value = flag(name)
-            if value is not None:
-                for field in fields:
-                    changes[field] = changes.get(field, False) or value
-        for name, field in (("NVTE_NVFP4_4OVER6", "four_over_six_scope"), ("NVTE_NVFP4_4OVER6_E4M3_USE_256", "four_over_six_e256_scope")):
-            value = scope(name)
-            if value is not ...:
-                changes[field] = value
-        raw = env.get("NVTE_NVFP4_4OVER6_ERR_MODE")
-        if raw:
-            if raw.strip().lower() not in FOUR_OVER_SIX_ERR_MODES:
-                raise ValueError(f"environment variable NVTE_NVFP4_4OVER6_ERR_MODE must be MAE or MSE, got {raw!r}")
-            changes["four_over_six_err_mode"] = raw.strip().lower()
-        backward = _backward_from_env(env)
-        if backward is not None:
-            changes["backward"] = backward
+                changes[field] = changes.get(field, False) or value
         raw = env.get("NVFP4LAB_RHT_SIGN_MASK")
         if raw:
             try:
-                changes["rht_sign_mask"] = int(raw.strip(), 0)
+                changes["rht_sign_mask"] = int(raw, 0)
             except ValueError:
                 raise ValueError(f"environment variable NVFP4LAB_RHT_SIGN_MASK must be an integer, got {raw!r}") from None
+        per_token = env_flag(env, "NVTE_NVFP4_PER_TOKEN")
+        if per_token or base.numerics == "te_pr3045":  # (the PR's subclass ignores NVTE_NVFP4_PER_TOKEN=0)
+            pt = te_recipes.NVFP4PerTokenBlockScaling._env_fields(env)
+            keep = {k: v for k, v in changes.items() if k in ("backward", "rht_sign_mask", "four_over_six_err_mode",
+                                                                 "four_over_six_e256_scope")}
+            if base.numerics != "te_pr3045":  # the PR's switch on a TE main recipe: its defaults
+                base = cls.pr3045(backward=base.backward, scale_layout=base.scale_layout, rht_sign_mask=base.rht_sign_mask)
+            changes = dict(keep, numerics="te_pr3045", per_token_activations=True, per_token_gradients=True,
+                           four_over_six_scope=None)
+            for te_name, field in (("per_token_rht", "rht"), ("per_token_sr", "stochastic_rounding"),
+                                   ("per_token_weight_2d", "weight_2d")):
+                if te_name in pt:
+                    changes[field] = pt[te_name]
         return dataclasses.replace(base, **changes)
 
     def replace(self, **changes) -> "NVFP4Recipe":
@@ -290,15 +332,9 @@ class NVFP4Recipe:
 
 
 def _backward_from_env(env: Mapping[str, str]) -> Optional[str]:
-    raw = env.get("NVTE_BACKWARD_OVERRIDE")
-    if not raw:
-        return None
-    value = raw.strip().lower()
-    if value == "none":
-        return "quantized"
-    if value not in ("dequantized", "high_precision"):
-        raise ValueError(f"environment variable NVTE_BACKWARD_OVERRIDE must be none, dequantized or high_precision, got {raw!r}")
-    return value
+    """NVTE_BACKWARD_OVERRIDE as TE reads it (None: unset, keep the base)."""
+    is_set, override = env_backward_override(env)
+    return te_recipes.backward_mode(override) if is_set else None
 
 
 MXFP8_RECIPE_FORMATS = ("e4m3", "hybrid")  # E4M3 everywhere, or E5M2 gradients (TE's Format.HYBRID)
@@ -357,14 +393,19 @@ class MXFP8Recipe:
 
 
 RECIPE_TYPES = (NVFP4Recipe, MXFP8Recipe)
+te_recipes.register_recipe_class(NVFP4Recipe)
 
 
 def resolve_recipe(recipe):
-    """A layer's ``recipe`` argument: None means TE's default NVFP4 recipe; anything else must be a recipe."""
+    """A layer's ``recipe`` argument: None means TE's default NVFP4 recipe; a TE-named one
+    (:mod:`nvfp4lab.te_recipes`) its :class:`NVFP4Recipe`; anything else must be a recipe."""
     if recipe is None:
         return NVFP4Recipe.te_default()
+    if isinstance(recipe, TE_RECIPE_TYPES):
+        return recipe.to_recipe()
     if not isinstance(recipe, RECIPE_TYPES):
-        raise TypeError(f"recipe must be an NVFP4Recipe, an MXFP8Recipe or None, got {type(recipe).__name__}")
+        raise TypeError(f"recipe must be an NVFP4Recipe, an MXFP8Recipe, an NVFP4BlockScaling / "
+                        f"NVFP4PerTokenBlockScaling or None, got {type(recipe).__name__}")
     return recipe
 
 
@@ -380,6 +421,8 @@ NVFP4_FEATURES = {
     "w2d": (dict(weight_2d=True), "16x16 weights"),
     "pt": (dict(per_token_activations=True), "per-token activations"),
     "ptg": (dict(per_token_gradients=True), "per-token gradients"),
+    "pr3045": (dict(numerics="te_pr3045", per_token_activations=True, per_token_gradients=True),
+               "PR 3045 per-token recipe (x, W, dy per token, its numerics)"),
     "4o6mae": (dict(four_over_six_scope="all", four_over_six_err_mode="mae"), "4over6 MAE E=256 on W and x"),
     "4o6mse": (dict(four_over_six_scope="all", four_over_six_err_mode="mse"), "4over6 MSE E=256 on W and x"),
     "4o6mae448": (dict(four_over_six_scope="all", four_over_six_err_mode="mae", four_over_six_e256_scope=None),

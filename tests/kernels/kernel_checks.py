@@ -1,8 +1,9 @@
-"""Checks the kernel tests share: bit-exact float comparison, kernels that must not launch, and the
-golden conformance cases run through the Triton backend."""
+"""Checks the kernel tests share: bit-exact float comparison, kernels that must not launch, the
+golden conformance cases run through the Triton backend, and the host copy of the SR random bytes."""
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from nvfp4lab.conformance import default_folder, run_folder
@@ -68,3 +69,29 @@ def assert_conformance(folders, pattern: str, **run_kwargs) -> None:
         assert results, f"no {pattern.rstrip('*').rstrip('_')} case in {folder}"
         failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
         assert not failed, failed
+
+
+def host_philox(seed: int, counters: np.ndarray, stream: int) -> np.ndarray:
+    """Philox4x32-10 as ``tl.philox(seed, lo, hi, stream, 0)``: (N,) int64 counters -> (N, 4) uint32 words."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c = [counters.astype(np.uint64) & m32, counters.astype(np.uint64) >> np.uint64(32),
+         np.full(counters.shape, stream, np.uint64), np.zeros(counters.shape, np.uint64)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    a, b = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        p0, p2 = a * c[0], b * c[2]
+        c = [(p2 >> np.uint64(32)) ^ c[1] ^ k0, p2 & m32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & m32]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    return np.stack(c, axis=-1).astype(np.uint32)
+
+
+def host_sr_bytes(seed: int, rows: int, cols: int, stream: int) -> torch.Tensor:
+    """The random byte of every element of a quantized (rows, cols) matrix (x rowwise, stream 0; x^T or
+    RHT(x^T) columnwise, stream 1) under the SR bit mapping of ``cast16_kernel``: Philox block
+    (r // 2) * (cols / 8) + c // 8, byte 8 (r % 2) + c % 8; byte b is byte b % 4 of word b // 4."""
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    c = np.arange(cols, dtype=np.int64)[None, :]
+    counter, byte = (r // 2) * (cols // 8) + c // 8, (r % 2) * 8 + c % 8
+    words = host_philox(seed, counter.ravel(), stream)
+    w = words[np.arange(counter.size), (byte.ravel() // 4)]
+    return torch.from_numpy(((w >> (8 * (byte.ravel() % 4)).astype(np.uint32)) & 0xFF).astype(np.int32).reshape(rows, cols))

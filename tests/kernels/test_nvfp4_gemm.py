@@ -441,7 +441,7 @@ for decode, rows in ((1, (opt_flags.HOPPER[0], opt_flags.HOPPER[-1])), (0, (opt_
         constexprs = dict(A_SWIZZLED=False, B_SWIZZLED=True, A_AMAX_ROWS=True, B_AMAX_MODE=0, BIAS_MODE=1,
                           ACCUMULATE=False, OUT_BF16=True, GROUPED=cfg.block_m > 16, E_POW2=8, EVEN_K=decode == 0,
                           DECODE=decode, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                          GROUP_M=cfg.group_m, B_PRE=cfg.b_predecode)
+                          GROUP_M=cfg.group_m, B_PRE=cfg.b_predecode, EPI_PR3045=decode == 1)  # both epilogue orders
         if cfg.b_predecode:
             pointers["b_ptr"] = "*fp16"
         sig = {name: pointers.get(name, "constexpr" if name in constexprs else ("fp32" if name == "inv_e" else "i32"))
@@ -464,7 +464,8 @@ assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(nu
 print("ok expand")
 fn_e = dequant_mm.epilogue_kernel
 ptr_e = {"acc_ptr": "*fp32", "a_amax_ptr": "*fp32", "b_amax_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
-ce = dict(A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True, OUT_BF16=True, BLOCK_M=32, BLOCK_N=32)
+ce = dict(A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True, OUT_BF16=True, BLOCK_M=32, BLOCK_N=32,
+          EPI_PR3045=True)
 sig = {name: ptr_e.get(name, "constexpr" if name in ce else ("fp32" if name == "inv_e" else "i32")) for name in fn_e.arg_names}
 src = triton.compiler.ASTSource(fn=fn_e, signature=sig, constexprs={(fn_e.arg_names.index(k),): v for k, v in ce.items()})
 assert len(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["cubin"]) > 0
@@ -472,10 +473,10 @@ print("ok epilogue")
 fn_s = stream.stream_kernel
 ptr_s = {"a_ptr": "*fp16", "a_scale_ptr": "*u8", "a_amax_ptr": "*fp32", "b_ptr": "*i32", "b_scale_ptr": "*u8",
          "b_amax_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32"}
-for _, cfg in opt_flags.HOPPER_DENSE["stream"]:
+for i, (_, cfg) in enumerate(opt_flags.HOPPER_DENSE["stream"]):
     cs = dict(A_SWIZZLED=False, B_SWIZZLED=True, A_AMAX_ROWS=True, B_AMAX_MODE=2, BIAS_MODE=1, ACCUMULATE=True,
               OUT_BF16=True, EVEN_K=False, DECODE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, V=cfg.block_k // 128,
-              WARPS=cfg.num_warps, A_PRE=cfg.a_pre, SPLIT=True)
+              WARPS=cfg.num_warps, A_PRE=cfg.a_pre, SPLIT=True, EPI_PR3045=i == 0)
     sig = {name: ptr_s.get(name, "constexpr" if name in cs else ("fp32" if name == "inv_e" else "i32"))
            for name in fn_s.arg_names}
     src = triton.compiler.ASTSource(fn=fn_s, signature=sig, attrs={(fn_s.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_s},

@@ -8,7 +8,6 @@ import os
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import triton
@@ -28,7 +27,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_modul
 from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import dequant_4over6_fast, seq_sum16, tree_sum16
 from nvfp4lab.kernels.nvfp4_quantize_details.stochastic_rounding import sr_e2m1
 
-from .kernel_checks import forbid_launches, record_launches
+from .kernel_checks import forbid_launches, host_sr_bytes as _host_sr_bytes, record_launches
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -329,32 +328,6 @@ def test_sr_mean_has_lower_error_than_rn(name):
         mean = torch.stack([ref_nvfp4.dequantize(d, torch.float32, which) for d in draws]).mean(0)
         sr_err = (mean - xf).pow(2).mean().sqrt()
         assert sr_err < rn_err, f"{name} {which}: mean of 50 SR draws RMSE {sr_err:.4g} >= RN {rn_err:.4g}"
-
-
-def _host_philox(seed: int, counters: np.ndarray, stream: int) -> np.ndarray:
-    """Philox4x32-10 as ``tl.philox(seed, lo, hi, stream, 0)``: (N,) int64 counters -> (N, 4) uint32 words."""
-    m32 = np.uint64(0xFFFFFFFF)
-    c = [counters.astype(np.uint64) & m32, counters.astype(np.uint64) >> np.uint64(32),
-         np.full(counters.shape, stream, np.uint64), np.zeros(counters.shape, np.uint64)]
-    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
-    a, b = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-    for _ in range(10):
-        p0, p2 = a * c[0], b * c[2]
-        c = [(p2 >> np.uint64(32)) ^ c[1] ^ k0, p2 & m32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & m32]
-        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
-    return np.stack(c, axis=-1).astype(np.uint32)
-
-
-def _host_sr_bytes(seed: int, rows: int, cols: int, stream: int) -> torch.Tensor:
-    """The random byte of every element of a quantized (rows, cols) matrix (x rowwise, stream 0; x^T or
-    RHT(x^T) columnwise, stream 1) under the SR bit mapping of ``cast16_kernel``: Philox block
-    (r // 2) * (cols / 8) + c // 8, byte 8 (r % 2) + c % 8; byte b is byte b % 4 of word b // 4."""
-    r = np.arange(rows, dtype=np.int64)[:, None]
-    c = np.arange(cols, dtype=np.int64)[None, :]
-    counter, byte = (r // 2) * (cols // 8) + c // 8, (r % 2) * 8 + c % 8
-    words = _host_philox(seed, counter.ravel(), stream)
-    w = words[np.arange(counter.size), (byte.ravel() // 4)]
-    return torch.from_numpy(((w >> (8 * (byte.ravel() % 4)).astype(np.uint32)) & 0xFF).astype(np.int32).reshape(rows, cols))
 
 
 @pytest.mark.parametrize("name", list(SR_CONFIGS))
@@ -820,7 +793,7 @@ for name, kwargs in json.loads(sys.argv[1]).items():
             for rowwise, columnwise in sides:
                 meta16 = opt_flags.constexprs(opt_flags.cast16_meta(
                     8192, rowwise, columnwise, block_2d, cfg.per_token, mask, cfg.e4m3_max, cfg.stochastic_rounding,
-                    cfg.stochastic_rounding, cfg.scale_layout))
+                    cfg.stochastic_rounding, cfg.scale_layout, pr3045=cfg.numerics == "te_pr3045"))
                 frontend(cast16_kernel, sig, meta16, 1)
                 frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
         else:
@@ -834,17 +807,18 @@ for name, kwargs in json.loads(sys.argv[1]).items():
 from nvfp4lab.kernels import grouped_quantize as gq
 amax_sig = dict(x_ptr="*bf16", row_amax_ptr="*i32", col_amax_ptr="*i32", offsets_ptr="*i64", group_split_ptr="*i32",
                 num_splits="i32", M="i32", K="i32")
-for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0)]:
+for row_mode, col_mode in [(1, 1), (2, 2), (1, 3), (1, 0), (0, 1), (2, 0), (2, 4)]:
     try:
         frontend(gq._grouped_amax_kernel, amax_sig, dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=0xD7E8, BLOCK_M=64,
                  BLOCK_K=128, DOT_BF16=True, SPLIT_STEPS=3, STEPS_M=4), 8)
     except Exception as exc:
         failures[f"grouped-amax-{row_mode}-{col_mode}"] = str(exc).strip().splitlines()[-1][:400]
-try:
-    frontend(pt_scales_kernel, dict(row_amax_ptr="*fp32", row_table_ptr="*fp32", N_ROW="i32", col_amax_ptr="*fp32",
-                                   col_table_ptr="*fp32", N_COL="i32"), dict(E6=2688.0, BLOCK=1024), 4)
-except Exception as exc:
-    failures["pt-scales"] = str(exc).strip().splitlines()[-1][:400]
+for pr3045 in (False, True):
+    try:
+        frontend(pt_scales_kernel, dict(row_amax_ptr="*fp32", row_table_ptr="*fp32", N_ROW="i32", col_amax_ptr="*fp32",
+                                        col_table_ptr="*fp32", N_COL="i32"), dict(E6=2688.0, BLOCK=1024, PR3045=pr3045), 4)
+    except Exception as exc:
+        failures[f"pt-scales-{pr3045}"] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))
 """
 
@@ -858,6 +832,8 @@ def test_cast_kernels_build_for_sm90():
 
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"))
     configs = dict(CONFIGS, **{f"sr-{k}": dict(v, stochastic_rounding=True) for k, v in CONFIGS.items() if not v.get("four_over_six")})
+    pr3045 = dict(per_token=True, numerics="te_pr3045", rowwise=True, columnwise=True)  # PR 3045's cast (2D: per tensor)
+    configs.update({"pr3045-rowcol": pr3045, "pr3045-rht-sr-rowcol": dict(pr3045, rht=True, stochastic_rounding=True)})
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(configs)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

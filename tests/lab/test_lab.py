@@ -189,6 +189,17 @@ def test_recipe_names_resolve():
         resolve_recipes(["nvfp4-w2d-rht-sr-hpbwd"])  # a registry name outside the lab's catalogue
 
 
+def test_pr3045_recipe_formats_name_their_numerics():
+    """PR 3045's recipe (registry name nvfp4-pr3045, not in the sweep): every tensor per token with its numerics."""
+    from nvfp4lab.lab.recipes import describe_format
+
+    r = lab_recipe("nvfp4-pr3045")
+    for fmt in (r.weight, r.activation, r.gradient):
+        assert describe_format(fmt) == {"format": "nvfp4", "block": "1x16", "per_token": True, "numerics": "te_pr3045",
+                                        "e4m3_max": 448.0}
+    assert "numerics" not in describe_format(CATALOGUE["te"].weight)
+
+
 def test_model_option_takes_any_local_checkpoint(model_path, tmp_path):
     """--model: a freshly saved small BERT (random weights, the default model's tokenizer)."""
     from transformers import AutoTokenizer, BertConfig, BertModel

@@ -399,6 +399,33 @@ def test_convert_shared_layer_and_root():
         convert("model")
 
 
+def test_convert_skips_linears_whose_parent_reads_the_weight():
+    """nn.MultiheadAttention passes out_proj.weight to F.multi_head_attention_forward and never calls
+    out_proj: converting it would report a layer that never runs quantized."""
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+    reference = copy.deepcopy(model)
+    report = convert(model, backend="ref")
+    assert report.converted == ["linear1", "linear2"]
+    assert [name for name, _ in report.skipped] == ["self_attn.out_proj"]
+    assert "reads out_proj.weight directly" in report.skipped[0][1] and "self_attn.out_proj" in str(report)
+    assert type(model.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    x = torch.randn(2, 16, 32)
+    assert (model(x) - reference(x)).norm() / reference(x).norm() < 0.2
+    mha = nn.MultiheadAttention(32, 4)
+    assert convert(mha).converted == [] and [n for n, _ in convert(mha).skipped] == ["out_proj"]
+
+
+def test_convert_lab_minilm_converts_all_its_linears():
+    """The lab's model (BERT-style attention with nn.Linear q/k/v/output layers): nothing is skipped."""
+    from nvfp4lab.lab import capture
+
+    model, _ = capture.load_model(capture.default_model_path(), torch.device("cpu"))
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    report = convert(model)
+    assert report.skipped == [] and report.converted == linears and len(linears) == 6 * 6 + 1  # + the pooler
+
+
 # ------------------------------------------------------------------------------- torch.compile
 def test_torch_compile_fullgraph_linear_stack_cpu():
     """Dynamo captures a Linear stack in one graph (fullgraph) and AOT autograd traces its backward;

@@ -42,6 +42,22 @@ def test_per_token_preset():
     assert g.config_for("grad_wgrad") == cfg(rowwise=False, columnwise=True, per_token=True, stochastic_rounding=True)
 
 
+def test_pr3045_preset_and_rules():
+    """PR 3045's recipe: x, W and dy per token with its numerics; RHT (fp32) may go with per-token there."""
+    r = NVFP4Recipe.pr3045(rht=True)
+    pt = dict(per_token=True, numerics="te_pr3045")
+    assert r.config_for("input_fprop") == cfg(**pt)
+    assert r.config_for("input_wgrad") == cfg(rowwise=False, columnwise=True, rht=True, **pt)
+    assert r.config_for("weight_fprop") == cfg(**pt) and r.config_for("weight_dgrad") == cfg(rowwise=False, columnwise=True, **pt)
+    assert r.config_for("grad_wgrad") == cfg(rowwise=False, columnwise=True, rht=True, **pt)
+    assert NVFP4Recipe.pr3045(backward="high_precision").backward == "high_precision"  # dy stays per token when quantized
+    for kwargs, match in ((dict(per_token_gradients=False), "without per_token_activations and per_token_gradients"),
+                          (dict(four_over_six_scope="weights"), "numerics='te_pr3045' and four_over_six_scope"),
+                          (dict(numerics="te_pr2931"), "numerics must be one of")):
+        with pytest.raises(ValueError, match=match):
+            NVFP4Recipe.pr3045(**kwargs)
+
+
 def test_four_over_six_preset_and_scopes():
     r = NVFP4Recipe.four_over_six()
     assert r.config_for("input_fprop") == cfg(four_over_six="mae", e4m3_max=256.0)
@@ -122,19 +138,38 @@ def test_from_env_maps_te_variables():
     assert NVFP4Recipe.from_env(environ={}) == NVFP4Recipe.te_default()
     base = NVFP4Recipe.per_token()
     assert NVFP4Recipe.from_env(base, environ={"NVTE_NVFP4_PER_TOKEN_ACTIVATION": "0", "NVTE_NVFP4_DISABLE_RHT": "0"}) == NVFP4Recipe()
-    pt = NVFP4Recipe.from_env(environ={"NVTE_NVFP4_PER_TOKEN": "1", "NVTE_NVFP4_DISABLE_RHT": "1"})
-    assert pt.per_token_activations and pt.per_token_gradients
     assert NVFP4Recipe.from_env(environ={"NVFP4LAB_RHT_SIGN_MASK": "0xACE1"}).rht_sign_mask == 0xACE1
-    assert NVFP4Recipe.from_env(base, environ={"NVTE_BACKWARD_OVERRIDE": "none"}).backward == "quantized"
+    # "" is off, as TE's os.getenv(name, "0") == "1" reads it
+    assert NVFP4Recipe.from_env(environ={"NVTE_NVFP4_DISABLE_RHT": ""}).rht
+
+
+def test_from_env_per_token_switch_is_pr3045s_recipe():
+    """NVTE_NVFP4_PER_TOKEN=1 turns the recipe into PR 3045's, whose own variables opt into RHT / SR /
+    2D weights and which overrules the knobs it forces (as the PR's NVFP4BlockScaling does)."""
+    env = {"NVTE_NVFP4_PER_TOKEN": "1", "NVTE_NVFP4_DISABLE_RHT": "0", "NVTE_NVFP4_4OVER6": "all"}
+    assert NVFP4Recipe.from_env(environ=env) == NVFP4Recipe.pr3045()
+    env.update(NVTE_NVFP4_PER_TOKEN_RHT="1", NVTE_NVFP4_PER_TOKEN_SR="1", NVTE_NVFP4_PER_TOKEN_WEIGHT_2D="1",
+               NVTE_BACKWARD_OVERRIDE="dequantized")
+    assert NVFP4Recipe.from_env(environ=env) == NVFP4Recipe.pr3045(rht=True, stochastic_rounding=True, weight_2d=True,
+                                                                   backward="dequantized")
+    # the PR's variables without its switch act only on a PR 3045 base
+    assert NVFP4Recipe.from_env(environ={"NVTE_NVFP4_PER_TOKEN_SR": "1"}) == NVFP4Recipe()
+    assert NVFP4Recipe.from_env(NVFP4Recipe.pr3045(), environ={"NVTE_NVFP4_PER_TOKEN_SR": "1"}).stochastic_rounding
 
 
 @pytest.mark.parametrize(
     "env, match",
     [
-        ({"NVTE_NVFP4_DISABLE_RHT": "yes"}, "NVTE_NVFP4_DISABLE_RHT must be 0 or 1"),
-        ({"NVTE_NVFP4_4OVER6": "grads"}, "NVTE_NVFP4_4OVER6 must be"),
+        # TE reads only "1" as on: values it would silently read as off are refused
+        ({"NVTE_NVFP4_DISABLE_RHT": "yes"}, "NVTE_NVFP4_DISABLE_RHT='yes': TE reads only the exact string '1' as on"),
+        ({"NVTE_NVFP4_DISABLE_RHT": "true"}, "TE reads only the exact string '1'"),
+        ({"NVTE_NVFP4_ROW_SCALED_ACTIVATION": " 1"}, "TE reads only the exact string '1'"),
+        ({"NVTE_NVFP4_PER_TOKEN": "True"}, "NVTE_NVFP4_PER_TOKEN='True'"),
+        ({"NVTE_NVFP4_4OVER6": "grads"}, "NVTE_NVFP4_4OVER6 must be one of"),
+        ({"NVTE_NVFP4_4OVER6": "All"}, "TE's exact spelling"),  # TE asserts the lower-case names
         ({"NVTE_NVFP4_4OVER6_ERR_MODE": "L1"}, "NVTE_NVFP4_4OVER6_ERR_MODE must be MAE or MSE"),
         ({"NVTE_BACKWARD_OVERRIDE": "fp32"}, "NVTE_BACKWARD_OVERRIDE must be"),
+        ({"NVTE_BACKWARD_OVERRIDE": "none"}, "NVTE_BACKWARD_OVERRIDE must be"),  # TE's assert refuses it too
         ({"NVFP4LAB_RHT_SIGN_MASK": "abc"}, "NVFP4LAB_RHT_SIGN_MASK must be an integer"),
         ({"NVTE_NVFP4_ROW_SCALED_ACTIVATION": "1"}, "rht and per_token_activations"),  # TE default keeps RHT on
     ],
@@ -178,6 +213,8 @@ def test_mxfp8_recipe():
                                     four_over_six_err_mode="mse", four_over_six_e256_scope=None)),
     ("nvfp4-w2d-rht-sr-hpbwd", NVFP4Recipe.te_default(backward="high_precision")),
     ("nvfp4-dqbwd", NVFP4Recipe(weight_2d=False, rht=False, stochastic_rounding=False, backward="dequantized")),
+    ("nvfp4-pr3045", NVFP4Recipe.pr3045()),
+    ("nvfp4-w2d-pr3045-rht-sr", NVFP4Recipe.pr3045(weight_2d=True, rht=True, stochastic_rounding=True)),
     ("mxfp8", MXFP8Recipe()),
     ("mxfp8-hybrid", MXFP8Recipe(fp8_format="hybrid")),
     ("bf16", None),
@@ -194,6 +231,7 @@ def test_recipe_names_build_the_presets(name, expected):
     ("nvfp4-4o6mae-4o6w", "one 4over6 variant"),
     ("nvfp4-hpbwd-dqbwd", "one backward mode"),
     ("nvfp4-pt-rht", "incompatible recipe options rht and per_token_activations"),
+    ("nvfp4-pr3045-4o6mae", "numerics='te_pr3045' and four_over_six_scope='all'"),
 ])
 def test_bad_recipe_names(name, match):
     with pytest.raises(ValueError, match=match):

@@ -4,11 +4,12 @@ from .linear import (
     SplitLayoutCache,
     compute_dtype,
     grouped_linear,
+    grouped_linear_high_precision,
     linear,
     quantize_weight,
     stack_grouped_weights,
     transposed_operand,
 )
 
-__all__ = ["SplitLayout", "SplitLayoutCache", "compute_dtype", "grouped_linear", "linear", "quantize_weight",
-           "stack_grouped_weights", "transposed_operand"]
+__all__ = ["SplitLayout", "SplitLayoutCache", "compute_dtype", "grouped_linear", "grouped_linear_high_precision", "linear",
+           "quantize_weight", "stack_grouped_weights", "transposed_operand"]

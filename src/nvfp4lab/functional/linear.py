@@ -672,3 +672,26 @@ def grouped_linear(
         layout = split_cache.get(splits, x.device) if split_cache is not None else SplitLayout(splits, x.device)
     return _GroupedLinearFunction.apply(x, splits, layout, quantized_weights, stacked_weights, recipe, compute_dtype(x),
                                         backend, num, *weights, *biases)
+
+
+def grouped_linear_high_precision(
+    x: torch.Tensor,
+    m_splits: Union[Sequence[int], torch.Tensor],
+    weights: Sequence[torch.Tensor],
+    biases: Optional[Sequence[Optional[torch.Tensor]]] = None,
+) -> torch.Tensor:
+    """:func:`grouped_linear` without quantization (``nvfp4lab.autocast(enabled=False)``): split i of
+    the tokens through ``torch.nn.functional.linear`` with weight i and bias i, in x's (or autocast's) dtype."""
+    _check_float("x", x)
+    if not isinstance(weights, (list, tuple)) or len(weights) == 0:
+        raise TypeError("weights must be a non-empty list of tensors")
+    biases = [None] * len(weights) if biases is None else list(biases)
+    if len(biases) != len(weights):
+        raise ValueError(f"biases must have one entry per weight ({len(weights)}), got {len(biases)}")
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least 1 dim (..., in_features), got shape {tuple(x.shape)}")
+    x2 = x.reshape(-1, x.shape[-1])
+    splits = _splits_to_list(m_splits, len(weights), x2.shape[0])
+    parts = [torch.nn.functional.linear(part, w, b) for part, w, b in zip(x2.split(list(splits)), weights, biases)]
+    y = torch.cat(parts, dim=0)
+    return y.reshape(*x.shape[:-1], y.shape[-1])

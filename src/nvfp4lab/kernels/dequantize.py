@@ -5,6 +5,10 @@ Numerics (spec section 11, :func:`nvfp4lab.ref.nvfp4.dequantize_rows`), per 16-e
     factor = fl(fl(float(s) * amax) * fl(1/(6E)))        E = the tensor's own e4m3_max (448 or 256)
     out    = out_dtype(fl(q * factor))
 
+PR 3045's numerics (``pr3045``): factor = fl(float(s) * fl(amax / 2688)) with the raw stored amax: the
+launcher divides the amax vector once (a correctly rounded torch division) and the kernel multiplies by
+1 instead of fl(1/(6E)), which is exact.
+
 Input layout of the quantized matrix Q (R, C) (rowwise copy: Q = x, R = M, C = K; columnwise copy:
 Q = x^T, R = K, C = M):
 
@@ -345,12 +349,13 @@ def _t_tile_shape(rows: int, cols: int, gr: int) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=4096)
 def _dequantize_plan(rows: int, cols: int, scale_layout: str, e4m3_max: float, transpose: bool, out_dtype: torch.dtype,
-                     per_row_amax: bool, block_rows, block_cols, num_warps, spec) -> tuple:
+                     per_row_amax: bool, block_rows, block_cols, num_warps, pr3045: bool, spec) -> tuple:
     """(Launch, its scalar arguments after the four tensors) of one dequantize shape and choice of
-    kernel; ``spec``: the tensors' device, dtypes and alignment (part of the cache key only)."""
+    kernel; ``spec``: the tensors' device, dtypes and alignment (part of the cache key only).
+    ``pr3045``: the amax arrives divided by 2688 and the kernel's factor multiplies by 1 (exact)."""
     blocks = cols // 16
     scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
-    scalars = (rows, cols, scale_stride, roundup(blocks, 4) // 4, rcp_f32(6.0 * e4m3_max))
+    scalars = (rows, cols, scale_stride, roundup(blocks, 4) // 4, 1.0 if pr3045 else rcp_f32(6.0 * e4m3_max))
     common = dict(SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=per_row_amax,
                   SOFT_BF16=soft_bf16_cast(out_dtype, spec[0]))
     if transpose:
@@ -385,8 +390,10 @@ def launch_nvfp4_dequantize(
     block_rows: int | None = None,
     block_cols: int | None = None,
     num_warps: int | None = None,
+    pr3045: bool = False,
 ) -> None:
     """Dequantize Q (data (R, C/2), scale, amax) into ``out`` ((R, C), or (C, R) with ``transpose``).
+    ``pr3045``: PR 3045's factor fl(s * fl(amax / 2688)) (module docstring).
 
     Block sizes may be overridden (benchmark tuning); they must be powers of two. Rowwise:
     block_rows <= 128 rows and block_cols >= 16 columns per program. With ``transpose`` they count
@@ -397,26 +404,29 @@ def launch_nvfp4_dequantize(
     if rows * cols == 0:
         return
     words = _as_words(data)
+    if pr3045:  # the factor fl(s * fl(amax / 2688)): one correctly rounded division of the amax vector
+        amax = amax / torch.full_like(amax, 2688.0)  # a tensor divisor: a true division on every device
     spec = (out.device, out.dtype, amax.dtype, aligned(words), aligned(scale), aligned(amax), aligned(out))
     bound, scalars = _dequantize_plan(rows, cols, scale_layout, e4m3_max, transpose, out.dtype, amax.numel() != 1,
-                                      block_rows, block_cols, num_warps, spec)
+                                      block_rows, block_cols, num_warps, pr3045, spec)
     bound(words, scale, amax, out, *scalars)
 
 
 @custom_op("nvfp4lab::dequantize_nvfp4", mutates_args=())
 def _dequantize_nvfp4_op(
     data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, scale_layout: str, e4m3_max: float,
-    transpose: bool, out_dtype: torch.dtype,
+    transpose: bool, out_dtype: torch.dtype, pr3045: bool = False,
 ) -> torch.Tensor:
     rows, cols = data.shape[0], data.shape[1] * 2
     shape = (cols, rows) if transpose else (rows, cols)
     out = torch.empty(shape, dtype=out_dtype, device=data.device)
-    launch_nvfp4_dequantize(data, scale, amax, out, scale_layout=scale_layout, e4m3_max=e4m3_max, transpose=transpose)
+    launch_nvfp4_dequantize(data, scale, amax, out, scale_layout=scale_layout, e4m3_max=e4m3_max, transpose=transpose,
+                            pr3045=pr3045)
     return out
 
 
 @_dequantize_nvfp4_op.register_fake
-def _(data, scale, amax, scale_layout, e4m3_max, transpose, out_dtype):
+def _(data, scale, amax, scale_layout, e4m3_max, transpose, out_dtype, pr3045=False):
     rows, cols = data.shape[0], data.shape[1] * 2
     return data.new_empty((cols, rows) if transpose else (rows, cols), dtype=out_dtype)
 
@@ -460,8 +470,9 @@ def dequantize_nvfp4(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Ten
         return torch.empty(t.shape, dtype=dtype, device=data.device)
     amax = amax.to(torch.float32).reshape(-1)
     data, scale = data.contiguous(), scale.contiguous()
+    pr3045 = t.config.numerics == "te_pr3045"
     if which == "columnwise" and t.config.rht:
-        q_t = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, False, torch.float32)
+        q_t = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, False, torch.float32, pr3045)
         return inverse_rht(q_t, t.config.rht_sign_mask).t().to(dtype).reshape(t.shape)
-    out = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, which == "columnwise", dtype)
+    out = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, which == "columnwise", dtype, pr3045)
     return out.reshape(t.shape)

@@ -10,8 +10,8 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
   tiles and folds them once, as the single pass does; a program straddling splits folds each tile's
   row maxima per split by a segmented scan and one ``atomic_max`` per split on the int32 view of
   zeroed fp32 buffers (same NaN handling as the single pass). Per-token row amaxes are per row, as in
-  the single pass; per-token column amaxes are (n, K). It also writes the split of every 16-row group
-  (int32 (cdiv(M, 16),)) for the cast.
+  the single pass; per-token column amaxes are (n, K) (of PR 3045's fp32 RHT output with its RHT). It
+  also writes the split of every 16-row group (int32 (cdiv(M, 16),)) for the cast.
 * the cast is the single op's cast (``nvfp4_quantize_details.cast.launch_cast``) with GROUPED=True:
   outer amaxes gathered per 16-row group through that split table (rowwise-only splits, of any size,
   search the offsets per row), columnwise blocks written into the bulk layout of
@@ -46,10 +46,11 @@ from .nvfp4_quantize_details.common import (
     program_columns,
     split_of,
 )
-from .nvfp4_quantize_details.rht import rht_tile
+from .nvfp4_quantize_details.rht import rht_rows_fp32, rht_tile
 
-# amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output
-G_NONE, G_SPLIT, G_PER_TOKEN, G_SPLIT_RHT = 0, 1, 2, 3
+# amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output,
+# 4 per (split, column) of PR 3045's fp32 RHT output
+G_NONE, G_SPLIT, G_PER_TOKEN, G_SPLIT_RHT, G_PER_TOKEN_RHT = 0, 1, 2, 3, 4
 
 
 @triton.jit
@@ -114,6 +115,7 @@ def _grouped_amax_kernel(
     if s_lo == s_hi:
         t = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
         t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
+        t_col = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
@@ -125,6 +127,8 @@ def _grouped_amax_kernel(
             if COL_MODE == 3:
                 y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
                 t_rht = tl.maximum(t_rht, abs_bits(y))
+            if COL_MODE == 4:
+                t_col = tl.maximum(t_col, abs_bits(rht_rows_fp32(xf, BLOCK_M, BLOCK_K, RHT_MASK)))
             if pid_k == 0:
                 tl.store(group_split_ptr + rows // 16, (tl.zeros_like(rows) + s_lo).to(tl.int32), mask=row_ok & (rows % 16 == 0))
         if PER_SPLIT:
@@ -137,6 +141,8 @@ def _grouped_amax_kernel(
             tl.atomic_max(col_amax_ptr + s_lo * K + cols, _canonical_nan(tl.max(t, axis=0)), mask=col_ok, sem="relaxed")
         if COL_MODE == 3:
             tl.atomic_max(col_amax_ptr + s_lo, _canonical_nan(tl.max(tl.max(t_rht, axis=1), axis=0)), sem="relaxed")
+        if COL_MODE == 4:
+            tl.atomic_max(col_amax_ptr + s_lo * K + cols, _canonical_nan(tl.max(t_col, axis=0)), mask=col_ok, sem="relaxed")
     else:
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -148,11 +154,15 @@ def _grouped_amax_kernel(
                                      row_ok, offsets_ptr, s_lo, s_hi, ROW_MODE == 1, COL_MODE == 1)
             if ROW_MODE == 2:
                 tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(mag, axis=1)), mask=row_ok, sem="relaxed")
-            if COL_MODE == 2:
+            if COL_MODE == 2 or COL_MODE == 4:
+                if COL_MODE == 4:  # 16-row groups never straddle splits (columnwise splits are multiples of 16)
+                    cmag = abs_bits(rht_rows_fp32(xf, BLOCK_M, BLOCK_K, RHT_MASK))
+                else:
+                    cmag = mag
                 tile_lo = tl.min(tl.where(row_ok, split, num_splits), axis=0)
                 tile_hi = tl.max(tl.where(row_ok, split, 0), axis=0)
                 for s in range(tile_lo, tile_hi + 1):
-                    c = tl.max(tl.where((row_ok & (split == s))[:, None], mag, 0), axis=0)
+                    c = tl.max(tl.where((row_ok & (split == s))[:, None], cmag, 0), axis=0)
                     tl.atomic_max(col_amax_ptr + s * K + cols, _canonical_nan(c), mask=col_ok, sem="relaxed")
             if COL_MODE == 3:
                 # 16-row groups never straddle splits here (splits are multiples of 16 for columnwise output)
@@ -169,7 +179,7 @@ def _split_steps(num_splits: int) -> int:
 
 def _amax_shapes(m, k, n, row_mode, col_mode):
     row = {G_NONE: (0,), G_SPLIT: (n,), G_PER_TOKEN: (m,)}[row_mode]
-    col = {G_NONE: (0,), G_SPLIT: (n,), G_SPLIT_RHT: (n,), G_PER_TOKEN: (n, k)}[col_mode]
+    col = {G_NONE: (0,), G_SPLIT: (n,), G_SPLIT_RHT: (n,), G_PER_TOKEN: (n, k), G_PER_TOKEN_RHT: (n, k)}[col_mode]
     return row, col
 
 
@@ -190,7 +200,7 @@ def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, co
         group_split.fill_(-1)
     if x.numel() == 0:
         return row_amax, col_amax, group_split
-    per_token = G_PER_TOKEN in (row_mode, col_mode)
+    per_token = G_PER_TOKEN in (row_mode, col_mode) or col_mode == G_PER_TOKEN_RHT
     bm, bk, warps = opt_flags.amax_tile(m, k, rht=col_mode == G_SPLIT_RHT, per_token=per_token, block_m=block_m,
                                         block_k=block_k, num_warps=num_warps)
     meta = dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk,
@@ -230,11 +240,12 @@ def nvfp4_grouped_quantize_cast(
     x: torch.Tensor, offsets: torch.Tensor, group_split: torch.Tensor, row_amax: Optional[torch.Tensor], col_amax: Optional[torch.Tensor],
     seed_tensor: Optional[torch.Tensor], seed: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
     rht_sign_mask: int, four_over_six: int, e4m3_max: float, stochastic_rounding: bool,
-    block_m: int = 0, block_k: int = 0, num_warps: int = 0, poison: bool = False,
+    block_m: int = 0, block_k: int = 0, num_warps: int = 0, poison: bool = False, pr3045: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cast pass of the grouped quantize into the bulk buffers (compact scales); absent outputs are (0,).
     group_split: the amax pass's split of each 16-row group. block_m, block_k, num_warps: an explicit
-    tile (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them."""
+    tile (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them.
+    pr3045: PR 3045's numerics (per-token casts)."""
     m, k = x.shape
     n = offsets.numel() - 1
     shapes = _cast_shapes(m, k, rowwise, columnwise)
@@ -245,14 +256,14 @@ def nvfp4_grouped_quantize_cast(
     launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
                 columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
                 "compact", offsets=offsets, num_splits=n, split_steps=_split_steps(n), group_split=group_split,
-                block_m=block_m, block_k=block_k, num_warps=num_warps)
+                block_m=block_m, block_k=block_k, num_warps=num_warps, pr3045=pr3045)
     return row_data, row_scale, col_data, col_scale
 
 
 @nvfp4_grouped_quantize_cast.register_fake
 def _nvfp4_grouped_quantize_cast_fake(x, offsets, group_split, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d,
                                       per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-                                      block_m=0, block_k=0, num_warps=0, poison=False):
+                                      block_m=0, block_k=0, num_warps=0, poison=False, pr3045=False):
     m, k = x.shape
     return tuple(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise))
 
@@ -279,6 +290,9 @@ def quantize_grouped(
     """
     if config.scale_layout != "compact":
         raise ValueError("grouped bulk buffers hold compact scales")
+    if config.broadcast_2d:
+        raise ValueError("PR 3045's 2D weight (numerics='te_pr3045', block='16x16') is a per-tensor cast: quantize "
+                         "each weight alone (TE's split_quantize rejects it too)")
     m, k = x2d.shape
     x2d = x2d.contiguous()
     offsets = split_offsets.to(device=x2d.device, dtype=torch.int64).contiguous()
@@ -286,7 +300,10 @@ def quantize_grouped(
     if config.rowwise:
         row_mode = G_PER_TOKEN if config.per_token else G_SPLIT
     if config.columnwise:
-        col_mode = G_SPLIT_RHT if config.rht else (G_PER_TOKEN if config.per_token else G_SPLIT)
+        if config.rht:
+            col_mode = G_PER_TOKEN_RHT if config.per_token else G_SPLIT_RHT
+        else:
+            col_mode = G_PER_TOKEN if config.per_token else G_SPLIT
     rht_mask = config.rht_sign_mask if config.rht else 0
     tile = dict(block_m=block_m, block_k=block_k, num_warps=num_warps)
     row_amax, col_amax, group_split = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode, rht_mask, **tile,
@@ -302,7 +319,7 @@ def quantize_grouped(
         x2d, offsets, group_split, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
         seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
         config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
-        config.e4m3_max, config.stochastic_rounding, **tile, poison=poison,
+        config.e4m3_max, config.stochastic_rounding, **tile, poison=poison, pr3045=config.numerics == "te_pr3045",
     )
     out = GroupedNVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config, split_offsets=offsets)
     if config.rowwise:

@@ -14,6 +14,9 @@ Numerics (spec section 12, :mod:`nvfp4lab.ref.gemm`)::
     alpha[i, j] = fl(fl(amax_a[i] * amax_b[j]) * fl(1/(36 E_a E_b)))     in the epilogue, per element
     out         = out_dtype(fl(fl(acc * alpha) + bias[j]) + out_old)     bias / out_old optional
 
+Operands with PR 3045's numerics (``pr3045``) take its epilogue order instead,
+fl(fl(fl(amax_a[i] * acc) * amax_b[j]) * fl(1/7225344)) (``EPI_PR3045``, :mod:`nvfp4lab.ref.gemm`).
+
 Every product of an E2M1 value (2 significant bits) and an E4M3 scale (4 bits, 2^-9..448) is an FP16
 normal number in [2^-10, 2688] or zero, so expanding the operands to FP16 q * s is exact and the tensor
 core forms exactly the block products of Blackwell's FP4 MMA; only the fp32 summation order differs,
@@ -56,6 +59,7 @@ __all__ = ["GemmConfig", "nvfp4_gemm", "nvfp4_grouped_gemm", "run"]
 def _launch(
     a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
     *, m, n, k, num_experts, e_max_a, e_max_b, accumulate, grouped, config=None, decode=None, splits=None,
+    pr3045=False,
 ):
     """Dispatch one GEMM to its path (see the module docstring) and return ``out``."""
     device = a_data.device
@@ -78,9 +82,9 @@ def _launch(
     config = opt_flags.resolve_config(config, m, n, k, num_experts, grouped, splits is not None, device)
     if grouped and config.dequant_mm:  # host split sizes: per-expert cuBLAS GEMMs on expanded operands
         return dequant_mm.grouped_gemm(a, b, bias, out, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
-                                       config, decode)
+                                       config, decode, pr3045=bool(pr3045))
     flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
-                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16)
+                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16, EPI_PR3045=bool(pr3045))
     bias_arg = bias if bias is not None else a.amax  # a stand-in pointer that BIAS_MODE=0 never reads
     if config.stream:
         return stream.gemm(a, b, bias_arg, out, flags, m, n, k, inv_e, config, decode)
@@ -97,16 +101,18 @@ def _launch(
 def _gemm_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
-    bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype,
+    bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype, pr3045: bool = False,
 ) -> torch.Tensor:
     m, n = a_data.shape[0], b_data.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
     return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, None, bias, out,
-                   m=m, n=n, k=k, num_experts=1, e_max_a=e_max_a, e_max_b=e_max_b, accumulate=False, grouped=False)
+                   m=m, n=n, k=k, num_experts=1, e_max_a=e_max_a, e_max_b=e_max_b, accumulate=False, grouped=False,
+                   pr3045=pr3045)
 
 
 @_gemm_op.register_fake
-def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias, k, out_dtype):
+def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias, k, out_dtype,
+      pr3045=False):
     return a_data.new_empty((a_data.shape[0], b_data.shape[0]), dtype=out_dtype)
 
 
@@ -114,15 +120,16 @@ def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_lay
 def _gemm_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
-    bias: Optional[torch.Tensor], k: int, out: torch.Tensor, accumulate: bool,
+    bias: Optional[torch.Tensor], k: int, out: torch.Tensor, accumulate: bool, pr3045: bool = False,
 ) -> None:
     _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, None, bias, out,
             m=a_data.shape[0], n=b_data.shape[0], k=k, num_experts=1, e_max_a=e_max_a, e_max_b=e_max_b,
-            accumulate=accumulate, grouped=False)
+            accumulate=accumulate, grouped=False, pr3045=pr3045)
 
 
 @_gemm_out_op.register_fake
-def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias, k, out, accumulate):
+def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias, k, out, accumulate,
+      pr3045=False):
     return None
 
 
@@ -131,18 +138,18 @@ def _grouped_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
     offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype,
-    splits: Optional[List[int]] = None,
+    splits: Optional[List[int]] = None, pr3045: bool = False,
 ) -> torch.Tensor:
     m, n = a_data.shape[0], b_data.shape[0] // num_experts
     out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
     return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
                    m=m, n=n, k=k, num_experts=num_experts, e_max_a=e_max_a, e_max_b=e_max_b,
-                   accumulate=False, grouped=True, splits=splits)
+                   accumulate=False, grouped=True, splits=splits, pr3045=pr3045)
 
 
 @_grouped_op.register_fake
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
-      bias, k, out_dtype, splits=None):
+      bias, k, out_dtype, splits=None, pr3045=False):
     return a_data.new_empty((a_data.shape[0], b_data.shape[0] // num_experts), dtype=out_dtype)
 
 
@@ -151,16 +158,16 @@ def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
     offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out: torch.Tensor,
-    accumulate: bool, splits: Optional[List[int]] = None,
+    accumulate: bool, splits: Optional[List[int]] = None, pr3045: bool = False,
 ) -> None:
     _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
             m=a_data.shape[0], n=b_data.shape[0] // num_experts, k=k, num_experts=num_experts,
-            e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True, splits=splits)
+            e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True, splits=splits, pr3045=pr3045)
 
 
 @_grouped_out_op.register_fake
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
-      bias, k, out, accumulate, splits=None):
+      bias, k, out, accumulate, splits=None, pr3045=False):
     return None
 
 
@@ -174,7 +181,12 @@ def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, con
                    b.rowwise_data, b.rowwise_scale, b.scale_layout, b.rowwise_amax, offs, bias, out,
                    m=a.m, n=b.m // num_experts, k=a.k, num_experts=num_experts, e_max_a=a.e4m3_max,
                    e_max_b=b.e4m3_max, accumulate=accumulate, grouped=grouped, config=config, decode=decode,
-                   splits=None if splits is None else list(splits))
+                   splits=None if splits is None else list(splits), pr3045=_pr3045(a, b))
+
+
+def _pr3045(a, b) -> bool:
+    """PR 3045's epilogue order: both operands have its numerics (ops checks that they agree)."""
+    return a.config.numerics == "te_pr3045" and b.config.numerics == "te_pr3045"
 
 
 def operand_args(t):
@@ -187,8 +199,8 @@ def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulat
     """``a @ b^T`` of two NVFP4Tensors' rowwise copies (checked by :func:`nvfp4lab.ops.nvfp4_gemm`,
     which also handles M, N or K == 0). Writes ``out`` in place when given."""
     if out is None:
-        return _gemm_op(*operand_args(a), *operand_args(b), bias, a.k, out_dtype)
-    _gemm_out_op(*operand_args(a), *operand_args(b), bias, a.k, out, bool(accumulate))
+        return _gemm_op(*operand_args(a), *operand_args(b), bias, a.k, out_dtype, _pr3045(a, b))
+    _gemm_out_op(*operand_args(a), *operand_args(b), bias, a.k, out, bool(accumulate), _pr3045(a, b))
     return out
 
 
@@ -200,7 +212,7 @@ def nvfp4_grouped_gemm(a, b, offs, num_experts, *, out_dtype=torch.bfloat16, bia
     splits = None if splits is None else [int(s) for s in splits]
     if out is None:
         return _grouped_op(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k,
-                                                      out_dtype, splits)
+                           out_dtype, splits, _pr3045(a, b))
     _grouped_out_op(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k, out,
-                                              bool(accumulate), splits)
+                    bool(accumulate), splits, _pr3045(a, b))
     return out

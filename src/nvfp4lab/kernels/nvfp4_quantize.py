@@ -4,7 +4,8 @@ Passes over x (M, K), each a ``torch.library`` custom op with a fake implementat
 (``torch.compile(fullgraph=True)`` and CUDA-graph capture work, no host sync):
 
 1. ``nvfp4_amax``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
-   column (K,), or per tensor of the bf16 RHT output (``nvfp4_quantize_details.amax``).
+   column (K,), per tensor of the bf16 RHT output, or per column of PR 3045's fp32 RHT output
+   (``nvfp4_quantize_details.amax``).
 2. ``nvfp4_quantize_cast``, one read of x for both outputs (``nvfp4_quantize_details.cast``):
    * ``cast16_kernel`` (every recipe without 4over6): one 16-row group x 128 columns per one-warp
      program; per-token recipes first compute their global scales once per row and column
@@ -31,6 +32,9 @@ Numerics: those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32.
   (``nvfp4_quantize_details.rht``).
 * Stochastic rounding: Philox4x32-10, 8 random bits per element, stream 0 rowwise / 1 columnwise,
   the seed an int or an int64 device tensor read by the kernel (``nvfp4_quantize_details.stochastic_rounding``).
+* PR 3045's numerics (``config.numerics == "te_pr3045"``, per token): the cast's PR3045 constexpr
+  (floored S_enc, enc = S_enc / s, its fp32 RHT); its 2D weight is the per-tensor 16x16 cast with the
+  scalar amax copied into the vectors (``ref.nvfp4.broadcast_amax``).
 
 Constraints: x contiguous (M, K) bf16/fp16/fp32; K % 16 == 0; M % 16 == 0 when a columnwise or 16x16
 output is asked (rowwise 1x16 takes any M). 64-bit offsets. Empty inputs launch nothing.
@@ -43,12 +47,14 @@ from typing import Optional
 import torch
 
 from ..config import NVFP4QuantConfig
+from ..ref.nvfp4 import broadcast_amax
 from ..tensors import NVFP4Tensor
 from .launch import Launch, aligned, custom_op, tracing
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.amax import (
     AMAX_NONE,
     AMAX_PER_TOKEN,
+    AMAX_PER_TOKEN_RHT,
     AMAX_TENSOR,
     AMAX_TENSOR_RHT,
     amax_kernel,
@@ -63,13 +69,14 @@ from .nvfp4_quantize_details.cast import (
     uninitialized,
 )
 
-__all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES", "amax_modes",
-           "compute_amax", "cast_outputs", "draw_seed", "nvfp4_amax", "nvfp4_quantize_cast", "quantize"]
+__all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
+           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_amax", "nvfp4_quantize_cast", "quantize"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
     sizes = {AMAX_NONE: 0, AMAX_TENSOR: 1, AMAX_TENSOR_RHT: 1}
-    return (m if row_mode == AMAX_PER_TOKEN else sizes[row_mode], k if col_mode == AMAX_PER_TOKEN else sizes[col_mode])
+    return (m if row_mode == AMAX_PER_TOKEN else sizes[row_mode],
+            k if col_mode in (AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT) else sizes[col_mode])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -109,7 +116,8 @@ def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int
     """Outer amax of x (M, K) for the two outputs, as fp32 device tensors (no host sync).
 
     row_mode: 0 none (returns a (0,) tensor), 1 per tensor (1,), 2 per row (M,).
-    col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,).
+    col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,),
+    4 per column of PR 3045's fp32 RHT(x^T) (K,).
     block_m, block_k, num_warps: an explicit tile (0: opt_flags' choice).
     """
     row_amax, col_amax = compute_amax(x, row_mode, col_mode, rht_sign_mask, block_m, block_k, num_warps)
@@ -125,9 +133,10 @@ def _nvfp4_amax_fake(x, row_mode, col_mode, rht_sign_mask, block_m=0, block_k=0,
 
 def cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask,
                  four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m=0, block_k=0, num_warps=0,
-                 poison=False, tables=False) -> tuple:
+                 poison=False, tables=False, pr3045=False) -> tuple:
     """The outputs (row_data, row_scale, col_data, col_scale) of :func:`nvfp4_quantize_cast`, absent
-    ones None. ``tables``: the per-token amaxes are given as the cast's (3, n) tables."""
+    ones None. ``tables``: the per-token amaxes are given as the cast's (3, n) tables (TE main's
+    numerics); ``pr3045``: PR 3045's numerics."""
     m, k = x.shape
     dev = x.device
     row_data = uninitialized((m, k // 2), dev, poison) if rowwise else None
@@ -138,7 +147,7 @@ def cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, 
     if x.numel():
         launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                     rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m=block_m,
-                    block_k=block_k, num_warps=num_warps, tables=tables)
+                    block_k=block_k, num_warps=num_warps, tables=tables, pr3045=pr3045)
     return outputs
 
 
@@ -162,6 +171,7 @@ def nvfp4_quantize_cast(
     block_k: int = 0,
     num_warps: int = 0,
     poison: bool = False,
+    pr3045: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize x (M, K) with the given outer amaxes; returns (row_data, row_scale, col_data, col_scale).
 
@@ -169,17 +179,18 @@ def nvfp4_quantize_cast(
     1 MAE, 2 MSE. stochastic_rounding takes ``seed_tensor`` (int64 (1,) on x.device, read inside the
     kernel) when given, else the int ``seed``. block_m, block_k, num_warps: an explicit tile (0:
     opt_flags' choice). poison: fill the outputs with 0xFF before the kernels write them (tests).
+    pr3045: PR 3045's numerics (per_token casts only; with RHT its fp32 transform).
     """
     outputs = cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                            rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m, block_k,
-                           num_warps, poison)
+                           num_warps, poison, pr3045=pr3045)
     return tuple(_or_empty(t, x.device, torch.uint8) for t in outputs)
 
 
 @nvfp4_quantize_cast.register_fake
 def _nvfp4_quantize_cast_fake(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                               rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
-                              block_m=0, block_k=0, num_warps=0, poison=False):
+                              block_m=0, block_k=0, num_warps=0, poison=False, pr3045=False):
     m, k = x.shape
     return tuple(x.new_empty(shape, dtype=torch.uint8) for shape in cast_shapes(m, k, rowwise, columnwise, scale_layout))
 
@@ -193,6 +204,8 @@ def amax_modes(config: NVFP4QuantConfig, amax, columnwise_amax) -> tuple[int, in
     if config.columnwise and columnwise_amax is None:
         if amax is not None and not config.rht and not config.per_token:
             col_mode = AMAX_NONE  # the supplied per-tensor amax serves both outputs
+        elif config.rht and config.per_token:  # PR 3045's per-token fp32 RHT
+            col_mode = AMAX_PER_TOKEN_RHT
         elif config.rht:
             col_mode = AMAX_TENSOR_RHT
         else:
@@ -224,6 +237,10 @@ def quantize(
     Traced calls (torch.compile, fake tensors) go through the custom ops; eager calls run the same
     launchers directly.
     """
+    if config.broadcast_2d:  # PR 3045's 2D weight: TE main's per-tensor 16x16 cast, amax into the vectors
+        inner = quantize(x2d, config.per_tensor_2d(), amax=amax, columnwise_amax=columnwise_amax, seed=seed,
+                         generator=generator, block_m=block_m, block_k=block_k, num_warps=num_warps, poison=poison)
+        return broadcast_amax(inner, config)
     traced = tracing(x2d)
     row_mode, col_mode = amax_modes(config, amax, columnwise_amax)
     shared = row_mode == col_mode == AMAX_TENSOR  # one per-tensor amax serves both copies
@@ -231,7 +248,8 @@ def quantize(
         col_mode = AMAX_NONE
     rht_mask = config.rht_sign_mask if config.rht else 0
     # eager per-token casts whose amaxes are all computed here take the tables from the amax pass
-    tables = (not traced and config.per_token and (row_mode == AMAX_PER_TOKEN or not config.rowwise)
+    tables = (not traced and config.per_token and config.numerics == "te_main"
+              and (row_mode == AMAX_PER_TOKEN or not config.rowwise)
               and (col_mode == AMAX_PER_TOKEN or not config.columnwise))
     if traced:
         row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps)
@@ -261,10 +279,11 @@ def quantize(
     args = (x2d, row_amax, col_amax, seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16",
             config.per_token, config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
             config.e4m3_max, config.stochastic_rounding, config.scale_layout, block_m, block_k, num_warps, poison)
+    pr3045 = config.numerics == "te_pr3045"
     if traced:
-        row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(*args)
+        row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(*args, pr3045=pr3045)
     else:
-        row_data, row_scale, col_data, col_scale = cast_outputs(*args, tables=tables)
+        row_data, row_scale, col_data, col_scale = cast_outputs(*args, tables=tables, pr3045=pr3045)
         if tables:  # the amaxes are the tables' first rows
             row_amax = row_amax[0] if row_amax is not None else None
             col_amax = col_amax[0] if col_amax is not None else None

@@ -69,6 +69,8 @@ def describe_format(fmt: TensorFormat) -> dict:
             out[key] = True
     if fmt.four_over_six:
         out["four_over_six"] = fmt.four_over_six
+    if fmt.numerics != "te_main":
+        out["numerics"] = fmt.numerics
     out["e4m3_max"] = fmt.e4m3_max
     return out
 

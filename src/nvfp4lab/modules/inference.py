@@ -41,7 +41,8 @@ def weight_buffer_shapes(recipe, out_features: int, in_features: int) -> dict:
         return {"weight_data": (n, k), "weight_scale": scale}
     cols = k // 16
     scale = (n, cols) if recipe.scale_layout == "compact" else (roundup(n, 128), roundup(cols, 4))
-    return {"weight_data": (n, k // 2), "weight_scale": scale, "weight_amax": (1,)}
+    per_row = recipe.tensor_config("weight").per_token  # PR 3045's weights: one amax per row
+    return {"weight_data": (n, k // 2), "weight_scale": scale, "weight_amax": (n,) if per_row else (1,)}
 
 
 class InferenceLinear(RecipeStateMixin, nn.Module):
@@ -81,7 +82,7 @@ class InferenceLinear(RecipeStateMixin, nn.Module):
         new.weight_data = quantized.rowwise_data
         new.weight_scale = quantized.rowwise_scale
         if expected is NVFP4Tensor:
-            new.weight_amax = quantized.rowwise_amax.to(torch.float32).reshape(1)
+            new.weight_amax = quantized.rowwise_amax.to(torch.float32).reshape(-1)
         for name, shape in weight_buffer_shapes(recipe, n, k).items():
             if tuple(getattr(new, name).shape) != shape:
                 raise ValueError(f"quantized.{name} has shape {tuple(getattr(new, name).shape)}, expected {shape}")

@@ -8,6 +8,12 @@ pointer; both force a re-quantization. The cache is bypassed (quantize every cal
 traces and while a CUDA graph is being captured, so a captured step always contains the weight
 quantization. ``clear_weight_cache()`` drops it.
 
+Recipe: a layer built with ``recipe=None`` has no recipe of its own and quantizes with the recipe of the
+active :class:`nvfp4lab.autocast` context (TE's default NVFP4 recipe outside every context); its
+``recipe`` attribute reads that recipe at the time of the call. Inside ``autocast(enabled=False)`` every
+layer runs in high precision (``torch.nn.functional.linear`` on its weights). The state is read at
+forward time: see :mod:`nvfp4lab.autocasting` for torch.compile and CUDA graphs.
+
 Distributed: under FSDP (modules it manages carry ``_is_fsdp_managed_module``) the cache is bypassed:
 FSDP refills the gathered weight in place with its version counter preserved, so the key cannot see
 an optimizer step. Under DDP the parameters are the module's own and the cache stays on. With
@@ -25,6 +31,7 @@ from torch import nn
 
 from .. import functional as F
 from .. import ops
+from ..autocasting import autocast_enabled, autocast_recipe
 from ..fsdp import NVFP4GatheredWeight
 from ..recipes import NVFP4Recipe, block_multiple, resolve_recipe
 from .state import RecipeStateMixin
@@ -39,6 +46,30 @@ def check_features(in_features: int, out_features: int, recipe) -> None:
 
 def _cache_bypassed(weight: torch.Tensor) -> bool:
     return ops.compiling() or ops.graph_capturing(weight.device)
+
+
+class _AutocastRecipeMixin:
+    """``recipe``: the layer's own (given at construction or set later), or, for a layer without one
+    (``recipe=None``), the active :class:`nvfp4lab.autocast` context's."""
+
+    @property
+    def recipe(self):
+        own = self.__dict__.get("_own_recipe")
+        return own if own is not None else autocast_recipe()
+
+    @recipe.setter
+    def recipe(self, value) -> None:
+        self.__dict__["_own_recipe"] = None if value is None else resolve_recipe(value)
+
+    @property
+    def follows_autocast(self) -> bool:
+        """True for a layer built without a recipe (it takes the autocast context's)."""
+        return self.__dict__.get("_own_recipe") is None
+
+
+def _high_precision_weight(weight: torch.Tensor) -> torch.Tensor:
+    # an FP4-gathered weight (FSDP2) carries no high-precision values: its dequantized rowwise copy
+    return weight.quantized.dequantize() if isinstance(weight, NVFP4GatheredWeight) else weight
 
 
 class _WeightCacheMixin:
@@ -77,13 +108,15 @@ class _WeightCacheMixin:
         return self.recipe.backward == "quantized" and torch.is_grad_enabled() and x.requires_grad
 
 
-class Linear(RecipeStateMixin, nn.Linear, _WeightCacheMixin):
+class Linear(_AutocastRecipeMixin, RecipeStateMixin, nn.Linear, _WeightCacheMixin):
     """Drop-in :class:`torch.nn.Linear` (same parameters ``weight`` (out, in) and ``bias``, same
     init) whose three GEMMs run quantized per ``recipe``. Its state_dict adds ``_extra_state``, the
     recipe (:mod:`nvfp4lab.modules.state`): loading refuses a different recipe, and a plain
     nn.Linear takes the state_dict with ``strict=False`` or without that entry.
 
-    recipe: :class:`NVFP4Recipe` (default ``NVFP4Recipe.te_default()``) or :class:`MXFP8Recipe`.
+    recipe: :class:`NVFP4Recipe`, :class:`MXFP8Recipe`, TE's :class:`~nvfp4lab.NVFP4BlockScaling` /
+        :class:`~nvfp4lab.NVFP4PerTokenBlockScaling`, or None: the :class:`nvfp4lab.autocast`
+        context's recipe at each call (TE's default NVFP4 recipe outside every context).
     backend: forwarded to :mod:`nvfp4lab.ops` (None: Triton on CUDA tensors, the reference otherwise).
     in_features and out_features must be multiples of 16 (32 for MXFP8). Inputs of any leading shape;
     the output dtype follows autocast (see :func:`nvfp4lab.functional.linear`).
@@ -91,17 +124,17 @@ class Linear(RecipeStateMixin, nn.Linear, _WeightCacheMixin):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  recipe=None, backend: Optional[str] = None):
-        recipe = resolve_recipe(recipe)
-        check_features(in_features, out_features, recipe)
+        own = None if recipe is None else resolve_recipe(recipe)
+        check_features(in_features, out_features, resolve_recipe(own))
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.recipe = recipe
+        self.recipe = own
         self.backend = backend
         self._init_weight_cache()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe=None, *, backend: Optional[str] = None) -> "Linear":
         """A :class:`Linear` sharing ``linear``'s Parameter objects (optimizers holding them keep
-        working), with its training flag."""
+        working), with its training flag; ``recipe=None`` follows the autocast context."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
@@ -117,17 +150,19 @@ class Linear(RecipeStateMixin, nn.Linear, _WeightCacheMixin):
         return ["weight"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not autocast_enabled():
+            return torch.nn.functional.linear(x, _high_precision_weight(self.weight), self.bias)
         quantized = self._quantized_weight("weight", self.weight, self._needs_weight_columnwise(x))
         return F.linear(x, self.weight, self.bias, recipe=self.recipe, quantized_weight=quantized, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, recipe={self.recipe}"
+        return f"{super().extra_repr()}, recipe={'autocast' if self.follows_autocast else self.recipe}"
 
 
 SPLIT_CACHE_ENTRIES = 64  # split patterns a GroupedLinear keeps device offsets for
 
 
-class GroupedLinear(RecipeStateMixin, nn.Module, _WeightCacheMixin):
+class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCacheMixin):
     """MoE grouped linear: ``num_gemms`` experts, each an (out_features, in_features) weight.
 
     Parameters are separate, TE-style: ``weight0`` .. ``weight{num_gemms-1}`` and (with bias)
@@ -143,6 +178,8 @@ class GroupedLinear(RecipeStateMixin, nn.Module, _WeightCacheMixin):
     ``m_splits`` (a :class:`~nvfp4lab.functional.SplitLayoutCache` of the last 64 split patterns,
     not cleared by :meth:`clear_weight_cache`), so a step with splits seen before copies nothing from
     the host and can be captured in a CUDA graph (after a warm-up step with the same splits).
+
+    recipe: as :class:`Linear`'s (None: the :class:`nvfp4lab.autocast` context's).
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
@@ -150,10 +187,10 @@ class GroupedLinear(RecipeStateMixin, nn.Module, _WeightCacheMixin):
         super().__init__()
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"num_gemms must be a positive int, got {num_gemms!r}")
-        recipe = resolve_recipe(recipe)
-        check_features(in_features, out_features, recipe)
+        own = None if recipe is None else resolve_recipe(recipe)
+        check_features(in_features, out_features, resolve_recipe(own))
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
-        self.recipe, self.backend = recipe, backend
+        self.recipe, self.backend = own, backend
         self.use_bias = bias
         for i in range(num_gemms):
             self.register_parameter(f"weight{i}", nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype)))
@@ -187,6 +224,9 @@ class GroupedLinear(RecipeStateMixin, nn.Module, _WeightCacheMixin):
         return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
     def forward(self, x: torch.Tensor, m_splits: Union[Sequence[int], torch.Tensor]) -> torch.Tensor:
+        if not autocast_enabled():
+            return F.grouped_linear_high_precision(x, m_splits, [_high_precision_weight(w) for w in self.weights],
+                                                   self.biases)
         need_columnwise = self._needs_weight_columnwise(x)
         quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(self.weights)]
         stacked = None
@@ -210,7 +250,7 @@ class GroupedLinear(RecipeStateMixin, nn.Module, _WeightCacheMixin):
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.use_bias}, recipe={self.recipe}")
+                f"bias={self.use_bias}, recipe={'autocast' if self.follows_autocast else self.recipe}")
 
 
 # ------------------------------------------------------------------------------------ convert
@@ -228,16 +268,34 @@ class ConversionReport:
         return "\n".join(lines)
 
 
+# parents that read a child Linear's weight directly instead of calling it: a converted child would
+# never run quantized (type -> why)
+DIRECT_WEIGHT_READERS = {
+    nn.MultiheadAttention: "nn.MultiheadAttention reads out_proj.weight directly (F.multi_head_attention_forward), "
+                           "so the layer would never run quantized",
+}
+
+
+def _direct_weight_reader(parent: nn.Module) -> Optional[str]:
+    for cls, why in DIRECT_WEIGHT_READERS.items():
+        if isinstance(parent, cls):
+            return why
+    return None
+
+
 def convert(model: nn.Module, recipe=None, filter: Optional[Callable[[str, nn.Linear], bool]] = None, *,
             backend: Optional[str] = None) -> ConversionReport:
     """Replace, in place, every ``nn.Linear`` inside ``model`` by :class:`Linear` with ``recipe``
-    (sharing its Parameters). ``filter(name, module) -> bool`` selects layers (None: all). Layers whose
-    in/out features are not multiples of 16 (32 for MXFP8), layers the filter rejects, and a model that
-    is itself an nn.Linear (convert its parent, or use :meth:`Linear.from_linear`) are skipped and
-    listed with the reason. A layer shared by several parents is converted once."""
+    (sharing its Parameters; None: the layers follow the :class:`nvfp4lab.autocast` context).
+    ``filter(name, module) -> bool`` selects layers (None: all). Layers whose in/out features are not
+    multiples of 16 (32 for MXFP8), layers whose parent reads their weight directly
+    (:data:`DIRECT_WEIGHT_READERS`: nn.MultiheadAttention's out_proj), layers the filter rejects, and a
+    model that is itself an nn.Linear (convert its parent, or use :meth:`Linear.from_linear`) are
+    skipped and listed with the reason. A layer shared by several parents is converted once."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    recipe = resolve_recipe(recipe)
+    own = None if recipe is None else resolve_recipe(recipe)
+    recipe = resolve_recipe(own)
     if filter is not None and not callable(filter):
         raise TypeError(f"filter must be a callable (name, module) -> bool or None, got {type(filter).__name__}")
     report = ConversionReport()
@@ -254,6 +312,10 @@ def convert(model: nn.Module, recipe=None, filter: Optional[Callable[[str, nn.Li
             if id(child) in done:
                 setattr(parent, child_name, done[id(child)])
                 continue
+            reader = _direct_weight_reader(parent)
+            if reader is not None:
+                report.skipped.append((name, reader))
+                continue
             if filter is not None and not filter(name, child):
                 report.skipped.append((name, "rejected by filter"))
                 continue
@@ -261,7 +323,7 @@ def convert(model: nn.Module, recipe=None, filter: Optional[Callable[[str, nn.Li
             if bad:
                 report.skipped.append((name, f"{', '.join(bad)} not a multiple of {mult}"))
                 continue
-            new = Linear.from_linear(child, recipe, backend=backend)
+            new = Linear.from_linear(child, own, backend=backend)
             done[id(child)] = new
             setattr(parent, child_name, new)
             report.converted.append(name)

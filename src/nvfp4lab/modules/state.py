@@ -9,7 +9,9 @@ so safetensors files and ``torch.load(weights_only=True)`` take it)::
 
 Loading a state_dict into a converted layer checks that the saved recipe equals the layer's and
 refuses a different one with a ValueError naming the layer and the fields that differ. A state_dict
-without the entry (a plain model's) loads as before and keeps the layer's recipe.
+without the entry (a plain model's) loads as before and keeps the layer's recipe. A layer without a
+recipe of its own (it follows :class:`nvfp4lab.autocast`) saves the recipe active when the state_dict
+is taken and accepts any saved recipe (it keeps following the context).
 """
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ class RecipeStateMixin:
 
     def set_extra_state(self, state) -> None:
         saved = decode_extra_state(state)
+        if getattr(self, "follows_autocast", False):
+            return
         if saved != self.recipe:
             raise ValueError(f"the saved recipe differs ({recipe_differences(saved, self.recipe)})")
 

@@ -7,6 +7,15 @@
 amax_a / amax_b are per tensor (1,) or per token ((M,) rows of A, (N,) rows of B). With per-tensor
 operands alpha is exactly cuBLAS' device alpha. The fp32 summation order of ``acc`` is not part of the
 contract: implementations agree within the golden tolerance (rtol 2^-7).
+
+Operands with PR 3045's numerics (``config.numerics == "te_pr3045"``, both or neither) take the order
+of that PR's fused CUTLASS epilogue (its module path; shared/golden_pr3045/README.md, "GEMM"), with the
+raw per-token amaxes as alphas:
+
+    out = out_dtype(fl(fl(fl(fl(amax_a[i] * acc) * amax_b[j]) * fl(1/7225344)) [+ bias] [+ C]))
+
+The bias is added in fp32 before the one cast, as the PR's grouped GEMM does (its dense module path
+adds it to the bf16 output, a second rounding, which is not reproduced).
 """
 from __future__ import annotations
 
@@ -35,6 +44,17 @@ def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: float, e4
     return (amax_a.to(_F32).reshape(-1, 1) * amax_b.to(_F32).reshape(1, -1)) * inv
 
 
+def uses_pr3045_epilogue(a, b) -> bool:
+    """Whether the GEMM of ``a`` and ``b`` takes PR 3045's epilogue order (both operands have its numerics)."""
+    return a.config.numerics == "te_pr3045" and b.config.numerics == "te_pr3045"
+
+
+def pr3045_scaled(acc: torch.Tensor, amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
+    """PR 3045's epilogue scaling of an fp32 product: fl(fl(fl(amax_a[i] * acc) * amax_b[j]) * fl(1/(36*448^2)))."""
+    inv = torch.tensor(1.0 / (36.0 * 448.0 * 448.0), dtype=_F32, device=acc.device)
+    return ((acc * amax_a.to(_F32).reshape(-1, 1)) * amax_b.to(_F32).reshape(1, -1)) * inv
+
+
 def nvfp4_gemm(
     a,
     b,
@@ -50,7 +70,10 @@ def nvfp4_gemm(
     a_blk = block_dequantized(a.rowwise_data, compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16))
     b_blk = block_dequantized(b.rowwise_data, compact_scales(b.rowwise_scale, b.scale_layout, n, k // 16))
     acc = a_blk @ b_blk.t()
-    result = acc * gemm_alpha(a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
+    if uses_pr3045_epilogue(a, b):
+        result = pr3045_scaled(acc, a.rowwise_amax, b.rowwise_amax)
+    else:
+        result = acc * gemm_alpha(a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
     if bias is not None:
         result = result + bias.to(_F32)
     if accumulate and out is not None:

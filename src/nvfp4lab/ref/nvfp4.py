@@ -13,6 +13,18 @@ Quantization of a matrix Y (R, C) along its rows, with an outer amax per tensor 
     code  = E2M1_RNE_satfinite(fl(y * enc))                        (or stochastic rounding)
 
 Rowwise output quantizes x (M, K); columnwise output quantizes x^T (K, M) (after the RHT when enabled).
+
+PR 3045's per-token numerics (``numerics="te_pr3045"``, shared/golden_pr3045/README.md), per row:
+
+    S_enc = fl(2688 / max(amax, fl(1e-12))), clamped to FLT_MAX; 1 when the quotient is 0
+    s     = e4m3(min(fl(bamax * fl(S_enc * fl(1/6))), FLT_MAX))      (as above)
+    enc   = min(fl(S_enc / s), FLT_MAX); 0 where s == 0                (one correctly rounded division)
+    code  = E2M1_RNE_satfinite(fl(y * enc))                           (or stochastic rounding)
+
+The stored amax is the raw max |y|. Its RHT (``rht`` with these numerics) is the fp32 transform of
+:func:`nvfp4lab.rht.apply_rht_fp32`; its 2D weight is TE main's per-tensor 16x16 cast with the scalar
+amax copied into the (M,) and (K,) vectors. Its dequantize is ``fl(q * fl(s * fl(amax / 2688)))`` with the
+raw stored amax (also where the encoder floored it: PR 3045's own inconsistency, kept).
 """
 from __future__ import annotations
 
@@ -20,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from ..rht import DEFAULT_RHT_SIGN_MASK, apply_rht, inverse_rht, rht_matrix  # noqa: F401  (the RHT lives in nvfp4lab.rht)
+from ..rht import DEFAULT_RHT_SIGN_MASK, apply_rht, apply_rht_fp32, inverse_rht, rht_matrix  # noqa: F401  (the RHT lives in nvfp4lab.rht)
 from ..tensors import GroupedNVFP4Tensor, NVFP4Tensor
 from . import codecs
 from .codecs import FLT_MAX
@@ -28,6 +40,7 @@ from .swizzle import apply_scale_layout, compact_scales
 
 _F32 = torch.float32
 _ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=_F32).item()  # fl(1/6) = 0.16666667163...
+_PR3045_AMAX_FLOOR = torch.tensor(1e-12, dtype=_F32).item()  # fl(1e-12), PR 3045's floor of amax in S_enc
 
 
 def _f32(v, device) -> torch.Tensor:
@@ -41,6 +54,14 @@ def global_encode_scale(amax: torch.Tensor, e4m3_max: float = 448.0) -> torch.Te
     s_enc = _f32(6.0 * e4m3_max, amax.device) / amax
     s_enc = torch.clamp(s_enc, max=FLT_MAX)
     return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+
+
+def global_encode_scale_pr3045(amax: torch.Tensor) -> torch.Tensor:
+    """PR 3045: S_enc = min(fl(2688 / max(amax, fl(1e-12))), FLT_MAX); 1 where the quotient is 0."""
+    amax = amax.to(_F32)
+    floored = torch.maximum(amax, _f32(_PR3045_AMAX_FLOOR, amax.device))
+    s_enc = torch.clamp(_f32(6.0 * 448.0, amax.device) / floored, max=FLT_MAX)
+    return torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
 
 
 # ------------------------------------------------------------------------------ rounding to E2M1
@@ -114,22 +135,29 @@ def quantize_rows(
     e4m3_max: float = 448.0,
     four_over_six: Optional[str] = None,
     rand_bytes: Optional[torch.Tensor] = None,
+    numerics: str = "te_main",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``y`` (R, C) along rows in blocks of ``block_rows`` x 16.
 
     ``amax`` is the outer amax: shape (1,) per tensor or (R,) per row. Returns (codes (R, C) uint8,
     scale (R, C/16) uint8 E4M3 bits). ``rand_bytes`` (R, C) enables stochastic rounding.
+    ``numerics="te_pr3045"``: PR 3045's global scale and encode factor (module docstring; E = 448).
     """
     y = y.to(_F32)
     amax_col = amax.to(_F32).reshape(-1, 1)
-    s_enc = global_encode_scale(amax_col, e4m3_max)
+    pr3045 = numerics == "te_pr3045"
+    s_enc = global_encode_scale_pr3045(amax_col) if pr3045 else global_encode_scale(amax_col, e4m3_max)
     s_dec = 1.0 / s_enc
     bamax = _block_amax(y, block_rows)
 
     if four_over_six is None:
         mult = s_enc * _ONE_SIXTH
         scale = codecs.e4m3_encode(torch.clamp(bamax * mult, max=FLT_MAX))
-        enc = _encode_scale_factor(codecs.e4m3_decode(scale), s_dec)
+        scale_f32 = codecs.e4m3_decode(scale)
+        if pr3045:  # one correctly rounded division; a zero scale encodes its block as zeros
+            enc = torch.where(scale_f32 == 0, torch.zeros_like(scale_f32), torch.clamp(s_enc / scale_f32, max=FLT_MAX))
+        else:
+            enc = _encode_scale_factor(scale_f32, s_dec)
         scaled = y * _expand(enc)
         if rand_bytes is not None:
             return stochastic_round_e2m1(scaled, rand_bytes), scale
@@ -162,14 +190,20 @@ def dequantize_rows(
     *,
     e4m3_max: float = 448.0,
     out_dtype: torch.dtype = torch.float32,
+    numerics: str = "te_main",
 ) -> torch.Tensor:
     """(R, C/2) packed codes + compact (R, C/16) scales -> (R, C).
 
     Per block: final = fl(fl(float(s) * amax) * fl(1/(6E))); out = out_dtype(fl(q * final)).
-    ``amax`` is (1,) or (R,) (per row).
+    ``amax`` is (1,) or (R,) (per row). ``numerics="te_pr3045"``: PR 3045's
+    ``dequantize_nvfp4_per_token``, final = fl(float(s) * fl(amax / 2688)) with the raw amax.
     """
     q = codecs.e2m1_decode(codecs.unpack_fp4(codes_packed))
-    factor = (codecs.e4m3_decode(scale) * amax.to(_F32).reshape(-1, 1)) * _f32(1.0 / (6.0 * e4m3_max), q.device)
+    amax = amax.to(_F32).reshape(-1, 1)
+    if numerics == "te_pr3045":
+        factor = codecs.e4m3_decode(scale) * (amax / _f32(6.0 * 448.0, q.device))
+    else:
+        factor = (codecs.e4m3_decode(scale) * amax) * _f32(1.0 / (6.0 * e4m3_max), q.device)
     return (q * _expand(factor)).to(out_dtype)
 
 
@@ -193,10 +227,13 @@ def quantize(
     amax for the columnwise output ((1,), (K,) per token, or the post-RHT amax). Stochastic rounding
     draws rowwise bits first, then columnwise bits, from ``generator``.
     """
+    if config.broadcast_2d:
+        return _quantize_broadcast_2d(x, config, amax=amax, columnwise_amax=columnwise_amax, generator=generator)
     m, k = x.shape
     xf = x.to(_F32)
     rowwise = columnwise = None
-    kwargs = dict(block_rows=config.block_rows, e4m3_max=config.e4m3_max, four_over_six=config.four_over_six)
+    kwargs = dict(block_rows=config.block_rows, e4m3_max=config.e4m3_max, four_over_six=config.four_over_six,
+                  numerics=config.numerics)
 
     def outer_amax(mat: torch.Tensor) -> torch.Tensor:
         if mat.numel() == 0:
@@ -209,7 +246,12 @@ def quantize(
         codes, scale = quantize_rows(xf, row_amax, rand_bytes=rand, **kwargs)
         rowwise = (codecs.pack_fp4(codes), apply_scale_layout(scale, config.scale_layout), row_amax.clone())
     if config.columnwise:
-        xt = apply_rht(x.t(), config.rht_sign_mask).to(_F32) if config.rht else xf.t()
+        if not config.rht:
+            xt = xf.t()
+        elif config.numerics == "te_pr3045":
+            xt = apply_rht_fp32(x.t(), config.rht_sign_mask)
+        else:
+            xt = apply_rht(x.t(), config.rht_sign_mask).to(_F32)
         if columnwise_amax is not None:
             col_amax = columnwise_amax.to(_F32).reshape(-1)
         elif amax is not None and not config.rht and not config.per_token:
@@ -222,6 +264,24 @@ def quantize(
     return NVFP4Tensor.from_parts(x.shape, x.dtype, config, rowwise=rowwise, columnwise=columnwise)
 
 
+def broadcast_amax(t: NVFP4Tensor, config) -> NVFP4Tensor:
+    """A per-tensor quantization ``t`` as PR 3045's 2D weight of ``config``: the same codes and scales,
+    each copy's scalar amax copied into its per-token vector ((M,) rowwise, (K,) columnwise)."""
+    m, k = t.m, t.k
+    row = col = None
+    if config.rowwise:
+        row = (t.rowwise_data, t.rowwise_scale, t.rowwise_amax.reshape(1).expand(m).contiguous())
+    if config.columnwise:
+        col = (t.columnwise_data, t.columnwise_scale, t.columnwise_amax.reshape(1).expand(k).contiguous())
+    return NVFP4Tensor.from_parts(t.shape, t.dtype, config, rowwise=row, columnwise=col)
+
+
+def _quantize_broadcast_2d(x, config, *, amax, columnwise_amax, generator):
+    """PR 3045's 2D weight: TE main's per-tensor 16x16 cast, amax copied into the vectors."""
+    inner = quantize(x, config.per_tensor_2d(), amax=amax, columnwise_amax=columnwise_amax, generator=generator)
+    return broadcast_amax(inner, config)
+
+
 def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
     """Reference NVFP4 dequantize of an :class:`NVFP4Tensor` to its original shape.
 
@@ -231,10 +291,12 @@ def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
     m, k = t.m, t.k
     if which == "rowwise":
         scale = compact_scales(t.rowwise_scale, t.scale_layout, m, k // 16)
-        out = dequantize_rows(t.rowwise_data, scale, t.rowwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32)
+        out = dequantize_rows(t.rowwise_data, scale, t.rowwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32,
+                              numerics=t.config.numerics)
     else:
         scale = compact_scales(t.columnwise_scale, t.scale_layout, k, m // 16)
-        out_t = dequantize_rows(t.columnwise_data, scale, t.columnwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32)
+        out_t = dequantize_rows(t.columnwise_data, scale, t.columnwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32,
+                                numerics=t.config.numerics)
         if t.config.rht:
             out_t = inverse_rht(out_t, t.config.rht_sign_mask)
         out = out_t.t()

@@ -82,8 +82,10 @@ def e4m3_to_f32(bits):
 def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr,
              BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings."""
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPI_PR3045: tl.constexpr = False):
+    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings.
+    EPI_PR3045: PR 3045's order fl(fl(fl(amax_a[i] * acc) * amax_b[j]) * inv_e) instead of
+    acc * fl(fl(amax_a[i] * amax_b[j]) * inv_e) (:func:`nvfp4lab.ref.gemm.pr3045_scaled`)."""
     if A_AMAX_ROWS:
         amax_a = tl.load(a_amax_ptr + rows_a)
     else:
@@ -94,8 +96,11 @@ def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax
         amax_b = tl.load(b_amax_ptr + expert + tl.zeros((BLOCK_N,), dtype=tl.int32))
     else:
         amax_b = tl.load(b_amax_ptr + tl.zeros((BLOCK_N,), dtype=tl.int32))
-    alpha = (amax_a[:, None] * amax_b[None, :]) * inv_e
-    res = acc * alpha
+    if EPI_PR3045:
+        res = ((acc * amax_a[:, None]) * amax_b[None, :]) * inv_e
+    else:
+        alpha = (amax_a[:, None] * amax_b[None, :]) * inv_e
+        res = acc * alpha
     if BIAS_MODE == 1:
         res = res + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     elif BIAS_MODE == 2:

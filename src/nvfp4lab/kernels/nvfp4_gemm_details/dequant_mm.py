@@ -30,6 +30,7 @@ def epilogue_kernel(
     M, N, stride_om, stride_on, inv_e,
     A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
     ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EPI_PR3045: tl.constexpr = False,
 ):
     """The epilogue over an fp32 product (M, N), row stride N."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -43,7 +44,7 @@ def epilogue_kernel(
     acc = tl.load(ptrs, mask=mask, other=0.0)
     epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-             OUT_BF16, BLOCK_M, BLOCK_N)
+             OUT_BF16, BLOCK_M, BLOCK_N, EPI_PR3045)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -89,7 +90,7 @@ def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, con
 
 
 def grouped_gemm(a, b, bias, out, b_mode: int, bias_mode: int, accumulate: bool, splits, n: int, k: int,
-                 inv_e: float, config, decode: int) -> torch.Tensor:
+                 inv_e: float, config, decode: int, pr3045: bool = False) -> torch.Tensor:
     """Grouped with host split sizes: A (all experts' rows) and B (all experts' weights) expanded once
     each, then per expert one fp32-output matmul into its rows of a shared fp32 buffer and the epilogue on
     those rows with the expert's amax and bias (the dense path, expert by expert)."""
@@ -99,7 +100,7 @@ def grouped_gemm(a, b, bias, out, b_mode: int, bias_mode: int, accumulate: bool,
     a_rows = a_amax.numel() != 1
     # each expert's amax and bias as a dense GEMM's: scalar or per-row B amax, (N,) bias
     flags = dict(A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
-                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16)
+                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, EPI_PR3045=pr3045)
     row = 0
     for e, m_e in enumerate(splits):
         r0, row = row, row + m_e

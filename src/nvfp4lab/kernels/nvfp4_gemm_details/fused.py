@@ -142,6 +142,7 @@ def nvfp4_gemm_kernel(
     DECODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_PRE: tl.constexpr,  # b_ptr is B already expanded by expand_kernel: fp16 (rows, roundup(K, BLOCK_K))
+    EPI_PR3045: tl.constexpr = False,  # PR 3045's epilogue order (common.epilogue)
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -236,7 +237,7 @@ def nvfp4_gemm_kernel(
 
     epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-             OUT_BF16, BLOCK_M, BLOCK_N)
+             OUT_BF16, BLOCK_M, BLOCK_N, EPI_PR3045)
 
 
 

@@ -1,5 +1,5 @@
-"""Outer amaxes of x (M, K) for the NVFP4 cast: per tensor, per row (M,), per column (K,), or per tensor
-of the bf16 RHT output (x^T's rows transformed).
+"""Outer amaxes of x (M, K) for the NVFP4 cast: per tensor, per row (M,), per column (K,), per tensor
+of the bf16 RHT output (x^T's rows transformed), or per column of PR 3045's fp32 RHT output.
 
 Each program folds max |x| of STEPS_M tiles (consecutive along M) by ``atomic_max`` into the int32
 accumulators of a scratch buffer (|x| >= 0, so int order is float order; NaN bits beat inf as
@@ -20,10 +20,10 @@ import triton.language as tl
 
 
 from .common import ONE_SIXTH, abs_bits, global_scales, in_normal_range, load_rows, program_columns
-from .rht import rht_tile
+from .rht import rht_rows_fp32, rht_tile
 
 # amax modes of the two outputs (see nvfp4lab.kernels.nvfp4_quantize.nvfp4_amax)
-AMAX_NONE, AMAX_TENSOR, AMAX_PER_TOKEN, AMAX_TENSOR_RHT = 0, 1, 2, 3
+AMAX_NONE, AMAX_TENSOR, AMAX_PER_TOKEN, AMAX_TENSOR_RHT, AMAX_PER_TOKEN_RHT = 0, 1, 2, 3, 4
 
 
 @triton.jit
@@ -88,6 +88,8 @@ def amax_kernel(
         if COL_MODE == 3:
             y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
             t_rht = tl.maximum(t_rht, abs_bits(y))
+        if COL_MODE == 4:  # rows past M load 0 and transform to 0 (16-row groups lie within or past M)
+            t_rht = tl.maximum(t_rht, abs_bits(rht_rows_fp32(xf, BLOCK_M, BLOCK_K, RHT_MASK)))
     if TENSOR_AMAX:
         tt = tl.max(tl.max(t, axis=1), axis=0)
         tt = tl.where(tt > 0x7F800000, 0x7FC00000, tt)
@@ -100,6 +102,10 @@ def amax_kernel(
         tl.atomic_max(col_amax_ptr, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")
     if COL_MODE == 2:
         c = tl.max(t, axis=0)
+        c = tl.where(c > 0x7F800000, 0x7FC00000, c)
+        tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok, sem="relaxed")
+    if COL_MODE == 4:
+        c = tl.max(t_rht, axis=0)
         c = tl.where(c > 0x7F800000, 0x7FC00000, c)
         tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok, sem="relaxed")
     finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK, TABLE_E6)

@@ -66,15 +66,17 @@ def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
 
 
 def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six,
-                    stochastic_rounding) -> None:
+                    stochastic_rounding, pr3045: bool = False) -> None:
     """The recipe rules the cast kernels rely on (those of ``NVFP4QuantConfig``), for direct op calls."""
     rht = rht_sign_mask >= 0
     if four_over_six not in (0, 1, 2):
         raise ValueError(f"four_over_six must be 0 (off), 1 (MAE) or 2 (MSE), got {four_over_six!r}")
     if four_over_six and (rht or stochastic_rounding):
         raise ValueError("four_over_six takes neither RHT (rht_sign_mask >= 0) nor stochastic_rounding")
-    if rht and (block_2d or per_token):
-        raise ValueError("RHT (rht_sign_mask >= 0) takes neither 16x16 blocks nor per_token")
+    if pr3045 and (not per_token or block_2d or four_over_six):
+        raise ValueError("pr3045 (PR 3045's numerics) is the per-token 1x16 cast: per_token, no 16x16 blocks, no 4over6")
+    if rht and (block_2d or (per_token and not pr3045)):
+        raise ValueError("RHT (rht_sign_mask >= 0) takes neither 16x16 blocks nor per_token (but PR 3045's fp32 RHT: pr3045)")
 
 
 class CastStep(NamedTuple):
@@ -91,12 +93,13 @@ class CastStep(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
               stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
-              spec) -> tuple:
+              pr3045, spec) -> tuple:
     """The launches (:class:`CastStep`) of a cast: ``cast16_kernel`` (per-token tables first) or
     ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
     the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
-    caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`)."""
-    check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding)
+    caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`).
+    ``pr3045``: PR 3045's numerics (per-token casts)."""
+    check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding, pr3045)
     grouped = split_steps is not None
     tile = dict(block_k=block_k, num_warps=num_warps)
     if opt_flags.split_cast(m, k, rowwise, columnwise, block_2d, rht_sign_mask >= 0, stochastic_rounding,
@@ -109,12 +112,12 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
         if opt_flags.use_cast16(four_over_six):
             meta = opt_flags.cast16_meta(k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
                                          stochastic_rounding, seed_from_ptr, scale_layout, split_steps=split_steps,
-                                         **tile)
+                                         **tile, pr3045=pr3045)
             tables = None
             n_row = m if per_token and row_side else 0
             n_col = (k * num_splits if grouped else k) if per_token and col_side else 0
             if per_token:  # the kernel then reads the tables through the amax pointers
-                tables_meta = opt_flags.pt_scales_meta(meta["E6"])
+                tables_meta = opt_flags.pt_scales_meta(meta["E6"], pr3045)
                 tables = Launch(pt_scales_kernel, pt_scales_grid(n_row, n_col, tables_meta), tables_meta)
             steps.append(CastStep(Launch(cast16_kernel, opt_flags.cast16_grid(m, k, meta), meta), tables, row_side,
                                   col_side, n_row, n_col))
@@ -129,13 +132,14 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
 def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                 rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
                 offsets=None, num_splits=0, split_steps=None, group_split=None,
-                block_m: int = 0, block_k: int = 0, num_warps: int = 0, tables: bool = False) -> None:
+                block_m: int = 0, block_k: int = 0, num_warps: int = 0, tables: bool = False,
+                pr3045: bool = False) -> None:
     """Launch the cast of a recipe into ``outputs`` = (row_data, row_scale, col_data, col_scale) (absent
     ones: None) from the fp32 outer amaxes (absent: None). ``offsets`` (int64 split row offsets) with
     ``group_split`` (the grouped amax pass's int32 split of each 16-row group) and ``split_steps``
     (2^split_steps >= num_splits) makes it the grouped cast. block_m, block_k, num_warps: an explicit
     tile (0: opt_flags' choice). ``tables``: per-token amaxes given as the cast's (3, n) tables (from
-    the amax pass), so no table launch runs."""
+    the amax pass), so no table launch runs. ``pr3045``: PR 3045's numerics (per-token casts)."""
     m, k = x.shape
     seed_from_ptr = seed_tensor is not None
     spec = (x.device, x.dtype, aligned(x), arg_key(seed), seed_from_ptr,
@@ -143,7 +147,7 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
             row_amax is not None and aligned(row_amax), col_amax is not None and aligned(col_amax))
     steps = cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
                       stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k,
-                      num_warps, spec)
+                      num_warps, pr3045, spec)
     any_out = next(o for o in outputs if o is not None)
     for step in steps:
         row_in = row_amax if step.rowwise else None

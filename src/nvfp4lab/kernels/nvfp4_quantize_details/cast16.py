@@ -7,15 +7,16 @@ the cheaper encoders ``e2m1_scale_encode`` and ``_scale_and_factor_fast``, becau
 convert) the instruction count per element bounds the kernel (``tools/sass_stats.py`` counts them
 without a GPU). Per-token casts load their global scales from ``pt_scales_kernel``'s tables. RHT
 recipes (1x16 blocks) transform the columnwise side in registers (``rht16_cast16``). Stochastic
-rounding: :mod:`.stochastic_rounding`.
+rounding: :mod:`.stochastic_rounding`. PR3045 (per-token only): PR 3045's numerics, S_enc from the
+floored amax and enc = S_enc / s (0 for a zero scale), and its fp32 RHT.
 """
 import triton
 import triton.language as tl
 
 
 from .._codecs import bf16_rne, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast
-from .common import (FLT_MAX, ONE_SIXTH, abs_bits, clamp_flt_max, encode_factor, global_scales,
-                     normal_range, pack_codes, scale_offsets, split_of)
+from .common import (FLT_MAX, ONE_SIXTH, abs_bits, clamp_flt_max, encode_factor, encode_factor_pr3045,
+                     global_encode_pr3045, global_scales, normal_range, pack_codes, scale_offsets, split_of)
 from .pt_scales import pt_table_load
 from .rht import rht16_cast16
 from .stochastic_rounding import pair_bytes_cols, pair_bytes_rows, sr_e2m1, sr_seed
@@ -30,6 +31,15 @@ def _scale_and_factor(bamax, outer, E6: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _scale_and_factor_pr3045(bamax, outer, EXACT: tl.constexpr):
+    """PR 3045's block scale and encode factor min(fl(S_enc / s), FLT_MAX) (0 for s == 0), S_enc from
+    the floored outer amax (the EXACT path of per-token tiles)."""
+    s_enc = global_encode_pr3045(outer, EXACT)
+    scale = e4m3_encode(clamp_flt_max(bamax * (s_enc * ONE_SIXTH)))
+    return scale, encode_factor_pr3045(e4m3_decode(scale), s_enc, EXACT)
+
+
+@triton.jit
 def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr):
     """``_scale_and_factor`` for normal-range tiles (``normal_range``), in about half the instructions
     (this per-block work is a third of the cast kernel's): the E4M3 scale by ``e4m3_encode_fast``
@@ -41,14 +51,19 @@ def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr):
 
 
 @triton.jit
-def _scale_and_factor_pre(bamax, s_enc_sixth, s_dec):
+def _scale_and_factor_pre(bamax, s_enc_sixth, s_third, PR3045: tl.constexpr = False):
     """The per-block part of ``_scale_and_factor_fast`` from the outer amax's fl(S_enc * fl(1/6)) and
-    S_dec (computed per block there, read from ``pt_scales_kernel``'s tables for per-token casts)."""
+    S_dec (computed per block there, read from ``pt_scales_kernel``'s tables for per-token casts).
+    PR3045: ``s_third`` is S_enc and the factor is min(fl(S_enc / s), FLT_MAX), 0 for a zero scale."""
     code = e4m3_encode_fast(bamax * s_enc_sixth, 448.0) & 0xFF
     scale = tl.where(bamax != bamax, 0x7F, code)
     scale_f = (code << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
-    enc = tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_dec)
-    return scale, tl.minimum(enc, FLT_MAX)
+    if PR3045:
+        enc = tl.math.div_rn(tl.zeros_like(scale_f) + s_third, scale_f)
+        enc = tl.where(scale_f == 0.0, 0.0, tl.minimum(enc, FLT_MAX))
+    else:
+        enc = tl.minimum(tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_third), FLT_MAX)
+    return scale, enc
 
 
 @triton.jit
@@ -71,10 +86,13 @@ def cast16_kernel(
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
-    REUSE_2D: tl.constexpr = False,
+    REUSE_2D: tl.constexpr = False, PR3045: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only on the columnwise side, 1x16 blocks: ``rht16_cast16``).
+
+    PR3045 (with PER_TOKEN): PR 3045's numerics (the tables' third plane is S_enc; the EXACT path
+    recomputes it from the floored amax) and its fp32 RHT (no bf16 rounding of input or output).
 
     PER_TOKEN: row_amax_ptr / col_amax_ptr point at the (3, N) tables of ``pt_scales_kernel`` (amax,
     fl(S_enc * fl(1/6)), S_dec or -1 outside the normal range) instead of the (N,) amaxes, N = M for
@@ -141,7 +159,7 @@ def cast16_kernel(
             row_normal = normal_range(outer)
         if row_normal:
             if PER_TOKEN:
-                row_scale, row_enc = _scale_and_factor_pre(bamax, row_enc6, row_sdec)
+                row_scale, row_enc = _scale_and_factor_pre(bamax, row_enc6, row_sdec, PR3045)
             else:
                 row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6)
             row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
@@ -154,7 +172,10 @@ def cast16_kernel(
                 outer_x = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]
             else:
                 outer_x = outer
-            row_scale_x, row_enc_x = _scale_and_factor(bamax, outer_x, E6, True)
+            if PR3045:
+                row_scale_x, row_enc_x = _scale_and_factor_pr3045(bamax, outer_x, True)
+            else:
+                row_scale_x, row_enc_x = _scale_and_factor(bamax, outer_x, E6, True)
             row_codes = _e2m1_codes(x3, row_enc_x[:, :, None], rbytes, SR, True)
             row_words = pack_codes(row_codes, 16, KB)
             row_scale = row_scale_x
@@ -165,9 +186,9 @@ def cast16_kernel(
 
     # ---------------------------------------------------- columnwise: the 16 rows are one block per column
     if COLWISE:
-        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (RHT recipes have 1x16 blocks)
-            if x_ptr.dtype.element_ty == tl.bfloat16:
-                xf = rht16_cast16(xf, RHT_MASK, BLOCK_K)
+        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (RHT recipes have 1x16 blocks); PR3045: fp32 RHT(x^T)
+            if PR3045 or x_ptr.dtype.element_ty == tl.bfloat16:
+                xf = rht16_cast16(xf, RHT_MASK, BLOCK_K, PR3045)
             else:
                 xf = rht16_cast16(bf16_rne(xf), RHT_MASK, BLOCK_K)
             ab = abs_bits(xf)
@@ -219,7 +240,7 @@ def cast16_kernel(
             col_normal = normal_range(couter)
         if col_normal:
             if PER_TOKEN:
-                col_scale, col_enc = _scale_and_factor_pre(cbamax, col_enc6, col_sdec)
+                col_scale, col_enc = _scale_and_factor_pre(cbamax, col_enc6, col_sdec, PR3045)
             else:
                 col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6)
             if REUSE_2D:
@@ -237,7 +258,10 @@ def cast16_kernel(
                 couter_x = tl.load(col_amax_ptr + col_idx, mask=col_ok, other=0.0)
             else:
                 couter_x = couter
-            col_scale_x, col_enc_x = _scale_and_factor(cbamax, couter_x, E6, True)
+            if PR3045:
+                col_scale_x, col_enc_x = _scale_and_factor_pr3045(cbamax, couter_x, True)
+            else:
+                col_scale_x, col_enc_x = _scale_and_factor(cbamax, couter_x, E6, True)
             if REUSE_2D:
                 if same_outer:
                     col_codes_x = tl.reshape(row_codes, [16, BLOCK_K])

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
+PR3045_AMAX_FLOOR = tl.constexpr(float(np.float32(1e-12)))  # fl(1e-12): PR 3045 floors amax in S_enc
 ONE_SIXTH = tl.constexpr(float(np.float32(1.0 / 6.0)))  # fl(1/6), folded into S_enc first (spec 3.1)
 E4M3_MAX = tl.constexpr(448.0)
 
@@ -50,6 +51,27 @@ def global_scales(amax, E6: tl.constexpr, F64: tl.constexpr):
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
     s_dec = correct_div(tl.zeros_like(s_enc) + 1.0, s_enc, F64)
     return s_enc, s_dec
+
+
+@triton.jit
+def pr3045_floor(amax):
+    """PR 3045's max(amax, fl(1e-12)) (NaN stays NaN, as torch.maximum)."""
+    return tl.where(amax < PR3045_AMAX_FLOOR, PR3045_AMAX_FLOOR, amax)
+
+
+@triton.jit
+def global_encode_pr3045(amax, F64: tl.constexpr):
+    """PR 3045: S_enc = clamp(2688 / max(amax, 1e-12)), 1 where the quotient is 0."""
+    floored = pr3045_floor(amax)
+    s_enc = clamp_flt_max(correct_div(tl.zeros_like(floored) + 2688.0, floored, F64))
+    return tl.where(s_enc == 0.0, 1.0, s_enc)
+
+
+@triton.jit
+def encode_factor_pr3045(scale_f, s_enc, F64: tl.constexpr):
+    """PR 3045: min(S_enc / s, FLT_MAX), one correctly rounded division; 0 for a zero scale."""
+    q = clamp_flt_max(correct_div(tl.zeros_like(scale_f) + s_enc, scale_f, F64))
+    return tl.where(scale_f == 0.0, 0.0, q)
 
 
 @triton.jit

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..launch import interpreting
 from ...layout import cdiv, next_power_of_2
 
-from .amax import AMAX_PER_TOKEN, AMAX_TENSOR, AMAX_TENSOR_RHT
+from .amax import AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AMAX_TENSOR_RHT
 
 # (BLOCK_M, BLOCK_K, num_warps) of the amax passes: per tensor, with a per-token output, post-RHT
 AMAX_TILE = (64, 128, 8)
@@ -70,7 +70,7 @@ def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, 
     """Constexprs and num_warps of ``amax_kernel`` for the amax modes of the two outputs (table_e6 > 0:
     per-token outputs written as the cast's (3, N) tables, for E = table_e6 / 6)."""
     rht = col_mode == AMAX_TENSOR_RHT
-    per_token = AMAX_PER_TOKEN in (row_mode, col_mode)
+    per_token = AMAX_PER_TOKEN in (row_mode, col_mode) or col_mode == AMAX_PER_TOKEN_RHT
     bm, bk, warps = amax_tile(m, k, rht=rht, per_token=per_token, block_m=block_m, block_k=block_k,
                               num_warps=num_warps)
     return dict(ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode),
@@ -127,10 +127,11 @@ def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
 
 def cast16_meta(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, rht_sign_mask: int,
                 e4m3_max: float, stochastic_rounding: bool, seed_from_ptr: bool, scale_layout: str, *,
-                split_steps: int | None = None, block_k: int = 0, num_warps: int = 0) -> dict:
+                split_steps: int | None = None, block_k: int = 0, num_warps: int = 0, pr3045: bool = False) -> dict:
     """Constexprs, num_warps and launch options of ``cast16_kernel`` (rht_sign_mask < 0: no RHT;
-    split_steps: the grouped cast, 2^split_steps >= its number of splits). REUSE_2D (16x16 row+col,
-    per tensor, no SR): the columnwise copy takes the rowwise codes when both outer amaxes are equal."""
+    split_steps: the grouped cast, 2^split_steps >= its number of splits; pr3045: PR 3045's numerics).
+    REUSE_2D (16x16 row+col, per tensor, no SR): the columnwise copy takes the rowwise codes when both
+    outer amaxes are equal."""
     bk, warps = cast16_tile(k, block_k=block_k, num_warps=num_warps)
     meta = dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
@@ -139,6 +140,7 @@ def cast16_meta(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_tok
         RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
         REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
                   and rht_sign_mask < 0),
+        PR3045=pr3045,
         num_warps=warps, enable_fp_fusion=False,
     )
     meta.update(cast16_launch_options(rowwise, columnwise))
@@ -165,6 +167,6 @@ def four_over_six_grid(m: int, k: int, meta: dict) -> tuple[int]:
     return (cdiv(m, meta["BLOCK_M"]) * cdiv(k, meta["BLOCK_K"]),)
 
 
-def pt_scales_meta(e6: float) -> dict:
+def pt_scales_meta(e6: float, pr3045: bool = False) -> dict:
     """Constexprs and num_warps of ``pt_scales_kernel``."""
-    return dict(E6=e6, BLOCK=PT_SCALES_BLOCK, num_warps=PT_SCALES_WARPS, enable_fp_fusion=False)
+    return dict(E6=e6, BLOCK=PT_SCALES_BLOCK, PR3045=pr3045, num_warps=PT_SCALES_WARPS, enable_fp_fusion=False)

@@ -4,7 +4,8 @@
 writes (3, N) tables [amax, fl(S_enc * fl(1/6)), S_dec] that the cast loads instead of dividing for
 them per row and column of every tile; the values are bit for bit those the cast would compute. S_dec
 -1 marks an amax outside the normal range, so the tile's ``normal_range`` decision is the same one,
-and EXACT tiles still recompute from the amax.
+and EXACT tiles still recompute from the amax. With PR 3045's numerics (PR3045) the third plane holds
+S_enc itself (its encode factor is S_enc / s) and the range test is on the floored amax.
 """
 import torch
 import triton
@@ -12,7 +13,7 @@ import triton.language as tl
 
 from ...layout import cdiv
 
-from .common import ONE_SIXTH, global_scales, in_normal_range
+from .common import ONE_SIXTH, global_encode_pr3045, global_scales, in_normal_range, pr3045_floor
 
 
 @triton.jit
@@ -35,7 +36,7 @@ def pt_table_load(table_ptr, idx, n, ok):
 
 @triton.jit
 def pt_scales_kernel(row_amax_ptr, row_table_ptr, N_ROW, col_amax_ptr, col_table_ptr, N_COL, E6: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PR3045: tl.constexpr = False):
     """Per-token global scales, once per row or column instead of once per block (``cast16_kernel``
     with PER_TOKEN), of two amax vectors in one launch (programs past the row vector's take the column
     vector): amax (N,) -> table (3, N) = [amax, fl(S_enc * fl(1/6)), S_dec], with S_dec replaced by -1
@@ -52,10 +53,16 @@ def pt_scales_kernel(row_amax_ptr, row_table_ptr, N_ROW, col_amax_ptr, col_table
         offs = (pid - row_programs) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     outer = tl.load(amax_ptr + offs, mask=ok, other=0.0)
-    s_enc, s_dec = global_scales(outer, E6, False)
+    if PR3045:  # plane 2 = S_enc (the encode factor is S_enc / s); the floored amax is never 0
+        s_enc = global_encode_pr3045(outer, False)
+        third = s_enc
+        in_range = in_normal_range(pr3045_floor(outer))
+    else:
+        s_enc, third = global_scales(outer, E6, False)
+        in_range = in_normal_range(outer)
     tl.store(table_ptr + offs, outer, mask=ok)
     tl.store(table_ptr + (offs + n), s_enc * ONE_SIXTH, mask=ok)
-    tl.store(table_ptr + ((offs + n) + n), tl.where(in_normal_range(outer), s_dec, -1.0), mask=ok)
+    tl.store(table_ptr + ((offs + n) + n), tl.where(in_range, third, -1.0), mask=ok)
 
 
 def pt_scales_grid(n_row: int, n_col: int, meta: dict) -> tuple[int]:

@@ -6,6 +6,11 @@ rows v of a column of x (the rows of x^T), T = diag(s) H16 / 4 with the sign mas
   to bf16 by integer RNE. (The interpreter truncates casts to bf16 and its bf16 ``tl.dot`` is wrong, so
   there the same exact values go through an fp32 dot: DOT_BF16=False.)
 * ``rht16_cast16`` (the cast): butterflies in registers in ``cast16_kernel``'s layout, no dot.
+
+PR 3045's fp32 RHT (FP32=True in ``rht16_cast16``; ``rht_rows_fp32`` for the amax passes): the same
+butterflies on sign-flipped fp32 values (signs +-1), kept in fp32, times 1/4 at the end: the stage order
+(index bit 0, 1, 2, 3; pair (a, b) -> (a + b, a - b)) of :func:`nvfp4lab.rht.fwht16_fp32`, so every
+backend gives the same bits.
 """
 import triton
 import triton.language as tl
@@ -46,7 +51,35 @@ def _butterfly_pairs(t):
 
 
 @triton.jit
-def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr):
+def _stage_rows(t, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One butterfly stage over row-index bit H (a power of 2) of a [BLOCK_M, BLOCK_K] tile: rows r and
+    r + H (r with bit H clear) become (a + b, a - b). (H = 1 without a size-1 axis.)"""
+    if H == 1:
+        t = tl.permute(tl.reshape(t, [BLOCK_M // 2, 2, BLOCK_K]), (0, 2, 1))
+        a, b = tl.split(t)
+        t = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
+    else:
+        t = tl.permute(tl.reshape(t, [BLOCK_M // (2 * H), 2, H, BLOCK_K]), (0, 2, 3, 1))
+        a, b = tl.split(t)
+        t = tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2))
+    return tl.reshape(t, [BLOCK_M, BLOCK_K])
+
+
+@triton.jit
+def rht_rows_fp32(xf, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RHT_MASK: tl.constexpr):
+    """PR 3045's fp32 RHT of every 16-row group of each column of a [BLOCK_M, BLOCK_K] tile (rows in
+    order): sign flips, the four butterfly stages of :func:`nvfp4lab.rht.fwht16_fp32`, times 1/4."""
+    r = tl.arange(0, BLOCK_M) % 16
+    t = xf * tl.where(((RHT_MASK >> r) & 1) != 0, -1.0, 1.0)[:, None]
+    t = _stage_rows(t, 1, BLOCK_M, BLOCK_K)
+    t = _stage_rows(t, 2, BLOCK_M, BLOCK_K)
+    t = _stage_rows(t, 4, BLOCK_M, BLOCK_K)
+    t = _stage_rows(t, 8, BLOCK_M, BLOCK_K)
+    return t * 0.25
+
+
+@triton.jit
+def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr = False):
     """bf16(v @ T) for the 16 rows v of each column of a ``cast16_kernel`` tile (fp32 values of bf16
     x; tile row i holds row 8 (i % 2) + i // 2), fp32 out: the RHT of x^T's rows, as ``rht_tile``.
 
@@ -55,9 +88,13 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr):
     H8 over j as three butterfly stages inside the thread, then H2 across the two threads of the
     column (one exchange). fp32 sums, rounded to bf16 once; the summation order differs from an MMA's,
     which only matters where a 16-term sum is inexact (spec: unspecified order).
+    FP32 (PR 3045): signs +-1, no rounding to bf16, times 1/4 after the butterflies (module docstring).
     """
     i = tl.arange(0, 16)
-    sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -0.25, 0.25)
+    if FP32:
+        sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -1.0, 1.0)
+    else:
+        sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -0.25, 0.25)
     # [16, BK] -> [8 (j), 2 (h), BK] -> [2 (h), BK, 8 (j)]: a thread's 8 rows on the last axis
     t = tl.permute(tl.reshape(xb * sign[:, None], [8, 2, BLOCK_K]), (1, 2, 0))
     PAIRS: tl.constexpr = 2 * BLOCK_K * 4
@@ -73,4 +110,9 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr):
     total = tl.sum(t, axis=0)
     diff = tl.sum(tl.where(first, t, -t), axis=0)
     y = tl.where(first, total[None, :, :], diff[None, :, :])
-    return bf16_rne(tl.reshape(tl.permute(y, (2, 0, 1)), [16, BLOCK_K]))
+    y = tl.reshape(tl.permute(y, (2, 0, 1)), [16, BLOCK_K])
+    if FP32:
+        y = y * 0.25
+    else:
+        y = bf16_rne(y)
+    return y
