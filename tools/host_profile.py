@@ -15,33 +15,19 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
+from pathlib import Path
 
 import torch
 
 import nvfp4lab
 
-MOE_SPLITS = [1152, 896, 1088, 960, 1216, 832, 1024, 1024]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from host import build, step_of  # noqa: E402  (the benchmark's own step: the same module, data and optimizer)
 
 
 def _step(kind: str, tokens: int, k: int, n: int):
-    recipe = nvfp4lab.NVFP4Recipe.te_default()
-    dev = torch.device("cuda")
-    if kind == "linear":
-        module, splits = nvfp4lab.Linear(k, n, bias=False, recipe=recipe), None
-    else:
-        module, splits = nvfp4lab.GroupedLinear(8, k, n, bias=False, recipe=recipe), MOE_SPLITS
-    module = module.to(device=dev, dtype=torch.bfloat16)
-    x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16)
-    opt = torch.optim.SGD(module.parameters(), lr=1e-6)
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        y = module(x) if splits is None else module(x, splits)
-        y.backward(dy)
-        opt.step()
-
-    return step
+    module, x, dy, splits = build(kind, tokens, k, n, True, torch.device("cuda"))
+    return step_of(module, x, dy, splits)
 
 
 def main(argv: list[str]) -> None:
