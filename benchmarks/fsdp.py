@@ -331,6 +331,23 @@ def table(rows, sz) -> str:
     return "\n".join(lines)
 
 
+def markdown(rows, sz, env) -> str:
+    """The table as RESULTS.md keeps it."""
+    base = rows.get("torch_bf16")
+    lines = [f"FSDP2 on 2 x {env['device']} (`benchmarks/fsdp.py`, torch {env['torch']}), {sz['layers']} x Linear({sz['dim']}, "
+             f"{sz['dim']}), {sz['tokens']} tokens per rank, {'gloo' if env['nccl'] is None else 'NCCL ' + env['nccl']}", "",
+             "| config | step ms | vs torch | all-gather MiB / step | vs torch | peak GiB |", "|---|---|---|---|---|---|"]
+    for name in CONFIGS:
+        r = rows.get(name)
+        if r is None:
+            continue
+        t_ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else "-"
+        b_ratio = f"{r['all_gather_bytes'] / base['all_gather_bytes']:.3f}x" if base else "-"
+        peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}"
+        lines.append(f"| {name} | {r['step_ms']:.2f} | {t_ratio} | {r['all_gather_bytes'] / 2**20:.1f} | {b_ratio} | {peak} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 layers of 4096, 4096 tokens, fewer steps")
@@ -339,6 +356,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="2 layers of 256 (to smoke-test the script on CPU)")
     parser.add_argument("--backend", default=None, choices=[None, "ref", "triton"], help="nvfp4lab.ops backend (default: auto)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list from {list(CONFIGS)}")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as RESULTS.md keeps it")
     parser.add_argument("--workdir", type=Path, help="folder for the checkpoints and files of the checks (default: a temporary one, removed)")
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
@@ -347,7 +365,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
     if args.device == "cuda" and torch.cuda.device_count() < WORLD:
         parser.error(f"needs {WORLD} CUDA devices, found {torch.cuda.device_count()} (use --device cpu --tiny for a smoke run)")
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # NVLink multicast off, before NCCL init
+    # NVLink multicast off (NCCL, PyTorch symmetric memory, NVSHMEM), before NCCL init; the ranks inherit it
+    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="nvfp4lab-fsdp-") as tmp:
         args.workdir = args.workdir or Path(tmp)
@@ -371,13 +390,15 @@ def main(argv=None) -> int:
     wall_s = time.perf_counter() - t_start
     env = dict(torch=torch.__version__, python=platform.python_version(),
                device=torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu",
-               nccl=".".join(map(str, torch.cuda.nccl.version())) if args.device == "cuda" else None)
+               nccl=str(torch.cuda.nccl.version()) if args.device == "cuda" else None)
     order = sorted(checks, key=lambda key: (list(CONFIGS).index(key[0]), CHECKS.index(key[1])))
     check_list = [dict(config=name, check=check, ok=checks[name, check][0], detail=checks[name, check][1]) for name, check in order]
     if args.out:
         args.out.write_text(json.dumps(dict(env=env, sizes=sz, results=rows, checks=check_list, wall_s=wall_s), indent=2))
     print(f"env: {env}")
     print(table(rows, sz))
+    if args.markdown:
+        print(markdown(rows, sz, env))
     for c in check_list:
         print(f"{'PASS' if c['ok'] else 'FAIL'} {c['config']} {c['check']}: {c['detail']}")
     failed = sum(not c["ok"] for c in check_list)
