@@ -178,6 +178,35 @@ def test_state_dict_with_another_extra_state_version_names_the_layer():
     model.load_state_dict(state)
 
 
+def test_distributed_checkpoint_keeps_the_recipes_and_refuses_another(tmp_path):
+    """torch.distributed.checkpoint (one process here; tests/distributed runs FSDP2): dcp_recipes reads
+    the recipes back, skipping other libraries' extra state; DCP loads a checkpoint into a model of
+    another recipe in place (every recipe's entry has the same size), so the recipe check refuses it."""
+    import torch.distributed.checkpoint as dcp
+
+    per_token, ckpt = NVFP4Recipe.per_token(), tmp_path / "ckpt"
+    others = [NVFP4Recipe.te_default(scale_layout="compact"), MXFP8Recipe()]
+    assert len({encode_extra_state(r).numel() for r in [per_token, *others]}) == 1
+    model = _Net()
+    convert(model, per_token)
+    foreign = torch.frombuffer(bytearray(b"\x80\x04 pickled, not JSON"), dtype=torch.uint8)
+    dcp.save(dict(model.state_dict(), **{"other._extra_state": foreign}), checkpoint_id=ckpt, no_dist=True)
+    assert checkpoint.dcp_recipes(ckpt) == {"blocks.0.0": per_token, "blocks.0.2": per_token}
+    for recipe in others:
+        other = _Net()
+        convert(other, recipe)
+        state = other.state_dict()
+        dcp.load(state, checkpoint_id=ckpt, no_dist=True)
+        with pytest.raises(ValueError, match=r"layer 'blocks\.0\.0'.*the saved recipe differs \((type|rht|per_token)"):
+            other.load_state_dict(state)
+    record = json.loads(bytes(encode_extra_state(per_token).tolist()))
+    record["version"] = 99
+    newer = torch.frombuffer(bytearray(json.dumps(record).encode()), dtype=torch.uint8)
+    dcp.save({"fc._extra_state": newer}, checkpoint_id=tmp_path / "newer", no_dist=True)
+    with pytest.raises(ValueError, match=r"entry 'fc\._extra_state'.*version 99"):
+        checkpoint.dcp_recipes(tmp_path / "newer")
+
+
 # ------------------------------------------------------------------------------ inference form
 def test_freeze_keeps_only_packed_weights_and_the_same_forward(minilm):
     model = _converted(minilm, NVFP4Recipe.te_default())

@@ -33,11 +33,16 @@ model, ``config.json`` carrying ``quantization_config`` ({"quant_method": "model
 (1x16 or 16x16 blocks, E = 448 or 256) exports without re-quantization. The activations are
 quantized by the engine (per tensor with the static ``input_scale``, round to nearest, E = 448): a
 per-token or 4over6 activation recipe is not reproduced there.
+
+Distributed checkpoints (``torch.distributed.checkpoint`` of a sharded state_dict, e.g. FSDP2's) hold the
+high-precision weights and each layer's recipe entry; :func:`dcp_recipes` reads the recipes back, so
+the model can be built with them before ``dcp.load``.
 """
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -50,7 +55,7 @@ from ._version import __version__
 from .layout import roundup
 from .modules.inference import InferenceLinear
 from .modules.linear import GroupedLinear, Linear
-from .modules.state import recipe_differences, recipe_from_dict, recipe_to_dict
+from .modules.state import EXTRA_STATE_FORMAT, decode_extra_state, recipe_differences, recipe_from_dict, recipe_to_dict
 from .recipes import MXFP8Recipe, NVFP4Recipe
 from .tensors import MXFP8Tensor, NVFP4Tensor
 
@@ -286,6 +291,50 @@ def load_quantized(model: nn.Module, path, *, backend: str | None = None, strict
         setattr(modules[parent_name] if parent_name else model, child, new)
     model.load_state_dict({k: v for k, v in rest.items() if k in current}, strict=False)
     return model
+
+
+# ----------------------------------------------------------------------- distributed checkpoints
+def _is_recipe_state(value: torch.Tensor) -> bool:
+    """Whether an extra-state tensor is nvfp4lab's recipe entry (other libraries keep theirs too)."""
+    try:
+        data = json.loads(bytes(value.flatten().tolist()).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("format") == EXTRA_STATE_FORMAT
+
+
+def dcp_recipes(checkpoint_id) -> dict:
+    """The recipes recorded in a distributed checkpoint (``torch.distributed.checkpoint.save`` of a
+    state_dict holding nvfp4lab layers, e.g. ``get_model_state_dict`` of an FSDP2 model): per layer
+    name, the recipe of its ``_extra_state`` entry. Names are the checkpoint's keys without the
+    suffix (a checkpoint of ``{"model": state_dict}`` gives ``"model.<layer>"``; a layer at the root
+    gives ``""``). Build the model with these recipes, then ``dcp.load`` into its state_dict: each
+    layer checks the saved recipe when the state_dict is loaded and refuses another one.
+
+    Reads on this process alone (no collective, no process group needed). Extra-state entries of other
+    libraries are skipped; ValueError naming the entry for an nvfp4lab entry this version cannot read."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = os.fspath(checkpoint_id)
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    entries = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.state_dict_metadata.items()
+               if key.rpartition(".")[2] == "_extra_state" and isinstance(md, TensorStorageMetadata)
+               and md.properties.dtype == torch.uint8}
+    if not entries:
+        return {}
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what is asked here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(entries, checkpoint_id=path, no_dist=True)
+    recipes = {}
+    for key, value in entries.items():
+        if not _is_recipe_state(value):
+            continue
+        try:
+            recipes[key.rpartition(".")[0]] = decode_extra_state(value)
+        except ValueError as exc:
+            raise ValueError(f"{path!r}, entry {key!r}: {exc}") from None
+    return recipes
 
 
 # ----------------------------------------------------------------------------- serving export

@@ -29,7 +29,7 @@ def spawn_ranks(worker, *args, world: int) -> dict:
 def init_rank(rank: int, world: int, port: int, device_type: str) -> torch.device:
     """Join the process group (NCCL on CUDA, one GPU per rank; gloo on CPU); returns this rank's device."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # NVLink multicast stays off
+    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")  # NVLink multicast stays off
     cuda = device_type == "cuda"
     if cuda:
         torch.cuda.set_device(rank)

@@ -49,6 +49,24 @@ def test_linear_benchmark_moe_smoke_run(tmp_path):
         assert f"MoE 8x 224->64, 256 tok / {row['preset']}: kernel ms per kind" in proc.stdout
 
 
+def test_fsdp_benchmark_smoke_run(tmp_path):
+    """benchmarks/fsdp.py on 2 gloo processes (CPU, 2 layers of 256): every configuration is timed and
+    every check of the FP4 all-gather configurations runs and passes (gathered weight, all-gather bytes,
+    DCP load with the recipe, refusal of another recipe, save_quantized against one process)."""
+    out = tmp_path / "results.json"
+    proc = run_script("fsdp.py", "--device", "cpu", "--tiny", "--out", str(out))
+    data = json.loads(out.read_text())
+    rows = data["results"]
+    assert list(rows) == ["torch_bf16", "te_default_bf16_ag", "te_default_fp4_ag", "per_token_bf16_ag", "per_token_fp4_ag"]
+    assert all(row["step_ms"] > 0 and row["all_gather_bytes"] > 0 for row in rows.values())
+    assert rows["te_default_fp4_ag"]["all_gather_bytes"] < rows["te_default_bf16_ag"]["all_gather_bytes"]
+    checks = [(c["config"], c["check"], c["ok"]) for c in data["checks"]]
+    kinds = ["gathered", "ag_bytes", "dcp_load", "dcp_refuse", "save_quantized"]
+    assert checks == [(config, kind, True) for config in ("te_default_fp4_ag", "per_token_fp4_ag") for kind in kinds]
+    assert "FAIL" not in proc.stdout and proc.stdout.count("\nPASS ") == len(checks)
+    assert "10 checks passed, 0 failed" in proc.stdout
+
+
 def test_stream_probe_smoke():
     """tools/stream_probe.py (the issue-6 time split of the stream GEMM): its rebuilt loop's partials equal the
     reference block products under the interpreter, and every mode runs."""

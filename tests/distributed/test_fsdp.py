@@ -13,6 +13,14 @@ on that rank), the per-rank gradients are averaged ((g0 + g1) / 2) and AdamW ste
 
 The recipe is TE's default without stochastic rounding (16x16 weights, RHT on the wgrad operands,
 swizzled scales), so runs are deterministic. Sizes are multiples of 32 (16 rows per shard).
+
+Checkpoints (what ``benchmarks/fsdp.py`` checks on 2 GPUs), on a Linear stack with FP4 all-gather under
+BF16 mixed precision, for te_default and per_token: the gathered weight against quantizing the full
+weight here; DCP save, the recipes read back (``nvfp4lab.checkpoint.dcp_recipes``) and load into a
+fresh FSDP model built with them; refusal of a model with another recipe (one whose extra-state JSON
+is as long, one whose is not); ``save_quantized`` of the full state dict gathered to rank 0 and of
+the checkpoint DCP-loaded into a plain model here, against ``save_quantized`` of the ranks' shards
+concatenated in one process.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from torch import nn
 import nvfp4lab
 from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe
 from nvfp4lab import functional as F
+from nvfp4lab.checkpoint import dcp_recipes
 from nvfp4lab.dist_harness import AllGatherByteCounter, init_rank, spawn_ranks
 from nvfp4lab.fsdp import NVFP4ShardedWeight, enable_fp4_all_gather
 
@@ -46,7 +55,13 @@ GATHER_RECIPES = {
     "4over6_weights": NVFP4Recipe.four_over_six("weights", stochastic_rounding=False),
     "compact": RECIPE.replace(scale_layout="compact"),
     "padded_dequantized": RECIPE.replace(scale_layout="padded", backward="dequantized"),
+    "per_token": NVFP4Recipe.per_token(stochastic_rounding=False),
 }
+# the checkpoint scenario's recipes, and per recipe the ones a model built to refuse its checkpoint has:
+# the other preset (extra-state JSON as long) and the same one with compact scales (JSON one byte shorter)
+STACK_RECIPES = {"te_default": RECIPE, "per_token": GATHER_RECIPES["per_token"]}
+REFUSING_RECIPES = {name: [STACK_RECIPES[other] for other in STACK_RECIPES if other != name] + [recipe.replace(scale_layout="compact")]
+                    for name, recipe in STACK_RECIPES.items()}
 
 
 class MLP(nn.Module):
@@ -64,6 +79,12 @@ class MLP(nn.Module):
         n = h.shape[0]
         h = self.experts(h, [n // 2, n - n // 2])
         return self.fc2(torch.relu(h))
+
+
+def _stack(recipe, device=None):
+    """Linear(64 -> 128) -> Linear(128 -> 64), with bias; ``recipe``: one for both layers or one per layer."""
+    recipes = recipe if isinstance(recipe, (list, tuple)) else [recipe, recipe]
+    return nn.Sequential(Linear(64, 128, recipe=recipes[0], device=device), Linear(128, 64, recipe=recipes[1], device=device))
 
 
 def _loss(model, x, y):
@@ -250,9 +271,72 @@ def _worker(rank, world, port, device_type, spec, results):
             out["too_late"] = None
         except ValueError as err:
             out["too_late"] = str(err)
+
+        out["stack"] = {name: _stack_scenario(name, spec, mesh, rank, device) for name in STACK_RECIPES}
         results[rank] = out
     finally:
         dist.destroy_process_group()
+
+
+def _stack_scenario(name, spec, mesh, rank, device):
+    """FP4 all-gather Linear stack under BF16 mixed precision: train, capture the gathered weights,
+    DCP save / recipes / load / refusals, save_quantized of the full state dict on rank 0."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    ckpt = f"{spec['ckpt']}-stack-{name}"
+
+    def fsdp_stack(recipe, init):
+        model = _stack(recipe, device)
+        model.load_state_dict(init)
+        enable_fp4_all_gather(model)
+        for layer in model:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        return model
+
+    model = fsdp_stack(STACK_RECIPES[name], spec["stack_init"])
+    _train(model, spec["data"], rank, device, steps=2)
+    out = {"full": [_cpu(layer.weight.full_tensor()) for layer in model], "gathered": []}
+    hooks = [layer.register_forward_pre_hook(lambda m, a: out["gathered"].append(_qfields(m.weight.quantized))) for layer in model]
+    with torch.no_grad():
+        model(_rank_batch(spec["data"], 0, rank, device)[0])
+    for h in hooks:
+        h.remove()
+
+    dcp.save(get_model_state_dict(model), checkpoint_id=ckpt)
+    out["recorded"] = dcp_recipes(ckpt)
+    fresh = fsdp_stack([out["recorded"].get(str(i)) for i in range(2)], spec["other_stack_init"])
+    state = get_model_state_dict(fresh)
+    dcp.load(state, checkpoint_id=ckpt)
+    set_model_state_dict(fresh, state)
+    out["loaded_recipes"] = [layer.recipe for layer in fresh]
+    out["loaded_params"] = _cpu(get_model_state_dict(fresh, options=full))
+    out["trained_params"] = _cpu(get_model_state_dict(model, options=full))
+    out["refusals"] = []
+    for recipe in REFUSING_RECIPES[name]:
+        other = fsdp_stack(recipe, spec["other_stack_init"])
+        state = get_model_state_dict(other)
+        try:
+            dcp.load(state, checkpoint_id=ckpt)
+            set_model_state_dict(other, state)
+            out["refusals"].append(None)
+        except ValueError as err:
+            out["refusals"].append(str(err))
+        except CheckpointException as err:  # a BaseException: DCP refused before the recipe check
+            out["refusals"].append(f"CheckpointException: {err}")
+
+    full_state = get_model_state_dict(model, options=full)  # on rank 0 only (cpu_offload)
+    if rank == 0:
+        plain = _stack(STACK_RECIPES[name], device)
+        plain.load_state_dict(full_state)
+        nvfp4lab.save_quantized(plain, f"{ckpt}-gathered.safetensors")
+    out["shards"] = {f"{i}.{n}": _cpu(p.to_local()) for i, layer in enumerate(model) for n, p in layer.named_parameters()}
+    return out
 
 
 # ------------------------------------------------------------------------------ the parent side
@@ -288,7 +372,12 @@ def _spec(tmp_dir):
     gather_weight[40, 7] = 40.0  # in rank 1's rows: rank 0 must quantize with it too
     return dict(init=init, other_init=other_init, data=data, gather_weight=gather_weight,
                 hp_x=[torch.randn(32, 64) for _ in range(WORLD)], hp_dy=[torch.randn(32, 64) for _ in range(WORLD)],
-                ckpt=str(tmp_dir / "dcp"))
+                ckpt=str(tmp_dir / "dcp"), stack_init=_plain_stack_state(), other_stack_init=_plain_stack_state())
+
+
+def _plain_stack_state() -> dict:
+    """Initial weights of the Linear stack without a recipe entry (loads into a stack of any recipe)."""
+    return {k: v for k, v in _stack(RECIPE).state_dict().items() if not k.endswith("_extra_state")}
 
 
 def _run(device_type, tmp_dir):
@@ -432,6 +521,86 @@ def test_fp4_all_gather_errors(run):
     for rank in range(WORLD):
         assert "multiple of 16 * shard group size (32)" in out[rank]["bad_rows"]
         assert "before fully_shard" in out[rank]["too_late"]
+
+
+@pytest.mark.parametrize("name", list(STACK_RECIPES))
+def test_stack_fp4_gathered_weight_under_mixed_precision_is_bit_identical(run, name):
+    _, out, _ = run
+    recipe = STACK_RECIPES[name]
+    for rank in range(WORLD):
+        stack = out[rank]["stack"][name]
+        assert len(stack["gathered"]) == 2
+        for full, got in zip(stack["full"], stack["gathered"]):
+            # the full fp32 master weight cast to the param dtype: what a BF16 all-gather hands the layer
+            want = F.quantize_weight(full.to(torch.bfloat16), recipe, columnwise=True, backend="ref")
+            assert set(got) == set(QFIELDS)
+            for field in QFIELDS:
+                assert torch.equal(got[field], getattr(want, field)), (rank, field)
+
+
+@pytest.mark.parametrize("name", list(STACK_RECIPES))
+def test_dcp_records_and_restores_the_recipe(run, name):
+    spec, out, _ = run
+    recipe = STACK_RECIPES[name]
+    for rank in range(WORLD):
+        stack = out[rank]["stack"][name]
+        assert stack["recorded"] == {"0": recipe, "1": recipe}
+        assert stack["loaded_recipes"] == [recipe, recipe]
+    trained = out[0]["stack"][name]["trained_params"]
+    _assert_same_params(out[0]["stack"][name]["loaded_params"], trained)
+    assert not torch.equal(trained["0.weight"], spec["stack_init"]["0.weight"])  # training moved the weights
+    assert not torch.equal(spec["other_stack_init"]["0.weight"], spec["stack_init"]["0.weight"])  # loading did
+
+
+@pytest.mark.parametrize("name", list(STACK_RECIPES))
+def test_dcp_load_refuses_another_recipe_naming_the_fields(run, name):
+    from nvfp4lab.modules.state import recipe_differences
+
+    _, out, _ = run
+    recipe = STACK_RECIPES[name]
+    for rank in range(WORLD):
+        refusals = out[rank]["stack"][name]["refusals"]
+        assert len(refusals) == len(REFUSING_RECIPES[name])
+        for other, message in zip(REFUSING_RECIPES[name], refusals):
+            assert message is not None, other  # loaded
+            assert message.startswith("layer '0' ("), message
+            assert f"the saved recipe differs ({recipe_differences(recipe, other)})" in message
+
+
+def _safetensors_content(path) -> tuple:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata(), {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (a safe_open handle)
+
+
+@pytest.mark.parametrize("name", list(STACK_RECIPES))
+def test_save_quantized_of_gathered_and_dcp_loaded_models_equals_one_process(run, name, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    pytest.importorskip("safetensors")
+    spec, out, _ = run
+    ckpt = f"{spec['ckpt']}-stack-{name}"
+    # one process, no FSDP: the ranks' own shards (rows) concatenated, quantized with the reference backend
+    reference = _stack(STACK_RECIPES[name])
+    shards = [out[rank]["stack"][name]["shards"] for rank in range(WORLD)]
+    reference.load_state_dict({key: torch.cat([s[key] for s in shards]) for key in shards[0]})
+    nvfp4lab.save_quantized(reference, tmp_path / "reference.safetensors")
+    # the checkpoint DCP-loaded into a plain model here, built with the recipes it records
+    loaded = _stack([dcp_recipes(ckpt)[str(i)] for i in range(2)])
+    state = loaded.state_dict()
+    dcp.load(state, checkpoint_id=ckpt, no_dist=True)
+    loaded.load_state_dict(state)
+    nvfp4lab.save_quantized(loaded, tmp_path / "dcp_loaded.safetensors")
+    metadata, tensors = _safetensors_content(tmp_path / "reference.safetensors")
+    assert sorted(tensors) == ["0.bias", "0.weight_amax", "0.weight_data", "0.weight_scale",
+                               "1.bias", "1.weight_amax", "1.weight_data", "1.weight_scale"]
+    for path in (f"{ckpt}-gathered.safetensors", tmp_path / "dcp_loaded.safetensors"):
+        got_metadata, got = _safetensors_content(path)
+        assert got_metadata == metadata
+        assert list(got) == list(tensors)
+        for key in tensors:
+            assert got[key].dtype == tensors[key].dtype and torch.equal(got[key], tensors[key]), (path, key)
 
 
 # ------------------------------------------------------------------------ single-process checks

@@ -7,6 +7,12 @@ so safetensors files and ``torch.load(weights_only=True)`` take it)::
     {"format": "nvfp4lab.recipe", "version": 1,
      "recipe": {"type": "NVFP4Recipe", "fields": {"weight_2d": true, ...}}}
 
+padded with spaces to :data:`EXTRA_STATE_BYTES` (JSON ignores trailing whitespace), so every recipe's
+entry has the same size: a distributed checkpoint (``torch.distributed.checkpoint.load``) reads the
+saved entry in place into the fresh model's entry and refuses a size mismatch before any recipe is
+compared; with equal sizes it loads, and the recipe check below names the differing fields.
+Entries written without the padding still decode.
+
 Loading a state_dict into a converted layer checks that the saved recipe equals the layer's and
 refuses a different one with a ValueError naming the layer and the fields that differ. A state_dict
 without the entry (a plain model's) loads as before and keeps the layer's recipe. A layer without a
@@ -20,10 +26,12 @@ import json
 
 import torch
 
+from ..layout import roundup
 from ..recipes import RECIPE_TYPES
 
 EXTRA_STATE_FORMAT = "nvfp4lab.recipe"
 EXTRA_STATE_VERSION = 1
+EXTRA_STATE_BYTES = 1024  # the entry's size (longer JSON rounds up to a multiple of it; recipes take about 400 bytes)
 _RECIPE_CLASSES = {cls.__name__: cls for cls in RECIPE_TYPES}
 
 
@@ -58,9 +66,9 @@ def recipe_differences(saved, current) -> str:
 
 
 def encode_extra_state(recipe) -> torch.Tensor:
-    text = json.dumps({"format": EXTRA_STATE_FORMAT, "version": EXTRA_STATE_VERSION, "recipe": recipe_to_dict(recipe)},
-                      sort_keys=True)
-    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)
+    encoded = json.dumps({"format": EXTRA_STATE_FORMAT, "version": EXTRA_STATE_VERSION, "recipe": recipe_to_dict(recipe)},
+                         sort_keys=True).encode("utf-8")
+    return torch.frombuffer(bytearray(encoded.ljust(roundup(len(encoded), EXTRA_STATE_BYTES), b" ")), dtype=torch.uint8)
 
 
 def decode_extra_state(state) -> object:
