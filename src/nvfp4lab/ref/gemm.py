@@ -5,7 +5,10 @@
     out        = out_dtype(fl(acc * alpha) [+ bias] [+ C])           one rounding to out_dtype
 
 amax_a / amax_b are per tensor (1,) or per token ((M,) rows of A, (N,) rows of B). With per-tensor
-operands alpha is exactly cuBLAS' device alpha. The fp32 summation order of ``acc`` is not part of the
+operands alpha is exactly cuBLAS' device alpha. Where fl(amax_a * amax_b) overflows for finite amaxes
+(e.g. 1e20 * 1e19), alpha is formed from amax_a / 2^64 and amax_b / 2^64 and the product acc * alpha is
+multiplied back by 2^64 twice (:func:`apply_alpha`): the value of TE's order with an unbounded exponent
+range, instead of inf (and NaN where acc = 0). The fp32 summation order of ``acc`` is not part of the
 contract: implementations agree within the golden tolerance (rtol 2^-7).
 """
 from __future__ import annotations
@@ -35,6 +38,22 @@ def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: float, e4
     return (amax_a.to(_F32).reshape(-1, 1) * amax_b.to(_F32).reshape(1, -1)) * inv
 
 
+_HALF_RESCALE = 2.0**64
+
+
+def apply_alpha(acc: torch.Tensor, amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: float,
+                e4m3_max_b: float) -> torch.Tensor:
+    """fl(acc * alpha) with alpha = :func:`gemm_alpha`, except where fl(amax_a * amax_b) overflows for
+    finite amaxes: there fl(fl(acc * fl(fl(amax_a/2^64 * amax_b/2^64) * inv)) * 2^64) * 2^64 (exact
+    power-of-two steps: only a result past fp32's range overflows, as it should)."""
+    a = amax_a.to(_F32).reshape(-1, 1)
+    b = amax_b.to(_F32).reshape(1, -1)
+    inv = torch.tensor(1.0 / (36.0 * e4m3_max_a * e4m3_max_b), dtype=_F32, device=a.device)
+    overflow = torch.isinf(a * b) & torch.isfinite(a) & torch.isfinite(b)
+    rescaled = ((acc * (((a * (1.0 / _HALF_RESCALE)) * (b * (1.0 / _HALF_RESCALE))) * inv)) * _HALF_RESCALE) * _HALF_RESCALE
+    return torch.where(overflow, rescaled, acc * ((a * b) * inv))
+
+
 def nvfp4_gemm(
     a,
     b,
@@ -50,7 +69,7 @@ def nvfp4_gemm(
     a_blk = block_dequantized(a.rowwise_data, compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16))
     b_blk = block_dequantized(b.rowwise_data, compact_scales(b.rowwise_scale, b.scale_layout, n, k // 16))
     acc = a_blk @ b_blk.t()
-    result = acc * gemm_alpha(a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
+    result = apply_alpha(acc, a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
     if bias is not None:
         result = result + bias.to(_F32)
     if accumulate and out is not None:

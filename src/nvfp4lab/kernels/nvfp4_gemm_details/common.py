@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._codecs import to_f32
+
 
 def roundup(n: int, m: int) -> int:
     return (n + m - 1) // m * m
@@ -90,8 +92,10 @@ def e4m3_to_f32(bits):
 def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr,
              BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings."""
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings
+    (:func:`nvfp4lab.ref.gemm.apply_alpha`, with its rescaled alpha where fl(amax_a * amax_b)
+    overflows for finite amaxes). SOFT_BF16: bf16 bias / out_old loaded by bits (the interpreter)."""
     if A_AMAX_ROWS:
         amax_a = tl.load(a_amax_ptr + rows_a)
     else:
@@ -102,16 +106,22 @@ def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax
         amax_b = tl.load(b_amax_ptr + expert + tl.zeros((BLOCK_N,), dtype=tl.int32))
     else:
         amax_b = tl.load(b_amax_ptr + tl.zeros((BLOCK_N,), dtype=tl.int32))
-    alpha = (amax_a[:, None] * amax_b[None, :]) * inv_e
-    res = acc * alpha
+    a2 = amax_a[:, None]
+    b2 = amax_b[None, :]
+    prod = a2 * b2
+    res = acc * (prod * inv_e)
+    overflow = (tl.abs(prod) == float("inf")) & (tl.abs(a2) < float("inf")) & (tl.abs(b2) < float("inf"))
+    rescaled = ((acc * (((a2 * 5.421010862427522e-20) * (b2 * 5.421010862427522e-20)) * inv_e))
+                * 1.8446744073709552e19) * 1.8446744073709552e19  # 2^-64 each, then 2^64 twice (exact)
+    res = tl.where(overflow, rescaled, res)
     if BIAS_MODE == 1:
-        res = res + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        res = res + to_f32(tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
     elif BIAS_MODE == 2:
-        res = res + tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        res = res + to_f32(tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
     out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n.to(tl.int64)[None, :] * stride_on
     omask = mask_m[:, None] & mask_n[None, :]
     if ACCUMULATE:
-        res = res + tl.load(out_ptrs, mask=omask, other=0.0).to(tl.float32)
+        res = res + to_f32(tl.load(out_ptrs, mask=omask, other=0.0), SOFT_BF16)
     if OUT_BF16:
         tl.store(out_ptrs, f32_to_bf16_rne(res), mask=omask)
     else:

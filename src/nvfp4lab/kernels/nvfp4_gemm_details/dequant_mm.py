@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._codecs import soft_bf16_loads
 from . import opt_flags
 from .common import epilogue
 from .fused import expand
@@ -25,6 +26,7 @@ def epilogue_kernel(
     M, N, stride_om, stride_on, inv_e,
     A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
     ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SOFT_BF16: tl.constexpr = False,
 ):
     """The epilogue over an fp32 product (M, N), row stride N."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -38,7 +40,7 @@ def epilogue_kernel(
     acc = tl.load(ptrs, mask=mask, other=0.0)
     epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-             OUT_BF16, BLOCK_M, BLOCK_N)
+             OUT_BF16, BLOCK_M, BLOCK_N, SOFT_BF16)
 
 
 def _launch_epilogue_kernel(grid, acc, a_amax, b_amax, bias, out, m, n, inv_e, constexprs: dict):
@@ -88,7 +90,7 @@ def grouped_gemm(a, b, bias, out, b_mode: int, bias_mode: int, accumulate: bool,
     a_rows = a_amax.numel() != 1
     # each expert's amax and bias as a dense GEMM's: scalar or per-row B amax, (N,) bias
     flags = dict(A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
-                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16)
+                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device))
     row = 0
     for e, m_e in enumerate(splits):
         r0, row = row, row + m_e

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._codecs import soft_bf16_loads
 from .common import abs_bits, load_rows, program_columns
 from .rht import rht_tile
 
@@ -48,7 +49,7 @@ def amax_kernel(
     x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, STEPS_M: tl.constexpr = 1,
-    FINAL_BLOCK: tl.constexpr = 1024,
+    FINAL_BLOCK: tl.constexpr = 1024, SOFT_BF16: tl.constexpr = False,
 ):
     """Folds max |x| of STEPS_M tiles (consecutive along M) into the scratch accumulators, then
     ``finalize_amax``. Per-tensor and per-column maxima are carried across the steps in registers, so
@@ -62,7 +63,7 @@ def amax_kernel(
     t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
     for step in tl.static_range(STEPS_M):
         rows = ((pid_m * STEPS_M + step) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+        row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16)
         mag = abs_bits(xf)  # |x| bits
         if TENSOR_AMAX or COL_MODE == 2:
             t = tl.maximum(t, mag)
@@ -114,4 +115,4 @@ def launch_amax(x, row_out, col_out, grid, meta: dict) -> None:
     n_row, n_col = row_out.numel(), col_out.numel()
     scratch = scratch_buffer(x.device, 1 + n_row + n_col)
     amax_kernel[grid](x, scratch, row_out if n_row else col_out, col_out if n_col else row_out, m, k, n_row, n_col,
-                      **meta, enable_fp_fusion=False)
+                      **meta, SOFT_BF16=soft_bf16_loads(x.device), enable_fp_fusion=False)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._codecs import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
+from .._codecs import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode, soft_bf16_loads
 from .common import (E4M3_MAX, abs_bits, correct_div, encode_factor, global_scales, load_tile, normal_range,
                      pack_codes, scale_offsets, split_of)
 
@@ -180,7 +180,7 @@ def four_over_six_kernel(
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, LAYOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0,
+    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, SOFT_BF16: tl.constexpr = False,
 ):
     """One [BLOCK_M, BLOCK_K] tile -> its rowwise and columnwise 4over6 blocks (FOUR_OVER_SIX: 1 MAE, 2 MSE).
 
@@ -195,7 +195,7 @@ def four_over_six_kernel(
     """
     G: tl.constexpr = BLOCK_M // 16  # 16-row groups (columnwise blocks) per tile
     KB: tl.constexpr = BLOCK_K // 16  # 16-column groups (rowwise blocks) per tile
-    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K)
+    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K, SOFT_BF16)
     k_blocks = K // 16
     blks = pid_k * KB + tl.arange(0, KB).to(tl.int64)  # rowwise block index along K
     blk_ok = blks < k_blocks
@@ -266,6 +266,8 @@ def four_over_six_kernel(
         else:
             col_codes, col_scale = _quantize_blocks(y3, bamax, outer, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
         ok = group_ok[:, None] & col_ok[None, :]
+        if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
+            ok = ok & (blk2 >= 0) & (blk2 < (M // 16) * K)
         half = tl.arange(0, 2)[None, None, :]
         word = blk2 * 2
         tl.store(col_data_ptr + word[:, :, None] + half, pack_codes(col_codes, G, BLOCK_K), mask=ok[:, :, None])
@@ -294,5 +296,5 @@ def launch_four_over_six(x, outputs, row_amax, col_amax, offsets, group_split, n
         row_amax if row_amax is not None else any_f32,
         col_amax if col_amax is not None else any_f32,
         m, k, offsets if offsets is not None else x, group_split if group_split is not None else x, num_splits,
-        **meta, enable_fp_fusion=False,
+        **meta, SOFT_BF16=soft_bf16_loads(x.device), enable_fp_fusion=False,
     )
