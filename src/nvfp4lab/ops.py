@@ -77,7 +77,8 @@ def _check_amax(name: str, amax, expected: tuple[int, ...], device) -> Optional[
         raise TypeError(f"{name} must be a floating-point tensor, got {amax.dtype}")
     if amax.numel() not in expected:
         raise ValueError(f"{name} must have {' or '.join(map(str, expected))} elements, got shape {tuple(amax.shape)}")
-    check_amax_values(name, amax)
+    if not compiling():  # traced values are symbolic: no host read
+        check_amax_values(name, amax)
     return amax.to(device=device, dtype=torch.float32).reshape(-1)
 
 
@@ -192,10 +193,11 @@ def quantize_nvfp4(
 # ------------------------------------------------------------------------------- grouped NVFP4
 def _split_offsets(name: str, split_sections, m: int, device, read_device: bool) -> torch.Tensor:
     """list of ints or 1-D integer tensor -> int64 offsets (n+1,) on ``device``; host sizes are checked,
-    device sizes only when ``read_device`` (the reference backend, which reads them back anyway)."""
+    device sizes only when ``read_device`` (the reference backend, which reads them back anyway), tensor
+    sizes not while torch.compile traces."""
     if isinstance(split_sections, torch.Tensor):
         check_integer_vector(name, split_sections)
-        if split_sections.device.type == "cpu" or read_device:
+        if (split_sections.device.type == "cpu" or read_device) and not compiling():
             check_split_sizes(name, split_sections.tolist(), m)
         sizes = split_sections.to(device=device, dtype=torch.int64)
         offsets = torch.zeros(sizes.numel() + 1, dtype=torch.int64, device=device)
@@ -223,7 +225,7 @@ def _given_split_offsets(split_offsets, split_sections, m: int, device, read_dev
                          f"got {tuple(split_offsets.shape)}")
     if split_offsets.device != device:
         raise ValueError(f"split_offsets must be on x's device {device}, got {split_offsets.device}")
-    if split_offsets.device.type == "cpu" or read_device:
+    if (split_offsets.device.type == "cpu" or read_device) and not compiling():
         expected_offsets = cumulative_offsets(split_sections)
         if split_offsets.tolist() != expected_offsets:
             raise ValueError(f"split_offsets must be the row offsets of split_sections, {expected_offsets}, "
@@ -554,7 +556,8 @@ def nvfp4_grouped_gemm(
             raise ValueError(f"bias must have shape (N,) = ({n},) or (E, N) = ({num_experts}, {n}), got {tuple(bias.shape)}")
     out_dtype = _check_out(out, accumulate, m, n, out_dtype)
     backend = resolve_backend(backend, device)
-    if offs.device.type == "cpu" or backend == "ref":  # values readable without a sync (the reference reads them anyway)
+    # values readable without a sync (the reference reads them anyway); traced values are symbolic
+    if (offs.device.type == "cpu" or backend == "ref") and not compiling():
         _check_offs_values(offs.tolist(), m, m_splits)
     if m == 0 or n == 0 or k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
