@@ -153,9 +153,10 @@ def quantize_nvfp4(
     """Quantize ``x`` (..., K) to NVFP4 (see :class:`NVFP4QuantConfig` for the options).
 
     Leading dims flatten into M; K (and M when a columnwise or 16x16 output is asked) must be
-    multiples of 16. ``config`` replaces the individual option arguments when given.
-    Stochastic rounding takes ``seed`` (int) or ``generator``; the same seed repeats the same bits on
-    the same backend and device.
+    multiples of 16. ``config`` replaces the individual option arguments when given (they must keep
+    their defaults then: ValueError otherwise). ``amax`` / ``columnwise_amax``: >= 0 and not NaN
+    (checked for host tensors). Stochastic rounding takes ``seed`` (an int in [-2**63, 2**64)) or
+    ``generator``; the same seed repeats the same bits on the same backend and device.
     """
     _check_tensor("x", x)
     if config is None:
