@@ -30,9 +30,10 @@ from .tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets, register_dequ
 
 try:  # the Triton backend; the reference backend needs no Triton
     from .kernels import dequantize as dequant_kernels
-    from .kernels import grouped_quantize, nvfp4_quantize, swizzle as swizzle_kernels
+    from .kernels import grouped_quantize, nvfp4_quantize
     from .kernels import mxfp8 as mxfp8_kernels
     from .kernels import nvfp4_gemm as gemm_kernels
+    from .kernels import swizzle as swizzle_kernels
     _TRITON_ERROR = None
 except ImportError as err:  # pragma: no cover - depends on the installation
     _TRITON_ERROR = err
@@ -342,12 +343,15 @@ def quantize_mxfp8(
     config: Optional[MXFP8QuantConfig] = None,
     backend: Optional[str] = None,
 ) -> MXFP8Tensor:
-    """Quantize ``x`` (..., K) to MXFP8: rowwise needs K % 32 == 0, columnwise needs M % 32 == 0."""
+    """Quantize ``x`` (..., K) to MXFP8: rowwise needs K % 32 == 0, columnwise needs M % 32 == 0.
+    ``config`` replaces the option arguments (they must keep their defaults then)."""
     _check_tensor("x", x)
     if config is None:
         config = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fp8_format, scale_layout=scale_layout)
     elif not isinstance(config, MXFP8QuantConfig):
         raise TypeError(f"config must be an MXFP8QuantConfig, got {type(config).__name__}")
+    elif rowwise is not True or columnwise is not False or fp8_format != "e4m3" or scale_layout != "compact":
+        raise ValueError("pass either config= or individual options (rowwise, columnwise, fp8_format, scale_layout), not both")
     x2 = flatten_2d("x", x)
     m, k = x2.shape
     if config.rowwise:

@@ -129,6 +129,12 @@ def test_quantize_nvfp4_refuses_wrong_types_and_values(kwargs, exc, pattern, bac
         nvfp4lab.quantize_nvfp4(X, backend=backend, **kwargs)
 
 
+def test_mxfp8_config_with_option_arguments_is_refused():
+    cfg = nvfp4lab.MXFP8QuantConfig()
+    with pytest.raises(ValueError, match="pass either config= or individual options"):
+        nvfp4lab.quantize_mxfp8(torch.randn(32, 32), config=cfg, columnwise=True)
+
+
 def test_mxfp8_config_refuses_non_bools():
     with pytest.raises(TypeError, match="rowwise must be a bool"):
         nvfp4lab.quantize_mxfp8(torch.randn(32, 32), rowwise=1)
