@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .layout import roundup
+
 HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -45,3 +47,88 @@ def check_integer_vector(name: str, t: torch.Tensor) -> None:
     """A 1-D integer (not bool) tensor."""
     if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
         raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {t.dtype} shape {tuple(t.shape)}")
+
+
+def check_int(name: str, value, low=None, high=None) -> None:
+    """A Python int (bools refused: True would pass as 1), low <= value < high where given."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if high is None and low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and not low <= value < high:
+        raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
+
+
+def check_seed(seed) -> None:
+    """An SR seed: None or an int that torch.Generator.manual_seed takes, [-2^63, 2^64)."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+    if not -(1 << 63) <= seed < (1 << 64):
+        raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator.manual_seed's range), got {seed}")
+
+
+def check_amax_values(name: str, amax: torch.Tensor) -> None:
+    """Every element >= 0 and not NaN (an amax is a max |x|); +inf is allowed (the spec's S_enc = 1).
+
+    Read only for host (CPU) tensors: reading a device tensor's values would be a host sync."""
+    if amax.device.type == "cpu" and amax.numel() and not bool((amax >= 0).all()):
+        raise ValueError(f"{name} must be >= 0 and not NaN (it is a max |x|), got {amax.flatten()[:8].tolist()}")
+
+
+def check_nvfp4_copy(t, which: str) -> None:
+    """The parts of one copy of an NVFP4Tensor agree with its shape and config: data (R, C/2) uint8,
+    scales of the layout's shape, amax (1,) or (R,) per token; R, C = M, K (rowwise) or K, M."""
+    m, k = t.m, t.k
+    rows, cols = (m, k) if which == "rowwise" else (k, m)
+    data, scale, amax = (getattr(t, f"{which}_{part}") for part in ("data", "scale", "amax"))
+    for part, value in (("data", data), ("scale", scale)):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
+            raise TypeError(f"{which}_{part} must be a uint8 tensor, got {getattr(value, 'dtype', type(value).__name__)}")
+    if cols % 16 != 0:
+        raise ValueError(f"the quantized matrix must have a multiple of 16 columns (whole NVFP4 blocks), got {cols}")
+    if tuple(data.shape) != (rows, cols // 2):
+        raise ValueError(f"{which}_data must have shape {(rows, cols // 2)} (two E2M1 codes per byte), got {tuple(data.shape)}")
+    blocks = cols // 16
+    layout = t.scale_layout
+    want = (rows, blocks) if layout == "compact" else (roundup(rows, 128), roundup(blocks, 4))
+    if scale.numel() != want[0] * want[1] or (layout != "swizzled" and tuple(scale.shape) != want):
+        raise ValueError(f"{which}_scale must have shape {want} for scale_layout={layout!r}, got {tuple(scale.shape)}")
+    if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
+        raise TypeError(f"{which}_amax must be a floating-point tensor, got {getattr(amax, 'dtype', type(amax).__name__)}")
+    expected = rows if t.per_token else 1
+    if amax.numel() != expected:
+        raise ValueError(f"{which}_amax must have {expected} elements (per_token={t.per_token}), got {amax.numel()}")
+
+
+def mxfp8_scale_shape(rows: int, cols: int, layout: str, which: str) -> tuple[int, int]:
+    """Scale shape of one copy of an (M, K) = (rows, cols) MXFP8 tensor: rowwise compact (M, K/32),
+    padded / swizzled (roundup(M,128), roundup(K/32,4)); columnwise compact (M/32, K), padded
+    (roundup(M/32,4), roundup(K,128)), swizzled (the transpose's) (roundup(K,128), roundup(M/32,4))."""
+    if which == "rowwise":
+        return (rows, cols // 32) if layout == "compact" else (roundup(rows, 128), roundup(cols // 32, 4))
+    if layout == "compact":
+        return (rows // 32, cols)
+    if layout == "padded":
+        return (roundup(rows // 32, 4), roundup(cols, 128))
+    return (roundup(cols, 128), roundup(rows // 32, 4))
+
+
+def check_mxfp8_copy(t, which: str) -> None:
+    """The parts of one copy of an MXFP8Tensor (M, K) agree with its shape: data (M, K) uint8 and the
+    layout's scale shape (:func:`mxfp8_scale_shape`; a swizzled buffer may also be flat)."""
+    rows, cols = int(t.shape[0]), int(t.shape[1])
+    data, scale = getattr(t, f"{which}_data"), getattr(t, f"{which}_scale")
+    for part, value in (("data", data), ("scale", scale)):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
+            raise TypeError(f"{which}_{part} must be a uint8 tensor, got {getattr(value, 'dtype', type(value).__name__)}")
+    if tuple(data.shape) != (rows, cols):
+        raise ValueError(f"{which}_data must have shape {(rows, cols)}, got {tuple(data.shape)}")
+    if which == "rowwise" and cols % 32 != 0:
+        raise ValueError(f"K must be a multiple of 32 for the rowwise copy, got {cols}")
+    if which == "columnwise" and rows % 32 != 0:
+        raise ValueError(f"M must be a multiple of 32 for the columnwise copy, got {rows}")
+    scale_shape = mxfp8_scale_shape(rows, cols, t.scale_layout, which)
+    if tuple(scale.shape) != scale_shape and not (t.scale_layout == "swizzled" and scale.numel() == scale_shape[0] * scale_shape[1]):
+        raise ValueError(f"{which}_scale must have shape {scale_shape} for scale_layout={t.scale_layout!r}, got {tuple(scale.shape)}")

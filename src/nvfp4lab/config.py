@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +23,14 @@ E4M3_MAXES = (448.0, 256.0)
 # Whose numerics a quantization follows: TE main's (spec section 3.1, the default) or open PR 3045's
 # per-token cast (amax floored at 1e-12 in S_enc, enc = S_enc / s, code 0 in blocks of scale 0).
 NUMERICS = ("te_main", "te_pr3045")
+
+
+def _check_bools(config, names) -> None:
+    """Each named field of ``config`` is a bool (1, "yes" or a numpy bool would be stored as given)."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class NVFP4QuantConfig:
     numerics: str = "te_main"
 
     def __post_init__(self):
+        _check_bools(self, ("rowwise", "columnwise", "per_token", "rht", "stochastic_rounding"))
         if self.numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
         if self.block not in BLOCKS:
@@ -70,10 +80,14 @@ class NVFP4QuantConfig:
             raise ValueError(f"four_over_six must be one of {FOUR_OVER_SIX_MODES}, got {self.four_over_six!r}")
         if self.e4m3_max is None:
             object.__setattr__(self, "e4m3_max", 256.0 if self.four_over_six else 448.0)
+        if not isinstance(self.e4m3_max, numbers.Real) or isinstance(self.e4m3_max, bool):
+            raise TypeError(f"e4m3_max must be a number (448 or 256) or None, got {type(self.e4m3_max).__name__} {self.e4m3_max!r}")
         object.__setattr__(self, "e4m3_max", float(self.e4m3_max))
         if self.e4m3_max not in E4M3_MAXES:
             raise ValueError(f"e4m3_max must be 448 or 256, got {self.e4m3_max}")
-        if not isinstance(self.rht_sign_mask, int) or not 0 <= self.rht_sign_mask < (1 << 16):
+        if isinstance(self.rht_sign_mask, bool) or not isinstance(self.rht_sign_mask, int):
+            raise TypeError(f"rht_sign_mask must be an int (a 16-bit mask), got {type(self.rht_sign_mask).__name__}")
+        if not 0 <= self.rht_sign_mask < (1 << 16):
             raise ValueError(f"rht_sign_mask must be a 16-bit integer, got {self.rht_sign_mask!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
@@ -129,6 +143,7 @@ class MXFP8QuantConfig:
     scale_layout: str = "compact"
 
     def __post_init__(self):
+        _check_bools(self, ("rowwise", "columnwise"))
         if not (self.rowwise or self.columnwise):
             raise ValueError("rowwise and columnwise: at least one output must be requested")
         if self.fp8_format not in FP8_FORMATS:

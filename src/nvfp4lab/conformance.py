@@ -4,10 +4,13 @@ additions of shared/golden_pr3045/README.md).
 Each ``*.safetensors`` case holds inputs, expected outputs and a JSON ``case`` header; this module
 runs nvfp4lab on the inputs and compares as the case says (exact bytes, or a per-element tolerance).
 ``params.numerics`` ("te_main" when absent, or "te_pr3045") picks the numerics of every NVFP4 op.
+The cases are read by :func:`read_safetensors` (the file format needs no package: a base install runs
+the check).
 """
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -31,6 +34,34 @@ class CaseResult:
 def default_folder() -> Path:
     """The compact subset of the golden vectors shipped inside the package."""
     return Path(__file__).resolve().parent / "data" / "golden"
+
+
+# safetensors dtype names of the tensors a case may hold
+_FILE_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+                "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+                "BOOL": torch.bool}
+
+
+def read_safetensors(path) -> tuple[dict, dict]:
+    """(metadata, tensors) of a safetensors file: an 8-byte little-endian header length, a JSON header
+    (each tensor's dtype, shape and [begin, end) byte range after the header, plus ``__metadata__``),
+    then the little-endian tensor bytes. CPU tensors."""
+    raw = Path(path).read_bytes()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + header_len])
+    body = memoryview(raw)[8 + header_len:]
+    metadata = header.pop("__metadata__", {}) or {}
+    tensors = {}
+    for name, info in header.items():
+        dtype = _FILE_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which conformance cases do not use")
+        begin, end = info["data_offsets"]
+        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
+        tensors[name] = flat.reshape(info["shape"])
+    return metadata, tensors
 
 
 def _first_mismatch(name: str, got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
@@ -89,11 +120,8 @@ def _dequantize_case(tensors: dict, params: dict, device: str, backend: str) -> 
 
 
 def run_case(path: Path, backend: str, device: str) -> CaseResult:
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        case = json.loads(f.metadata()["case"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    metadata, tensors = read_safetensors(path)
+    case = json.loads(metadata["case"])
     op, params = case["op"], case.get("params", {})
     problems: list[str] = []
     if op == "nvfp4_quantize":

@@ -13,7 +13,15 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import moe, ref
-from .checks import check_integer_vector, check_split_sizes
+from .checks import (
+    check_amax_values,
+    check_int,
+    check_integer_vector,
+    check_mxfp8_copy,
+    check_nvfp4_copy,
+    check_seed,
+    check_split_sizes,
+)
 from .checks import check_multiple as _check_multiple
 from .checks import check_tensor as _check_tensor
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
@@ -72,6 +80,8 @@ def _check_amax(name: str, amax, expected: tuple[int, ...], device) -> Optional[
         raise TypeError(f"{name} must be a floating-point tensor, got {amax.dtype}")
     if amax.numel() not in expected:
         raise ValueError(f"{name} must have {' or '.join(map(str, expected))} elements, got shape {tuple(amax.shape)}")
+    if not compiling():  # traced values are symbolic: no host read
+        check_amax_values(name, amax)
     return amax.to(device=device, dtype=torch.float32).reshape(-1)
 
 
@@ -87,11 +97,26 @@ def _dequant_source(t, cls, dtype, which: str):
     data = t.rowwise_data if which == "rowwise" else t.columnwise_data
     if data is None:
         raise ValueError(f"which={which!r}: this {cls.__name__} has no {which} copy")
+    if cls is NVFP4Tensor:
+        check_nvfp4_copy(t, which)
+    else:
+        check_mxfp8_copy(t, which)
     return dtype, data
 
 
 # ---------------------------------------------------------------------------------------- NVFP4
 _CONFIGS: dict = {}
+# the option arguments of quantize_nvfp4 and their defaults (config= replaces all of them)
+_OPTION_DEFAULTS = dict(block="1x16", rowwise=True, columnwise=False, per_token=False, rht=False, rht_sign_mask=0xD7E8,
+                        four_over_six=None, e4m3_max=None, stochastic_rounding=False, scale_layout="compact")
+_DEFAULT_VALUES = tuple(_OPTION_DEFAULTS.values())
+
+
+def _check_no_options(values: tuple) -> None:
+    """With config= the option arguments must keep their defaults (they would be ignored)."""
+    if values != _DEFAULT_VALUES or any(type(v) is not type(d) for v, d in zip(values, _DEFAULT_VALUES)):
+        given = [f"{name}={v!r}" for (name, d), v in zip(_OPTION_DEFAULTS.items(), values) if v != d or type(v) is not type(d)]
+        raise ValueError(f"pass either config= or individual options, not both: config= replaces {', '.join(given)}")
 
 
 def _nvfp4_config(**options) -> NVFP4QuantConfig:
@@ -133,9 +158,10 @@ def quantize_nvfp4(
     """Quantize ``x`` (..., K) to NVFP4 (see :class:`NVFP4QuantConfig` for the options).
 
     Leading dims flatten into M; K (and M when a columnwise or 16x16 output is asked) must be
-    multiples of 16. ``config`` replaces the individual option arguments when given.
-    Stochastic rounding takes ``seed`` (int) or ``generator``; the same seed repeats the same bits on
-    the same backend and device.
+    multiples of 16. ``config`` replaces the individual option arguments when given (they must keep
+    their defaults then: ValueError otherwise). ``amax`` / ``columnwise_amax``: >= 0 and not NaN
+    (checked for host tensors). Stochastic rounding takes ``seed`` (an int in [-2**63, 2**64)) or
+    ``generator``; the same seed repeats the same bits on the same backend and device.
     """
     _check_tensor("x", x)
     if config is None:
@@ -144,11 +170,15 @@ def quantize_nvfp4(
                                stochastic_rounding=stochastic_rounding, scale_layout=scale_layout, numerics=numerics)
     elif not isinstance(config, NVFP4QuantConfig):
         raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
+    else:
+        _check_no_options((block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
+                           stochastic_rounding, scale_layout))
     x2 = flatten_2d("x", x)
     m, k = x2.shape
     _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
     if config.columnwise or config.block == "16x16":
         _check_multiple("M (product of x's leading dims)", m, 16, "columnwise and 16x16 outputs block 16 rows")
+    check_seed(seed)
     if seed is not None and generator is not None:
         raise ValueError("seed and generator: pass one of them, not both")
     per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
@@ -168,15 +198,17 @@ def quantize_nvfp4(
 
 
 # ------------------------------------------------------------------------------- grouped NVFP4
-def _split_offsets(name: str, split_sections, m: int, device) -> torch.Tensor:
-    """list of ints or 1-D integer tensor -> int64 offsets (n+1,) on ``device``; host lists are checked."""
+def _split_offsets(name: str, split_sections, m: int, device, read_device: bool) -> torch.Tensor:
+    """list of ints or 1-D integer tensor -> int64 offsets (n+1,) on ``device``; host sizes are checked,
+    device sizes only when ``read_device`` (the reference backend, which reads them back anyway), tensor
+    sizes not while torch.compile traces."""
     if isinstance(split_sections, torch.Tensor):
         check_integer_vector(name, split_sections)
+        if (split_sections.device.type == "cpu" or read_device) and not compiling():
+            check_split_sizes(name, split_sections.tolist(), m)
         sizes = split_sections.to(device=device, dtype=torch.int64)
         offsets = torch.zeros(sizes.numel() + 1, dtype=torch.int64, device=device)
         torch.cumsum(sizes, 0, out=offsets[1:])
-        if split_sections.device.type == "cpu":
-            check_split_sizes(name, split_sections.tolist(), m)
         return offsets
     check_split_sizes(name, split_sections, m)
     return host_ints_on_device(cumulative_offsets(split_sections), device)
@@ -186,8 +218,9 @@ def _sections_on_host(split_sections) -> bool:
     return not isinstance(split_sections, torch.Tensor) or split_sections.device.type == "cpu"
 
 
-def _given_split_offsets(split_offsets, split_sections, m: int, device) -> torch.Tensor:
-    """Checks of a caller's device offsets for host ``split_sections`` (their values are not read: no sync)."""
+def _given_split_offsets(split_offsets, split_sections, m: int, device, read_device: bool) -> torch.Tensor:
+    """Checks of a caller's offsets for host ``split_sections``; their values are compared with the
+    sections' when that costs no host sync (host offsets) or ``read_device`` (the reference backend)."""
     check_split_sizes("split_sections (with split_offsets)", split_sections, m)
     if not isinstance(split_offsets, torch.Tensor):
         raise TypeError(f"split_offsets must be a torch.Tensor or None, got {type(split_offsets).__name__}")
@@ -199,6 +232,11 @@ def _given_split_offsets(split_offsets, split_sections, m: int, device) -> torch
                          f"got {tuple(split_offsets.shape)}")
     if split_offsets.device != device:
         raise ValueError(f"split_offsets must be on x's device {device}, got {split_offsets.device}")
+    if (split_offsets.device.type == "cpu" or read_device) and not compiling():
+        expected_offsets = cumulative_offsets(split_sections)
+        if split_offsets.tolist() != expected_offsets:
+            raise ValueError(f"split_offsets must be the row offsets of split_sections, {expected_offsets}, "
+                             f"got {split_offsets.tolist()}")
     return split_offsets
 
 
@@ -216,12 +254,14 @@ def quantize_nvfp4_grouped_bulk(
     """Quantize ``x`` (M, K) split along M into experts, each split with its own amax, into bulk buffers.
 
     ``split_sections``: list of ints, or a 1-D integer tensor (may live on the GPU: the Triton path
-    reads the sizes on the device, so the call is CUDA-graph capturable; the sizes must then sum to M,
-    which is not checked without a host sync). A host list is copied to the device as offsets (during
+    reads the sizes on the device, so the call is CUDA-graph capturable; the sizes must then be >= 0
+    and sum to M, which is checked for CPU tensors and on the reference backend, not for device sizes
+    on the Triton path: that would be a host sync). A host list is copied to the device as offsets (during
     CUDA graph capture: written by fill kernels instead, see :func:`host_ints_on_device`);
     ``split_offsets``, the int64 (n + 1,) row offsets of a host ``split_sections`` already on x's device
     (a caller's cache), is used as given instead: no host->device copy. Its values must equal the
-    offsets of ``split_sections`` (not checked: no host sync).
+    offsets of ``split_sections``: checked (ValueError) for CPU offsets and on the reference backend;
+    device offsets on the Triton path are not read (that would be a host sync).
     Returns a :class:`GroupedNVFP4Tensor`; every split is bit-identical to ``quantize_nvfp4`` of that split
     alone (stochastic rounding: statistically).
     Options as :func:`quantize_nvfp4`; scales are compact in the bulk buffers.
@@ -240,17 +280,18 @@ def quantize_nvfp4_grouped_bulk(
     x2 = flatten_2d("x", x)
     m, k = x2.shape
     _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
+    backend = resolve_backend(backend, x.device)
     if split_offsets is None:
-        offsets = _split_offsets("split_sections", split_sections, m, x.device)
+        offsets = _split_offsets("split_sections", split_sections, m, x.device, backend == "ref")
     else:
-        offsets = _given_split_offsets(split_offsets, split_sections, m, x.device)
+        offsets = _given_split_offsets(split_offsets, split_sections, m, x.device, backend == "ref")
     if _sections_on_host(split_sections) and (config.columnwise or config.block == "16x16"):
         bad = [int(s) for s in split_sections if int(s) % 16]
         if bad:
             raise ValueError(f"split_sections must be multiples of 16 when a columnwise or 16x16 output is asked (16-row blocks), got {bad}")
+    check_seed(seed)
     if seed is not None and generator is not None:
         raise ValueError("seed and generator: pass one of them, not both")
-    backend = resolve_backend(backend, x.device)
     if backend == "triton":
         return grouped_quantize.quantize_grouped(x2, offsets, config, seed=seed, generator=generator)
     if config.stochastic_rounding and generator is None and seed is not None:
@@ -310,12 +351,15 @@ def quantize_mxfp8(
     config: Optional[MXFP8QuantConfig] = None,
     backend: Optional[str] = None,
 ) -> MXFP8Tensor:
-    """Quantize ``x`` (..., K) to MXFP8: rowwise needs K % 32 == 0, columnwise needs M % 32 == 0."""
+    """Quantize ``x`` (..., K) to MXFP8: rowwise needs K % 32 == 0, columnwise needs M % 32 == 0.
+    ``config`` replaces the option arguments (they must keep their defaults then)."""
     _check_tensor("x", x)
     if config is None:
         config = MXFP8QuantConfig(rowwise=rowwise, columnwise=columnwise, fp8_format=fp8_format, scale_layout=scale_layout)
     elif not isinstance(config, MXFP8QuantConfig):
         raise TypeError(f"config must be an MXFP8QuantConfig, got {type(config).__name__}")
+    elif rowwise is not True or columnwise is not False or fp8_format != "e4m3" or scale_layout != "compact":
+        raise ValueError("pass either config= or individual options (rowwise, columnwise, fp8_format, scale_layout), not both")
     x2 = flatten_2d("x", x)
     m, k = x2.shape
     if config.rowwise:
@@ -362,8 +406,8 @@ def swizzle_scales(scale: torch.Tensor, *, backend: Optional[str] = None) -> tor
 def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int, *, backend: Optional[str] = None) -> torch.Tensor:
     """Inverse of :func:`swizzle_scales`: a swizzled buffer (flat or 2-D) -> compact (rows, cols)."""
     _check_tensor("swizzled", swizzled, (torch.uint8,))
-    if rows < 0 or cols < 0:
-        raise ValueError(f"rows and cols must be >= 0, got {rows}, {cols}")
+    check_int("rows", rows, 0)
+    check_int("cols", cols, 0)
     need = ref.swizzle.roundup(rows, 128) * ref.swizzle.roundup(cols, 4)
     if swizzled.numel() != need:
         raise ValueError(f"swizzled must hold roundup(rows,128)*roundup(cols,4) = {need} bytes, got {swizzled.numel()}")
@@ -439,6 +483,16 @@ def nvfp4_gemm(
     return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
 
 
+def _check_offs_values(ends: list, m: int, m_splits) -> None:
+    """Host values of the grouped GEMM's offs: nondecreasing cumulative row ends from 0 ending at M,
+    and the sizes of ``m_splits`` when that is given."""
+    starts = [0] + ends[:-1]
+    if any(e < s for s, e in zip(starts, ends)) or ends[-1] != m:
+        raise ValueError(f"offs must be nondecreasing cumulative row ends (>= 0) with offs[-1] == M = {m}, got {ends}")
+    if m_splits is not None and [e - s for s, e in zip(starts, ends)] != list(m_splits):
+        raise ValueError(f"m_splits must be the sizes offs holds, {[e - s for s, e in zip(starts, ends)]}, got {list(m_splits)}")
+
+
 def nvfp4_grouped_gemm(
     a: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
     b: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
@@ -463,11 +517,15 @@ def nvfp4_grouped_gemm(
        :func:`nvfp4lab.moe.stack_weights` (one copy; stack once and pass the result to avoid it).
     offs: int32/int64 tensor (E,) on a's device, cumulative row ends (torch._grouped_mm's ``offs``):
        expert e owns rows offs[e-1]:offs[e] (offs[-1] := 0). Zero-size experts are allowed. It must
-       be nondecreasing and end at M; the Triton path reads it on the device without a host sync
-       and does not check this (the reference does), rows past offs[E-1] are then not written.
+       be nondecreasing and end at M: checked (ValueError) when offs is a CPU tensor or the backend is
+       the reference; the Triton path on the GPU reads it on the device without a host sync and does
+       not check it, but still writes every row: expert e then owns rows [end_{e-1}, end_e) with end_e
+       the running maximum of offs[0..e] clipped to [0, M], and rows past the last end are zeros
+       (left as they are with ``accumulate``).
     bias: (N,) or (E, N); out: (M, N), written in place (added to when ``accumulate``).
     m_splits: optional host copy of the split sizes (E ints summing to M, the sizes ``offs`` holds;
-       not compared with ``offs`` on the Triton path, which would need a host sync). With it, on the
+       compared with ``offs`` where offs is checked, not for device offs on the Triton path, where
+       the per-expert cuBLAS path follows m_splits and the one-launch kernel offs). With it, on the
        GPU, experts of at least 128 rows on average (and 2^30 multiply-adds each) run as per-expert
        cuBLAS GEMMs on FP16-expanded operands, as dense GEMMs of that size do; without it, or for
        smaller experts, one Triton launch covers all experts. A list of activations gives it here.
@@ -519,10 +577,13 @@ def nvfp4_grouped_gemm(
             raise ValueError(f"bias must have shape (N,) = ({n},) or (E, N) = ({num_experts}, {n}), got {tuple(bias.shape)}")
     out_dtype = _check_out(out, accumulate, m, n, out_dtype)
     backend = resolve_backend(backend, device)
+    # values readable without a sync (the reference reads them anyway); traced values are symbolic
+    if (offs.device.type == "cpu" or backend == "ref") and not compiling():
+        _check_offs_values(offs.tolist(), m, m_splits)
     if m == 0 or n == 0 or k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
         if bias is not None and m > 0:
-            b2 = bias.float().reshape(-1, n)
+            b2 = bias.float().reshape(1, n) if bias.dim() == 1 else bias.float()  # (N,) or (E, N)
             expert = torch.bucketize(torch.arange(m, device=device), offs.to(torch.int64), right=True)
             result = result + b2[expert.clamp(max=b2.shape[0] - 1)]
         if accumulate:

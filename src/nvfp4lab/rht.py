@@ -29,15 +29,40 @@ def rht_matrix(sign_mask: int = DEFAULT_RHT_SIGN_MASK, device=None) -> torch.Ten
     return signs.view(-1, 1) * hadamard * 0.25
 
 
+# The largest finite values of the output dtypes, as fp32 numbers (the saturation bounds)
+DTYPE_MAX = {torch.float32: torch.finfo(torch.float32).max, torch.bfloat16: torch.finfo(torch.bfloat16).max,
+             torch.float16: torch.finfo(torch.float16).max}
+_SCALE_DOWN = 2.0**-4  # T / 16 has entries +-2^-6: a 16-term sum of bf16 values times them cannot overflow
+
+
+def saturate_finite(v: torch.Tensor, dtype: torch.dtype, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 ``v`` with every value beyond ``dtype``'s finite range set to +-its max where ``finite``
+    (default: where ``v`` is finite), so that the cast to ``dtype`` keeps a finite value finite. The same
+    bits as the plain cast wherever that cast is finite (values between the max and the first rounding
+    step past it round to the max either way); NaN stays NaN."""
+    limit = DTYPE_MAX[dtype]
+    big = v.abs() > limit
+    big = big & (v.isfinite() if finite is None else finite)
+    return torch.where(big, torch.copysign(torch.full_like(v, limit), v), v)
+
+
 def apply_rht(y: torch.Tensor, sign_mask: int = DEFAULT_RHT_SIGN_MASK) -> torch.Tensor:
     """Random Hadamard transform along the last dim, in chunks of 16: v -> bf16(v @ T).
 
     The input is taken as bf16 (TE defines the RHT on BF16 tensors; other dtypes are rounded to bf16
-    first). The 16 products are accumulated in fp32 and the sum is rounded once to bf16.
+    first, finite values beyond bf16's range saturating to its max). The 16 products are accumulated in
+    fp32 and the sum is rounded once to bf16. Finite input stays finite: the sum is taken with T / 16
+    and multiplied by 16 afterwards (the same bits as v @ T wherever that is finite: every product and
+    partial sum of bf16 values with +-2^-2 or +-2^-6 is the other one's times an exact power of two, no
+    bit falling below fp32's subnormals), and a result beyond bf16's range saturates to its max.
     """
     rows, cols = y.shape
+    if y.dtype != torch.bfloat16:
+        y = saturate_finite(y.to(_F32), torch.bfloat16)
     v = y.to(torch.bfloat16).to(_F32).reshape(rows, cols // 16, 16)
-    out = torch.matmul(v, rht_matrix(sign_mask, y.device))
+    out = torch.matmul(v, rht_matrix(sign_mask, y.device) * _SCALE_DOWN) * (1.0 / _SCALE_DOWN)
+    finite = v.isfinite().all(dim=-1, keepdim=True)  # an inf or NaN input makes its whole chunk non-finite
+    out = saturate_finite(out, torch.bfloat16, finite)
     return out.reshape(rows, cols).to(torch.bfloat16)
 
 
@@ -67,7 +92,17 @@ def apply_rht_fp32(y: torch.Tensor, sign_mask: int = DEFAULT_RHT_SIGN_MASK) -> t
 
 def inverse_rht(y: torch.Tensor, sign_mask: int = DEFAULT_RHT_SIGN_MASK) -> torch.Tensor:
     """Inverse of the transform in fp32 (T is orthogonal: T @ T^T = I). The fp32 sum of 16 products
-    depends on summation order: every caller uses this one matmul, so results agree on each device."""
+    depends on summation order: every caller uses this one matmul, so results agree on each device.
+
+    Chunks of finite values whose sum overflows in that order are summed again with T^T / 16 and
+    multiplied by 16 (fp32 inputs may be subnormal, so that order is used only where the plain one
+    overflows), and a result beyond fp32's range saturates to +-FLT_MAX: finite input, finite output."""
     rows, cols = y.shape
     v = y.to(_F32).reshape(rows, cols // 16, 16)
-    return torch.matmul(v, rht_matrix(sign_mask, y.device).T).reshape(rows, cols)
+    t_inv = rht_matrix(sign_mask, y.device).T
+    out = torch.matmul(v, t_inv)
+    finite = v.isfinite().all(dim=-1, keepdim=True)
+    overflow = finite & ~out.isfinite().all(dim=-1, keepdim=True)
+    rescaled = torch.matmul(v, t_inv * _SCALE_DOWN) * (1.0 / _SCALE_DOWN)
+    out = torch.where(overflow, saturate_finite(rescaled, torch.float32, finite), out)
+    return out.reshape(rows, cols)

@@ -234,3 +234,32 @@ def test_gpu_256_experts_cuda_graph():
         offsets.copy_(offsets_of(sizes, "cuda"))
         graph.replay()
         assert_same_grouped(out, ref_nvfp4.quantize_grouped(x, offsets, config))
+
+
+@pytest.mark.parametrize("name", ["1x16-rowcol", "pertoken-rowcol", "4o6-mae-256-rowcol", "16x16-rowcol"])
+@pytest.mark.parametrize("offsets", [[0, 48, 200], [0, 64, 16], [16, 32, 64], [0, -32, 64]],
+                         ids=["past_m", "decreasing", "not_from_0", "negative"])
+def test_unchecked_device_offsets_never_write_outside_the_outputs(name, offsets):
+    """Device offsets are not read on the host (a sync): offsets that are not the splits' (0..M,
+    nondecreasing) give unspecified bytes, but every kernel write stays inside the output buffers. The
+    cast writes here into views of guarded buffers whose guard bytes must come back untouched."""
+    from nvfp4lab.kernels.grouped_quantize import _split_steps
+    from nvfp4lab.kernels.nvfp4_quantize_details.cast import FOUR_OVER_SIX_CODES, launch_cast
+
+    m, k = 64, 32
+    config = NVFP4QuantConfig(**RECIPES[name])
+    x = make_input(RECIPES[name], (m, k), torch.bfloat16, seed=3)
+    offs = torch.tensor(offsets, dtype=torch.int64, device=DEV)
+    n = len(offsets) - 1
+    row_mode = gq.G_PER_TOKEN if config.per_token else gq.G_SPLIT
+    row_amax, col_amax, group_split = gq.nvfp4_grouped_amax(x, offs, row_mode, row_mode, 0)
+    guard = 4096
+    buffers = [torch.full((size + 2 * guard,), 0xA5, dtype=torch.uint8, device=DEV)
+               for size in (m * k // 2, m * k // 16, k * m // 2, k * m // 16)]
+    outputs = [buf[guard:-guard].view(shape) for buf, shape in zip(buffers, [(m, k // 2), (m, k // 16), (k * m // 2,),
+                                                                             (k * m // 16,)])]
+    launch_cast(x, outputs, row_amax, col_amax, None, 0, True, True, config.block == "16x16", config.per_token, -1,
+                FOUR_OVER_SIX_CODES[config.four_over_six], config.e4m3_max, False, "compact", offsets=offs, num_splits=n,
+                split_steps=_split_steps(n), group_split=group_split)
+    for buf in buffers:
+        assert (buf[:guard] == 0xA5).all() and (buf[-guard:] == 0xA5).all()

@@ -260,6 +260,63 @@ def test_grouped_equals_per_expert(amax_a, amax_b):
     assert_equal(nvfp4lab.nvfp4_grouped_gemm(a, b_list, offs, bias=bias, out_dtype=torch.float32, backend="ref"), want)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("amax_a", ["tensor", "token"])
+def test_alpha_of_huge_amaxes_like_ref(amax_a, device):
+    """fl(amax_a * amax_b) overflows for 1e20 * 1e19 (TE: inf, and NaN where acc = 0): the epilogue
+    forms alpha from amax / 2^64 each and scales back, bit for bit as the reference; zeros stay zero."""
+    gen = torch.Generator().manual_seed(43)
+    a = exact_operand(48, 64, gen, amax=amax_a, device=device)
+    b = exact_operand(40, 64, gen, device=device)
+    a.rowwise_amax = torch.full_like(a.rowwise_amax, 1e20)
+    if amax_a == "token":
+        a.rowwise_amax[::5] = 3e38  # results past fp32's range: inf, as the exact result
+    b.rowwise_amax = torch.tensor([1e19], device=device)
+    a.rowwise_data[:16] = 0  # zero rows: exactly 0 (not NaN)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        want = gemm(a, b, "ref", out_dtype=out_dtype)
+        assert_equal(gemm(a, b, "triton", out_dtype=out_dtype), want)
+        assert not want.isnan().any() and (want[:16] == 0).all()
+        if out_dtype == torch.float32 and amax_a == "tensor":
+            assert want.isfinite().all()
+
+
+def _normalized_sizes(offs: list, m: int) -> list:
+    """The rows each expert owns for arbitrary offs (the kernel's rule): [end_{e-1}, end_e) with end_e
+    the running maximum of offs[0..e] clipped to [0, M]."""
+    ends, top = [], 0
+    for o in offs:
+        top = max(top, o)
+        ends.append(min(max(top, 0), m))
+    return [e - s for s, e in zip([0] + ends[:-1], ends)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("offs", [[32, 16, 48], [16, 32, 40], [8, 64, 80], [-8, 24, 24], [48, 0, 0]],
+                         ids=["decreasing", "short", "past_m", "negative", "first_takes_all"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_grouped_kernel_writes_every_row_for_any_device_offs(offs, accumulate, device):
+    """Device offs are not checked (a host sync); whatever they hold, every output row is defined: the
+    experts' (running-max) ranges get their GEMMs, rows past them zeros (or out as it was)."""
+    gen = torch.Generator().manual_seed(41)
+    m, n, k, e = 48, 24, 64, 3
+    a = exact_operand(m, k, gen, amax="token", device=device)
+    b_list = [exact_operand(n, k, gen, device=device) for _ in range(e)]
+    bias = torch.randn(e, n, generator=gen).to(device)
+    sizes = _normalized_sizes(offs, m)
+    covered = sum(sizes)
+    old = torch.randn(m, n, generator=gen).to(device)
+    out = old.clone() if accumulate else poisoned((m, n), torch.float32, device)
+    # the op itself (host offs) refuses these offs; the launcher below is what a GPU call runs unchecked
+    G.nvfp4_grouped_gemm(a, moe.stack_weights(b_list), torch.tensor(offs, device=device), e, bias=bias, out=out,
+                         accumulate=accumulate)
+    want = per_expert_reference(ref.gemm._rows(a, compact(a), a.rowwise_amax[:covered], 0, covered), b_list, sizes, bias)
+    if accumulate:
+        want = want + old[:covered]
+    assert_equal(out[:covered], want)
+    assert_equal(out[covered:], old[covered:] if accumulate else torch.zeros(m - covered, n, device=device))
+
+
 def test_grouped_stacked_weights_swizzled_accumulate():
     """b as one (E, N, K) tensor (one amax), swizzled scales over E*N rows, int32 offs, bf16 accumulate."""
     gen = torch.Generator().manual_seed(14)

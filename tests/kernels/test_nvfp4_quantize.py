@@ -19,7 +19,7 @@ from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode
+from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode, to_f32
 from nvfp4lab.kernels.nvfp4_quantize_details import amax as amax_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_six_module
@@ -180,6 +180,79 @@ def test_special_values_rht():
     for x in (torch.zeros(32, 32, device=DEV), _special_inputs()["zero-rows-cols-tiles-tiny"][:, :32].bfloat16()):
         config = NVFP4QuantConfig(rht=True, rowwise=True, columnwise=True)
         assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), "rht special")
+
+
+def _bf16_subnormals(rows: int) -> torch.Tensor:
+    """Every bf16 subnormal, both signs (exponent 0, mantissa 1..127), with zeros, in (rows, 16 k) rows."""
+    mant = torch.arange(1, 128, dtype=torch.int32)
+    bits = torch.cat([mant, mant | 0x8000, torch.zeros(2, dtype=torch.int32)]).to(torch.int16)
+    x = bits.view(torch.bfloat16)
+    return x.repeat(rows * 256 // x.numel() + 1)[: rows * 256].reshape(rows, 256)
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="the interpreter's conversion; the GPU converts exactly")
+@pytest.mark.parametrize("kwargs", [
+    dict(rowwise=True, columnwise=True),
+    dict(rowwise=True, columnwise=True, per_token=True),
+    dict(block="16x16", rowwise=True, columnwise=True),
+    dict(rowwise=True, columnwise=True, four_over_six="mae"),
+    dict(rowwise=True, columnwise=True, rht=True),
+])
+def test_bf16_subnormals_under_the_interpreter(kwargs):
+    """The interpreter's own bf16 -> fp32 conversion is wrong for subnormals (4.13e-39 loads as
+    4.78e-39); the launchers make interpreted kernels convert bf16 by its bits, so amaxes and codes of
+    subnormal inputs equal the reference's (mixed with normal values, and alone: tiny amaxes)."""
+    config = NVFP4QuantConfig(**kwargs)
+    sub = _bf16_subnormals(32)
+    mixed = sub.clone()
+    mixed[::3, ::5] = 1.5
+    for x in (sub, mixed):
+        assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"bf16 subnormals {kwargs}")
+
+
+def test_bf16_loads_by_bits_every_pattern():
+    """``_codecs.to_f32`` with SOFT_BF16 (what interpreted launches pass) gives torch's fp32 value of
+    every bf16 bit pattern; the kernel below is the issue's case (load bf16, store fp32)."""
+    @triton.jit
+    def load_store(x_ptr, y_ptr, N: tl.constexpr, SOFT_BF16: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(y_ptr + i, to_f32(tl.load(x_ptr + i), SOFT_BF16))
+
+    x = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(DEV)
+    y = torch.empty(1 << 16, dtype=torch.float32, device=DEV)
+    load_store[(1,)](x, y, N=1 << 16, SOFT_BF16=True)
+    want = x.float()
+    assert torch.equal(y.view(torch.int32)[~want.isnan()], want.view(torch.int32)[~want.isnan()])
+    assert y[want.isnan()].isnan().all()
+    assert y[x.view(torch.int16) == 0x002D].item() == torch.tensor(0x002D, dtype=torch.int16).view(torch.bfloat16).item()
+
+
+def _check_rht_near_max(dtype, device, rows=32, cols=32):
+    big = torch.finfo(dtype).max
+    x = torch.full((rows, cols), big, dtype=dtype, device=device)
+    x[1::2] = -big  # chunks that cancel: the exact transform of those columns is small
+    x[:, cols // 2:] = big  # chunks that add up: 4x past the range, saturated
+    config = NVFP4QuantConfig(rht=True, rowwise=True, columnwise=True)
+    got, want = quantize(x, config), ref_nvfp4.quantize(x, config)
+    assert_same(got, want, f"rht {dtype} max")
+    assert want.columnwise_amax.item() == torch.finfo(torch.bfloat16).max
+    for which in ("rowwise", "columnwise"):
+        assert nvfp4lab.dequantize_nvfp4(got, which=which, backend="triton").isfinite().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rht_of_values_near_the_dtype_max_stays_finite(dtype):
+    """16-term RHT sums of values near bf16 / fp32 max overflowed fp32 although the transform fits:
+    both backends sum with T / 16 and scale back (the same bits wherever the plain sums are finite);
+    results past bf16's range, and fp32 inputs past it, saturate to bf16's max."""
+    _check_rht_near_max(dtype, DEV)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_rht_of_values_near_the_dtype_max_stays_finite(dtype):
+    """The same on the GPU: the amax pass's bf16 tensor-core dot and the cast's butterflies."""
+    _check_rht_near_max(dtype, "cuda", 1024, 2048)
 
 
 @pytest.mark.parametrize("kwargs,amax_kind", [

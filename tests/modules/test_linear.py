@@ -77,6 +77,36 @@ def test_linear_rejects_bad_arguments():
         Linear(64, 32)(torch.randn(4, 32))
 
 
+def test_linear_refuses_a_non_tensor_input():
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        Linear(32, 32)([[1.0] * 32])
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        GroupedLinear(2, 32, 32)([[1.0] * 32], [1, 0])
+
+
+@pytest.mark.parametrize("preset", ["te_default", "per_token", "mxfp8"])
+@pytest.mark.parametrize("features", [(0, 32), (32, 0), (0, 0)])
+def test_linear_with_zero_features_is_nn_linear(preset, features):
+    # an empty contraction gives the bias (nn.Linear's result); empty outputs give empty gradients
+    lin = Linear(*features, recipe=PRESETS[preset])
+    x = torch.randn(4, 3, features[0], requires_grad=True)
+    y = lin(x)
+    y.sum().backward()
+    assert torch.equal(y, lin.bias.detach().expand(4, 3, features[1]))
+    assert x.grad.shape == x.shape and lin.weight.grad.shape == lin.weight.shape
+    g = GroupedLinear(2, *features, recipe=PRESETS[preset])
+    assert g(torch.randn(5, features[0]), [2, 3]).shape == (5, features[1])
+
+
+@pytest.mark.parametrize("preset", ["te_default", "mxfp8"])
+def test_linear_on_meta_tensors_propagates_shapes(preset):
+    lin = Linear(32, 64, device="meta", recipe=PRESETS[preset])
+    x = torch.empty(2, 16, 32, device="meta", requires_grad=True)
+    y = lin(x)
+    y.sum().backward()
+    assert y.device.type == "meta" and y.shape == (2, 16, 64) and x.grad.shape == x.shape
+
+
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_linear_module_equals_functional_path(preset):
     """fwd and bwd of the module (with its weight cache) equal nvfp4lab.functional.linear bit for bit."""

@@ -1,4 +1,6 @@
 """Bad input gives a clear ValueError/TypeError naming the argument and the rule."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -94,3 +96,127 @@ def test_swizzle_rules():
         nvfp4lab.swizzle_scales(torch.zeros(4, 4))
     with pytest.raises(ValueError, match="swizzled must hold"):
         nvfp4lab.unswizzle_scales(torch.zeros(100, dtype=torch.uint8), 4, 4)
+
+
+# ------------------------------------------------------------------ refused, naming the argument
+BACKENDS = ["ref", pytest.param("triton", marks=pytest.mark.skipif(not nvfp4lab.ops.triton_available(), reason="triton"))]
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,pattern",
+    [
+        (dict(e4m3_max="448"), TypeError, "e4m3_max must be a number"),
+        (dict(e4m3_max=True), TypeError, "e4m3_max must be a number"),
+        (dict(rowwise="yes"), TypeError, "rowwise must be a bool"),
+        (dict(columnwise=1), TypeError, "columnwise must be a bool"),
+        (dict(per_token=1), TypeError, "per_token must be a bool"),
+        (dict(rht=1), TypeError, "rht must be a bool"),
+        (dict(stochastic_rounding="on"), TypeError, "stochastic_rounding must be a bool"),
+        (dict(columnwise=True, rht=True, rht_sign_mask=True), TypeError, "rht_sign_mask must be an int"),
+        (dict(stochastic_rounding=True, seed=1.5), TypeError, "seed must be an int"),
+        (dict(stochastic_rounding=True, seed=True), TypeError, "seed must be an int"),
+        (dict(stochastic_rounding=True, seed=2**70), ValueError, r"seed must be in \[-2\*\*63, 2\*\*64\)"),
+        (dict(stochastic_rounding=True, seed=-(2**63) - 1), ValueError, r"seed must be in"),
+        (dict(amax=torch.tensor([-1.0])), ValueError, "amax must be >= 0 and not NaN"),
+        (dict(amax=torch.tensor([float("nan")])), ValueError, "amax must be >= 0 and not NaN"),
+        (dict(per_token=True, amax=torch.ones(32).index_fill_(0, torch.tensor([5]), -2.0)), ValueError, "amax must be >= 0"),
+        (dict(columnwise=True, columnwise_amax=torch.tensor([float("nan")])), ValueError, "columnwise_amax must be >= 0"),
+    ],
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantize_nvfp4_refuses_wrong_types_and_values(kwargs, exc, pattern, backend):
+    with pytest.raises(exc, match=pattern):
+        nvfp4lab.quantize_nvfp4(X, backend=backend, **kwargs)
+
+
+def test_mxfp8_config_with_option_arguments_is_refused():
+    cfg = nvfp4lab.MXFP8QuantConfig()
+    with pytest.raises(ValueError, match="pass either config= or individual options"):
+        nvfp4lab.quantize_mxfp8(torch.randn(32, 32), config=cfg, columnwise=True)
+
+
+def test_mxfp8_config_refuses_non_bools():
+    with pytest.raises(TypeError, match="rowwise must be a bool"):
+        nvfp4lab.quantize_mxfp8(torch.randn(32, 32), rowwise=1)
+    with pytest.raises(TypeError, match="columnwise must be a bool"):
+        nvfp4lab.MXFP8QuantConfig(columnwise="yes")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeds_in_range_are_taken_on_both_backends(backend):
+    for seed in (0, -(2**63), 2**64 - 1):
+        q = nvfp4lab.quantize_nvfp4(X, stochastic_rounding=True, seed=seed, backend=backend)
+        assert q.rowwise_data.shape == (32, 32)
+    # an infinite amax is the spec's own case (S_enc = 1), not an error
+    assert nvfp4lab.quantize_nvfp4(X, amax=torch.tensor([float("inf")]), backend=backend).rowwise_amax.isinf().all()
+
+
+def test_config_with_option_arguments_is_refused():
+    cfg = nvfp4lab.NVFP4QuantConfig()
+    with pytest.raises(ValueError, match=r"pass either config= or individual options.*columnwise=True, per_token=True"):
+        nvfp4lab.quantize_nvfp4(X, config=cfg, columnwise=True, per_token=True)
+    with pytest.raises(ValueError, match="rowwise=1"):
+        nvfp4lab.quantize_nvfp4(X, config=cfg, rowwise=1)
+    # options left at their defaults are the config's own business
+    assert nvfp4lab.quantize_nvfp4(X, config=nvfp4lab.NVFP4QuantConfig(columnwise=True)).columnwise_data is not None
+
+
+@pytest.mark.parametrize("rows, cols, exc, pattern", [(100.5, 4, TypeError, "rows must be an int"),
+                                                       ("128", 4, TypeError, "rows must be an int"),
+                                                       (4, True, TypeError, "cols must be an int"),
+                                                       (-1, 4, ValueError, "rows must be >= 0")])
+def test_unswizzle_scales_refuses_non_int_sizes(rows, cols, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        nvfp4lab.unswizzle_scales(torch.zeros(512, dtype=torch.uint8), rows, cols)
+
+
+def _nvfp4_parts(q):
+    return dict(rowwise_data=q.rowwise_data[:16], rowwise_scale=q.rowwise_scale[:16], rowwise_amax=torch.ones(3),
+                columnwise_scale=q.columnwise_scale[:, :1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("field, which, exc, pattern", [
+    ("rowwise_data", "rowwise", ValueError, r"rowwise_data must have shape \(32, 32\)"),
+    ("rowwise_scale", "rowwise", ValueError, r"rowwise_scale must have shape \(32, 4\)"),
+    ("rowwise_amax", "rowwise", ValueError, "rowwise_amax must have 1 elements"),
+    ("columnwise_scale", "columnwise", ValueError, r"columnwise_scale must have shape \(64, 2\)"),
+])
+def test_dequantize_nvfp4_refuses_parts_that_disagree(field, which, exc, pattern, backend):
+    q = nvfp4lab.quantize_nvfp4(X, columnwise=True, backend="ref")
+    bad = dataclasses.replace(q, **{field: _nvfp4_parts(q)[field]})
+    with pytest.raises(exc, match=pattern):
+        nvfp4lab.dequantize_nvfp4(bad, which=which, backend=backend)
+    with pytest.raises(TypeError, match="rowwise_data must be a uint8 tensor"):
+        nvfp4lab.dequantize_nvfp4(dataclasses.replace(q, rowwise_data=q.rowwise_data.float()), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dequantize_mxfp8_refuses_parts_that_disagree(backend):
+    q = nvfp4lab.quantize_mxfp8(torch.randn(64, 64), columnwise=True, backend="ref")
+    with pytest.raises(ValueError, match=r"rowwise_scale must have shape \(64, 2\)"):
+        nvfp4lab.dequantize_mxfp8(dataclasses.replace(q, rowwise_scale=q.rowwise_scale[:, :1]), backend=backend)
+    with pytest.raises(ValueError, match=r"columnwise_data must have shape \(64, 64\)"):
+        nvfp4lab.dequantize_mxfp8(dataclasses.replace(q, columnwise_data=q.columnwise_data[:32]), which="columnwise",
+                                  backend=backend)
+    with pytest.raises(TypeError, match="rowwise_data must be a uint8 tensor"):
+        nvfp4lab.dequantize_mxfp8(dataclasses.replace(q, rowwise_data=q.rowwise_data.float()), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("offs, m_splits, pattern", [
+    ([32, 16, 48], None, "offs must be nondecreasing"),        # decreasing
+    ([16, 32, 40], None, r"offs\[-1\] == M = 48"),              # does not end at M
+    ([-16, 16, 48], None, "offs must be nondecreasing"),       # starts below 0
+    ([16, 32, 48], [16, 16, 16], r"m_splits must be the sizes offs holds, \[16, 16, 16\]"),  # m_splits agree: taken
+    ([16, 32, 48], [32, 0, 16], r"m_splits must be the sizes offs holds, \[16, 16, 16\]"),
+])
+def test_grouped_gemm_refuses_host_offs_that_do_not_split_m(offs, m_splits, pattern, backend):
+    a = nvfp4lab.quantize_nvfp4(torch.randn(48, 32))
+    b = nvfp4lab.quantize_nvfp4(torch.randn(3, 16, 32))
+    offs = torch.tensor(offs)
+    if m_splits == [16, 16, 16]:
+        assert nvfp4lab.nvfp4_grouped_gemm(a, b, offs, m_splits=m_splits, backend=backend).shape == (48, 16)
+        return
+    with pytest.raises(ValueError, match=pattern):
+        nvfp4lab.nvfp4_grouped_gemm(a, b, offs, m_splits=m_splits, backend=backend)

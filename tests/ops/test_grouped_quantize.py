@@ -129,3 +129,31 @@ def test_per_split_views_use_the_host_sections(monkeypatch):
     nvfp4lab.quantize_nvfp4_grouped(torch.randn(64, 32), [16, 48])
     nvfp4lab.quantize_nvfp4_grouped(torch.randn(64, 32), torch.tensor([16, 48]))
     assert len(sections_given) >= 2 and all(s == [16, 48] for s in sections_given)
+
+
+BACKENDS = ["ref", pytest.param("triton", marks=pytest.mark.skipif(not nvfp4lab.ops.triton_available(), reason="triton"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bulk", [False, True])
+def test_split_offsets_that_disagree_with_the_sections_are_refused(backend, bulk):
+    # split_offsets [0, 32, 48] are not the offsets of sections [16, 32] ([0, 16, 48]): split 1 would be
+    # quantized from the wrong rows; host offsets (and the reference backend) are compared
+    op = nvfp4lab.quantize_nvfp4_grouped_bulk if bulk else nvfp4lab.quantize_nvfp4_grouped
+    with pytest.raises(ValueError, match=r"split_offsets must be the row offsets of split_sections, \[0, 16, 48\]"):
+        op(torch.randn(48, 32), [16, 32], split_offsets=torch.tensor([0, 32, 48]), backend=backend)
+    parts = nvfp4lab.quantize_nvfp4_grouped(torch.randn(48, 32), [16, 32], split_offsets=torch.tensor([0, 16, 48]),
+                                            backend=backend)
+    assert [p.m for p in parts] == [16, 32]
+
+
+@pytest.mark.parametrize("sections, exc, match", [
+    ([True, True], TypeError, "split_sections must be a list or tuple of ints"),
+    (torch.tensor([True, True]), TypeError, "split_sections must be a 1-D integer tensor"),
+    (torch.tensor([3, -1]), ValueError, "split_sections must be >= 0 each"),
+    (torch.tensor([1, 2]), ValueError, "split_sections must sum to M = 2"),
+])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_split_sections(sections, exc, match, backend):
+    with pytest.raises(exc, match=match):
+        nvfp4lab.quantize_nvfp4_grouped(torch.randn(2, 32), sections, backend=backend)

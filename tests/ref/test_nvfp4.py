@@ -1,9 +1,11 @@
 """Properties of the NVFP4 reference that hold independently of the golden vectors."""
+import numpy as np
 import pytest
 import torch
 
 import nvfp4lab
 from nvfp4lab.ref import codecs
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.ref.nvfp4 import apply_rht, inverse_rht, rht_matrix
 
 
@@ -129,3 +131,108 @@ def test_four_over_six_never_worse_than_map6_per_block():
     e46 = (q46.dequantize(torch.float32) - x).pow(2).reshape(64, 8, 16).sum(-1)
     assert (e46 <= e6 * (1 + 1e-5) + 1e-12).all()
     assert (e46 < e6).any()
+
+
+# ------------------------------------------------------- extreme magnitudes: finite where TE's order is not
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def _fp32_unbounded(v: np.ndarray) -> np.ndarray:
+    """Round float64 values to fp32's 24-bit significand, RNE, with no exponent limit (the value an fp32
+    operation would have with an unbounded exponent range; normal-range inputs only)."""
+    mant, exp = np.frexp(v)
+    return np.ldexp(np.round(np.ldexp(mant, 24)), exp - 24)
+
+
+def test_dequantize_factor_is_te_order_or_its_unbounded_value():
+    """factor = fl(fl(s * amax) * fl(1/(6E))) for every finite E4M3 scale and amaxes over the whole fp32
+    range: TE's bits wherever fl(s * amax) is finite, and for amax > FLT_MAX / 448 (where TE's product
+    overflows) the value of TE's order with an unbounded exponent, which fits (factor <= amax / 6)."""
+    scales = codecs.e4m3_decode(torch.arange(0x7F, dtype=torch.uint8)).double()  # 0 .. 448
+    g = torch.Generator().manual_seed(0)
+    amax = torch.cat([torch.exp2(torch.rand(200, generator=g, dtype=torch.float64) * 247 - 120),
+                      torch.tensor([FLT_MAX, FLT_MAX / 448, 1e36, 7.6e35, 1.0], dtype=torch.float64)]).float()
+    for e4m3_max in (448.0, 256.0):
+        got = ref_nvfp4.dequantize_factor(scales.float().view(-1, 1), amax.view(1, -1), e4m3_max).double().numpy()
+        rcp = float(np.float32(1.0 / (6.0 * e4m3_max)))
+        prod = scales.view(-1, 1).numpy() * amax.double().view(1, -1).numpy()  # exact in float64
+        want = _fp32_unbounded(_fp32_unbounded(prod) * rcp)
+        normal = want >= 2.0**-126  # the oracle models normal results only
+        assert np.array_equal(got[normal], want[normal])
+        te = ((scales.float().view(-1, 1) * amax.view(1, -1)) * rcp).double().numpy()
+        finite = np.isfinite(_fp32_unbounded(prod)) & (_fp32_unbounded(prod) <= FLT_MAX)
+        assert np.array_equal(got[finite], te[finite]) and (~finite).any()
+        assert np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_of_huge_amax_is_the_unbounded_value_saturated(dtype):
+    """NVFP4 is exact under power-of-two scaling (same codes and scales, values scaled exactly), so
+    dequantize(quantize(x)) must equal dequantize(quantize(x / 2^64)) * 2^64 -- TE's order with an
+    unbounded exponent -- saturated to the output dtype's max: no inf from finite x near FLT_MAX."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1)) * 1e37
+    x[0, 0] = FLT_MAX
+    limit = torch.finfo(dtype).max
+    for kwargs in (dict(), dict(per_token=True), dict(block="16x16")):
+        q = nvfp4lab.quantize_nvfp4(x, columnwise=True, backend="ref", **kwargs)
+        small = nvfp4lab.quantize_nvfp4(x * 2.0**-64, columnwise=True, backend="ref", **kwargs)
+        for which in ("rowwise", "columnwise"):
+            d = q.dequantize(dtype, which=which)
+            unbounded = small.dequantize(torch.float32, which=which).double() * 2.0**64
+            want = torch.where(unbounded.abs() > limit, unbounded.sign() * limit, unbounded).to(dtype)
+            assert d.isfinite().all()
+            assert torch.equal(d.view(torch.int32 if dtype == torch.float32 else torch.int16),
+                               want.view(torch.int32 if dtype == torch.float32 else torch.int16)), (kwargs, which)
+    # a non-finite amax keeps TE's inf / NaN (only finite parts are promised finite results)
+    q = nvfp4lab.quantize_nvfp4(x, amax=torch.tensor([float("inf")]), backend="ref")
+    assert not q.dequantize(torch.float32).isfinite().all()
+
+
+def _bf16_wide(m, k, seed):
+    """bf16 values over the whole exponent range, subnormals and zeros included (finite)."""
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0, 0x7F80, (m, k), generator=g, dtype=torch.int32)  # finite magnitudes
+    bits = bits | (torch.randint(0, 2, (m, k), generator=g, dtype=torch.int32) << 15)
+    x = bits.to(torch.int16).view(torch.bfloat16)
+    x[torch.rand(m, k, generator=g) < 0.2] = 0.0
+    return x
+
+
+def test_rht_rescaled_sums_give_the_plain_bits_wherever_those_are_finite():
+    """apply_rht sums with T / 16 and scales back: bit-identical to the plain bf16(v @ T) (the same
+    matmul, TE's formula) wherever that is finite, including subnormal inputs and mixed magnitudes; and
+    finite for every finite input (saturating past bf16's range)."""
+    overflowed = 0
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        x = _bf16_wide(64, 256, seed)
+        # narrow chunks (magnitudes within a few binades) and chunks near bf16's max (sums that overflow)
+        x[:32] = (torch.randn(32, 256, generator=g) * 2.0 ** (seed * 30 - 60)).bfloat16()
+        x[32:48] = (torch.randn(16, 256, generator=g).sign() * 2.0**127 * (1 + 0.99 * torch.rand(16, 256, generator=g))).bfloat16()
+        for mask in (0xD7E8, 0):
+            got = apply_rht(x, mask)
+            plain = torch.matmul(x.float().view(64, 16, 16), rht_matrix(mask)).view(64, 256).to(torch.bfloat16)
+            finite = plain.isfinite()
+            assert torch.equal(got[finite].view(torch.int16), plain[finite].view(torch.int16))
+            assert got.isfinite().all()
+            overflowed += int((~finite).sum())
+    assert overflowed > 0
+    # the exact transform of near-max values that cancel is small; TE's order overflowed there
+    big = torch.finfo(torch.bfloat16).max
+    x = torch.full((2, 16), big, dtype=torch.bfloat16)
+    x[:, 1::2] = -big
+    y = apply_rht(x, 0)
+    assert y.isfinite().all() and (y.float().abs() <= big).all()
+    assert torch.equal(y[:, 0], torch.zeros(2, dtype=torch.bfloat16))  # Hadamard row 0: sum of +-big pairs
+
+
+def test_inverse_rht_rescales_only_where_the_plain_sum_overflows():
+    g = torch.Generator().manual_seed(5)
+    y = torch.randn(64, 64, generator=g) * torch.exp2(torch.randint(-140, 128, (64, 64), generator=g).float())
+    y[:16] = torch.randn(16, 64, generator=g).sign() * 2.0**127 * (1 + 0.99 * torch.rand(16, 64, generator=g))
+    y = y.clamp(-FLT_MAX, FLT_MAX)
+    plain = torch.matmul(y.view(64, 4, 16), rht_matrix(0xD7E8).T).view(64, 64)
+    got = inverse_rht(y)
+    finite = plain.view(64, 4, 16).isfinite().all(dim=-1, keepdim=True).expand(64, 4, 16).reshape(64, 64)
+    assert torch.equal(got[finite].view(torch.int32), plain[finite].view(torch.int32))
+    assert (~finite).any() and got.isfinite().all()

@@ -61,7 +61,7 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype of a layer's output for input ``x``: the autocast dtype of x's device when autocast
     is enabled there, else x's dtype."""
     device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
+    if device_type != "meta" and torch.is_autocast_enabled(device_type):  # no autocast exists for meta tensors
         return torch.get_autocast_dtype(device_type)
     return x.dtype
 
@@ -458,8 +458,9 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
 
 
 def _no_autocast(device: torch.device):
-    """Autocast off inside the Functions (a no-op context when it is off already, the common case)."""
-    if torch.is_autocast_enabled(device.type):
+    """Autocast off inside the Functions (a no-op context when it is off already, the common case, and
+    for meta tensors, which have no autocast to turn off)."""
+    if device.type != "meta" and torch.is_autocast_enabled(device.type):
         return torch.autocast(device_type=device.type, enabled=False)
     return contextlib.nullcontext()
 
@@ -469,7 +470,7 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, quantized_weight, recipe, cdtype, backend):
         in_shape = x.shape
-        x2 = x.reshape(-1, in_shape[-1])
+        x2 = x.reshape(in_shape[:-1].numel(), in_shape[-1])  # not -1: in_features may be 0
         need_dgrad, need_wgrad = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
         with _no_autocast(x.device):
             y2, saved, meta = _forward_gemm(x2, weight, bias, quantized_weight, recipe, cdtype, need_dgrad, need_wgrad, backend)
@@ -483,7 +484,7 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         meta = ctx.meta
         with _no_autocast(dy.device):
-            dx2, dw, db = _backward_gemm(dy.reshape(-1, meta["n"]), ctx.saved_tensors, meta, ctx.recipe, ctx.cdtype, ctx.backend)
+            dx2, dw, db = _backward_gemm(dy.reshape(meta["m"], meta["n"]), ctx.saved_tensors, meta, ctx.recipe, ctx.cdtype, ctx.backend)
         dx = dx2.reshape(ctx.in_shape) if dx2 is not None else None
         return dx, dw, db, None, None, None, None
 
@@ -502,7 +503,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         # layout: the SplitLayout of m_splits when the grouped path applies, else None
         weights, biases = params[:num_gemms], params[num_gemms:]
         in_shape = x.shape
-        x2 = x.reshape(-1, in_shape[-1])
+        x2 = x.reshape(in_shape[:-1].numel(), in_shape[-1])  # not -1: in_features may be 0
         need_dgrad = bool(ctx.needs_input_grad[0])
         need_wgrads = [bool(ctx.needs_input_grad[_GROUPED_PARAMS_AT + i]) for i in range(num_gemms)]
         ctx.grouped = layout is not None
@@ -534,10 +535,10 @@ class _GroupedLinearFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         if ctx.grouped:
             with _no_autocast(dy.device):
-                dx, dws, dbs = _grouped_backward(dy.reshape(-1, metas["n"]), saved, metas, ctx.recipe, ctx.cdtype, ctx.backend)
+                dx, dws, dbs = _grouped_backward(dy.reshape(ctx.in_shape[:-1].numel(), metas["n"]), saved, metas, ctx.recipe, ctx.cdtype, ctx.backend)
             dx = dx.reshape(ctx.in_shape) if dx is not None else None
             return (dx, *_NO_GRADS, *dws, *dbs)
-        dy2 = dy.reshape(-1, metas[0]["n"])
+        dy2 = dy.reshape(ctx.in_shape[:-1].numel(), metas[0]["n"])
         dxs, dws, dbs = [], [], []
         offset = 0
         with _no_autocast(dy.device):
@@ -651,7 +652,7 @@ def grouped_linear(
         raise ValueError(f"biases must have one entry per weight ({num}), got {len(biases)}")
     if x.dim() < 1:
         raise ValueError(f"x must have at least 1 dim (..., in_features), got shape {tuple(x.shape)}")
-    total = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    total = x.shape[:-1].numel()
     splits = _splits_to_list(m_splits, num, total)
     for i, (w, b) in enumerate(zip(weights, biases)):
         _check_weight_bias(w, b, x.shape[-1], recipe, f"weights[{i}]", f"biases[{i}]")

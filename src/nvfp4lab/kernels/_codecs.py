@@ -288,3 +288,21 @@ def e8m0_scale_finite(amax, max_rcp):
     code = tl.maximum((b + tl.minimum(b, 0x800000) - 1) >> 23, 0)
     mult = (code * -8388608 + 0x7F000000).to(tl.float32, bitcast=True)
     return code, mult
+
+
+@triton.jit
+def to_f32(v, SOFT_BF16: tl.constexpr):
+    """A loaded tensor as fp32. SOFT_BF16 (the interpreter's launches, ``soft_bf16_loads``): bf16 by its
+    bits, shifted into the high half of an fp32 word (exact, subnormals included; the interpreter's own
+    bf16 -> fp32 conversion gets subnormals wrong). Other dtypes, and every GPU launch: the plain cast."""
+    if SOFT_BF16 and v.dtype == tl.bfloat16:
+        bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        return (bits << 16).to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.float32)
+
+
+def soft_bf16_loads(device) -> bool:
+    """Whether kernels launched for ``device`` convert loaded bf16 values by bits (``to_f32``): tensors off
+    the GPU run under the Triton interpreter."""
+    return device.type != "cuda"

@@ -5,6 +5,10 @@ Numerics (spec section 11, :func:`nvfp4lab.ref.nvfp4.dequantize_rows`), per 16-e
     factor = fl(fl(float(s) * amax) * fl(1/(6E)))        E = the tensor's own e4m3_max (448 or 256)
     out    = out_dtype(fl(q * factor))
 
+except where fl(s * amax) overflows for a finite amax (amax > FLT_MAX / 448): there the factor is
+formed from amax / 2^32 and multiplied back by 2^32 (``_block_factor``); and with a finite factor a
+value past out_dtype's range saturates to its max (``_saturate``), as the reference does.
+
 PR 3045's numerics (``pr3045``): factor = fl(float(s) * fl(amax / 2688)) with the raw stored amax: the
 launcher divides the amax vector once (a correctly rounded torch division) and the kernel multiplies by
 1 instead of fl(1/(6E)), which is exact.
@@ -53,9 +57,8 @@ import triton
 import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
+from ..rht import DTYPE_MAX, inverse_rht, saturate_finite
 from .launch import Launch, aligned
-
-from ..rht import inverse_rht
 from .decode_common import (
     cast_to_out,
     check_tile,
@@ -68,6 +71,26 @@ from .launch import custom_op
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
+
+
+@triton.jit
+def _block_factor(scale_code, amax, dequant_rcp):
+    """fl(fl(float(s) * amax) * fl(1/(6E))); where fl(s * amax) overflows for a finite amax, the same
+    roundings on amax / 2^32, times 2^32 (exact: ``ref.nvfp4.dequantize_factor``)."""
+    s = e4m3_decode_exact(scale_code)
+    amax = amax + tl.zeros_like(s)  # a per-tensor amax is a scalar
+    prod = s * amax
+    overflow = (tl.abs(prod) == float("inf")) & (tl.abs(amax) < float("inf"))
+    rescaled = ((s * (amax * 2.3283064365386963e-10)) * dequant_rcp) * 4294967296.0
+    return tl.where(overflow, rescaled, prod * dequant_rcp)
+
+
+@triton.jit
+def _saturate(v, factor, OUT_MAX: tl.constexpr):
+    """q * factor past the output dtype's range -> +-OUT_MAX where the factor is finite (the plain cast
+    gives inf); NaN stays NaN, and an infinite factor (non-finite amax) keeps TE's inf."""
+    big = (tl.abs(v) > OUT_MAX) & (tl.abs(factor) < float("inf"))
+    return tl.where(big, tl.where(v > 0, OUT_MAX, -OUT_MAX), v)
 
 
 @triton.jit
@@ -84,6 +107,7 @@ def _nvfp4_dequantize_kernel(
     LOCAL_I64: tl.constexpr,
     SOFT_BF16: tl.constexpr,
     EVEN: tl.constexpr,
+    OUT_MAX: tl.constexpr,  # the output dtype's largest finite value
 ):
     BLOCKS: tl.constexpr = BLOCK_COLS // 16
     pid = tl.program_id(0)
@@ -121,11 +145,11 @@ def _nvfp4_dequantize_kernel(
         amax = tl.load(amax_ptr + row0 + lr, mask=row_ok, other=0.0)[:, None]
     else:
         amax = tl.load(amax_ptr)
-    factor = (e4m3_decode_exact(scale_code) * amax) * dequant_rcp  # [R, BLOCKS]
+    factor = _block_factor(scale_code, amax, dequant_rcp)  # [R, BLOCKS]
 
     shifts = tl.arange(0, 8) * 4
     codes = (words[:, :, :, None] >> shifts[None, None, None, :]) & 0xF  # [R, BLOCKS, 2, 8]
-    vals = e2m1_decode_exact(codes) * factor[:, :, None, None]
+    vals = _saturate(e2m1_decode_exact(codes) * factor[:, :, None, None], factor[:, :, None, None], OUT_MAX)
     vals = tl.reshape(cast_to_out(vals, out_ptr, SOFT_BF16), (BLOCK_ROWS, BLOCK_COLS))
 
     lc = tl.arange(0, BLOCK_COLS)
@@ -177,30 +201,31 @@ def _join4(v0, v1, v2, v3):
 
 
 @triton.jit
-def _code_value(lo, hi, N: tl.constexpr, factor):
+def _code_value(lo, hi, N: tl.constexpr, factor, OUT_MAX: tl.constexpr):
     """Code N (0..15) of a slot's 2-word scale block (lo: codes 0..7, hi: 8..15) times its block
-    factor, with the reference's operation order: fl(q * factor), q exact."""
+    factor, with the reference's operation order: fl(q * factor), q exact (then ``_saturate``)."""
     if N < 8:
         bits = _e2m1_nibble_bits(lo, N)
     else:
         bits = _e2m1_nibble_bits(hi, N - 8)
-    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor
+    return _saturate(bits.to(tl.float32, bitcast=True) * 8.507059173023462e37 * factor, factor, OUT_MAX)
 
 
 @triton.jit
-def _store_out_row(ptrs, mask, lo, hi, f, N: tl.constexpr, GR: tl.constexpr, SOFT_BF16: tl.constexpr):
+def _store_out_row(ptrs, mask, lo, hi, f, N: tl.constexpr, GR: tl.constexpr, SOFT_BF16: tl.constexpr,
+                   OUT_MAX: tl.constexpr):
     """Output row N of each slot's 16-row block: code N of the slot's GR Q rows (tuples lo, hi, f indexed
     by Q row) as GR contiguous outputs, stored as one [S, GR] piece (16 bytes per slot)."""
     if GR == 8:
-        v = _join8(_code_value(lo[0], hi[0], N, f[0]), _code_value(lo[1], hi[1], N, f[1]),
-                   _code_value(lo[2], hi[2], N, f[2]), _code_value(lo[3], hi[3], N, f[3]),
-                   _code_value(lo[4], hi[4], N, f[4]), _code_value(lo[5], hi[5], N, f[5]),
-                   _code_value(lo[6], hi[6], N, f[6]), _code_value(lo[7], hi[7], N, f[7]))
+        v = _join8(_code_value(lo[0], hi[0], N, f[0], OUT_MAX), _code_value(lo[1], hi[1], N, f[1], OUT_MAX),
+                   _code_value(lo[2], hi[2], N, f[2], OUT_MAX), _code_value(lo[3], hi[3], N, f[3], OUT_MAX),
+                   _code_value(lo[4], hi[4], N, f[4], OUT_MAX), _code_value(lo[5], hi[5], N, f[5], OUT_MAX),
+                   _code_value(lo[6], hi[6], N, f[6], OUT_MAX), _code_value(lo[7], hi[7], N, f[7], OUT_MAX))
         v = tl.reshape(v, (lo[0].shape[0], 8))
         tl.store(ptrs, cast_to_out(v, ptrs, SOFT_BF16), mask=mask)
     else:
-        v = _join4(_code_value(lo[0], hi[0], N, f[0]), _code_value(lo[1], hi[1], N, f[1]),
-                   _code_value(lo[2], hi[2], N, f[2]), _code_value(lo[3], hi[3], N, f[3]))
+        v = _join4(_code_value(lo[0], hi[0], N, f[0], OUT_MAX), _code_value(lo[1], hi[1], N, f[1], OUT_MAX),
+                   _code_value(lo[2], hi[2], N, f[2], OUT_MAX), _code_value(lo[3], hi[3], N, f[3], OUT_MAX))
         tl.store(ptrs, cast_to_out(v, ptrs, SOFT_BF16), mask=mask)
 
 
@@ -211,7 +236,7 @@ def _load_q_row(word_ptrs, scale_ptrs, amax, ok, R: tl.constexpr, row_words, sca
     if not EVEN_ROWS:
         ok = ok & (R < rows_left)
     scale_code = tl.load(scale_ptrs + R * scale_row_step, mask=ok, other=0).to(tl.int32)
-    factor = (e4m3_decode_exact(scale_code) * amax) * dequant_rcp
+    factor = _block_factor(scale_code, amax, dequant_rcp)
     lo, hi = tl.split(tl.load(word_ptrs + R * row_words, mask=ok[:, None], other=0))  # one 8-byte load
     return lo, hi, factor
 
@@ -242,6 +267,7 @@ def _nvfp4_dequantize_t_kernel(
     EVEN_ROWS: tl.constexpr,  # rows % (GR * GROUPS) == 0
     EVEN_WORDS: tl.constexpr,  # (cols // 8) % WORDS == 0
     GR: tl.constexpr,  # Q rows per group: 8, or 4 (fp32 output): one 16-byte store per output row
+    OUT_MAX: tl.constexpr,  # the output dtype's largest finite value
 ):
     # A slot is one 16-code scale block of GR consecutive Q rows = 16 output rows x GR contiguous
     # outputs (group fastest). Each of the slot's 16 output rows is decoded and stored on its own as an
@@ -314,7 +340,7 @@ def _nvfp4_dequantize_t_kernel(
     if not EVEN_ROWS:
         o_ok = o_ok & (r < rows_left[:, None])
     for n in tl.static_range(16):
-        _store_out_row(slot_ptrs + n * row_stride, o_ok, lo, hi, f, n, GR, SOFT_BF16)
+        _store_out_row(slot_ptrs + n * row_stride, o_ok, lo, hi, f, n, GR, SOFT_BF16, OUT_MAX)
 
 
 def _as_words(data: torch.Tensor) -> torch.Tensor:
@@ -357,7 +383,7 @@ def _dequantize_plan(rows: int, cols: int, scale_layout: str, e4m3_max: float, t
     scale_stride = blocks if scale_layout == "compact" else roundup(blocks, 4)
     scalars = (rows, cols, scale_stride, roundup(blocks, 4) // 4, 1.0 if pr3045 else rcp_f32(6.0 * e4m3_max))
     common = dict(SWIZZLED=scale_layout == "swizzled", PER_ROW_AMAX=per_row_amax,
-                  SOFT_BF16=soft_bf16_cast(out_dtype, spec[0]))
+                  SOFT_BF16=soft_bf16_cast(out_dtype, spec[0]), OUT_MAX=DTYPE_MAX[out_dtype])
     if transpose:
         gr = _t_group_rows(out_dtype)
         d_groups, d_words = _t_tile_shape(rows, cols, gr)
@@ -431,41 +457,17 @@ def _(data, scale, amax, scale_layout, e4m3_max, transpose, out_dtype, pr3045=Fa
     return data.new_empty((cols, rows) if transpose else (rows, cols), dtype=out_dtype)
 
 
-def _check_parts(which: str, data, scale, amax, rows: int, cols: int, layout: str, per_token: bool) -> None:
-    prefix = f"{which}_"
-    for name, t in (("data", data), ("scale", scale)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
-            raise TypeError(f"{prefix}{name} must be a uint8 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    if tuple(data.shape) != (rows, cols // 2):
-        raise ValueError(f"{prefix}data must have shape {(rows, cols // 2)} (two E2M1 codes per byte), got {tuple(data.shape)}")
-    blocks = cols // 16
-    want = (rows, blocks) if layout == "compact" else (roundup(rows, 128), roundup(blocks, 4))
-    if scale.numel() != want[0] * want[1] or (layout != "swizzled" and tuple(scale.shape) != want):
-        raise ValueError(f"{prefix}scale must have shape {want} for scale_layout={layout!r}, got {tuple(scale.shape)}")
-    if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
-        raise TypeError(f"{prefix}amax must be a floating-point tensor")
-    if amax.numel() != (rows if per_token else 1):
-        raise ValueError(f"{prefix}amax must have {rows if per_token else 1} elements (per_token={per_token}), got {amax.numel()}")
-
-
 def dequantize_nvfp4(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
     """NVFP4Tensor -> ``dtype`` tensor of the original shape; identical to ``ref.nvfp4.dequantize``.
 
     ``which="columnwise"`` reads the columnwise copy and returns x's orientation (transposed in the
     kernel's store; with RHT: kernel in fp32, then :func:`nvfp4lab.rht.inverse_rht`, then transpose and cast).
+    The parts are checked by :func:`nvfp4lab.ops.dequantize_nvfp4` (``checks.check_nvfp4_copy``).
     """
-    if which not in ("rowwise", "columnwise"):
-        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
-    m, k = t.m, t.k
     if which == "rowwise":
-        data, scale, amax, rows, cols = t.rowwise_data, t.rowwise_scale, t.rowwise_amax, m, k
+        data, scale, amax = t.rowwise_data, t.rowwise_scale, t.rowwise_amax
     else:
-        data, scale, amax, rows, cols = t.columnwise_data, t.columnwise_scale, t.columnwise_amax, k, m
-    if data is None:
-        raise ValueError(f"which={which!r}: this NVFP4Tensor has no {which} copy")
-    if cols % 16 != 0:
-        raise ValueError(f"the quantized matrix must have a multiple of 16 columns (whole NVFP4 blocks), got {cols}")
-    _check_parts(which, data, scale, amax, rows, cols, t.scale_layout, t.per_token)
+        data, scale, amax = t.columnwise_data, t.columnwise_scale, t.columnwise_amax
     if data.numel() == 0:
         return torch.empty(t.shape, dtype=dtype, device=data.device)
     amax = amax.to(torch.float32).reshape(-1)
@@ -473,6 +475,6 @@ def dequantize_nvfp4(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Ten
     pr3045 = t.config.numerics == "te_pr3045"
     if which == "columnwise" and t.config.rht:
         q_t = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, False, torch.float32, pr3045)
-        return inverse_rht(q_t, t.config.rht_sign_mask).t().to(dtype).reshape(t.shape)
+        return saturate_finite(inverse_rht(q_t, t.config.rht_sign_mask).t(), dtype).to(dtype).reshape(t.shape)
     out = _dequantize_nvfp4_op(data, scale, amax, t.scale_layout, t.e4m3_max, which == "columnwise", dtype, pr3045)
     return out.reshape(t.shape)

@@ -32,6 +32,7 @@ from .launch import launch
 
 from ..config import NVFP4QuantConfig
 from ..tensors import GroupedNVFP4Tensor
+from ._codecs import soft_bf16_loads
 from .launch import custom_op
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.cast import (
@@ -95,7 +96,7 @@ def _grouped_amax_kernel(
     x_ptr, row_amax_ptr, col_amax_ptr, offsets_ptr, group_split_ptr, num_splits, M, K,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT_STEPS: tl.constexpr,
-    STEPS_M: tl.constexpr,
+    STEPS_M: tl.constexpr, SOFT_BF16: tl.constexpr = False,
 ):
     """Folds the maxima of STEPS_M tiles (consecutive along M) into the amax buffers, and (programs of
     the first column tile) writes group_split[g] = split of row 16 g, which the cast pass reads instead
@@ -118,7 +119,7 @@ def _grouped_amax_kernel(
         t_col = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+            row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16)
             mag = abs_bits(xf)  # |x| bits
             if PER_SPLIT or COL_MODE == 2:
                 t = tl.maximum(t, mag)
@@ -146,7 +147,7 @@ def _grouped_amax_kernel(
     else:
         for step in tl.static_range(STEPS_M):
             rows = first_row + step * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+            row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16)
             mag = abs_bits(xf)  # |x| bits
             split = _split_in_range(rows, offsets_ptr, s_lo, s_hi)
             if PER_SPLIT:
@@ -218,7 +219,7 @@ def launch_grouped_amax(x, row_view, col_view, offsets, group_split, grid, meta:
     the grid and the constexprs / num_warps built in ``nvfp4_grouped_amax``."""
     m, k = x.shape
     launch(_grouped_amax_kernel, grid, (x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k),
-           dict(meta, enable_fp_fusion=False))
+           dict(meta, SOFT_BF16=soft_bf16_loads(x.device), enable_fp_fusion=False))
 
 
 @nvfp4_grouped_amax.register_fake

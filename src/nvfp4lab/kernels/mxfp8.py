@@ -59,6 +59,7 @@ from .decode_common import (
     rcp_f32,
     soft_bf16_cast,
 )
+from ..rht import DTYPE_MAX
 from .launch import custom_op, interpreting, launch
 from .swizzle import swizzle_offset
 
@@ -239,6 +240,7 @@ def _mxfp8_quantize_kernel(
     EVEN: tl.constexpr,
     HW_CAST: tl.constexpr,
     PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
+    SOFT_BF16: tl.constexpr = False,  # bf16 x converted by bits (the interpreter: ``_codecs.to_f32``)
 ):
     RB: tl.constexpr = BLOCK_ROWS // 32
     pid = tl.program_id(0)
@@ -263,7 +265,7 @@ def _mxfp8_quantize_kernel(
     mask = r_ok[:, None] & c_ok[None, :]
     offs = r[:, None] * cols + c[None, :]
     base = row0 * cols + col0
-    x = tl.load(x_ptr + base + offs, mask=mask, other=0.0).to(tl.float32)
+    x = _codecs.to_f32(tl.load(x_ptr + base + offs, mask=mask, other=0.0), SOFT_BF16)
     abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
     if COLWISE:
@@ -305,6 +307,7 @@ def _mxfp8_dequantize_kernel(
     LOCAL_I64: tl.constexpr,
     SOFT_BF16: tl.constexpr,
     EVEN: tl.constexpr,
+    OUT_MAX: tl.constexpr,  # the output dtype's largest finite value
 ):
     pid = tl.program_id(0)
     col_tiles = tl.cdiv(cols, BLOCK_COLS)
@@ -377,7 +380,11 @@ def _mxfp8_dequantize_kernel(
         val = _codecs.e5m2_decode(code)
     else:
         val = e4m3_decode_exact(code)
-    tl.store(out_ptr + base + offs, cast_to_out(val * factor, out_ptr, SOFT_BF16), mask=mask)
+    out = val * factor
+    # a finite code's product past the output range saturates (bf16 / fp32 maxima give 256 * 2^120 =
+    # 2^128), as ref.mxfp8.dequantize; NaN stays NaN, an E5M2 inf code stays inf
+    out = tl.where((tl.abs(out) > OUT_MAX) & (tl.abs(val) < float("inf")), tl.where(out > 0, OUT_MAX, -OUT_MAX), out)
+    tl.store(out_ptr + base + offs, cast_to_out(out, out_ptr, SOFT_BF16), mask=mask)
 
 
 # ------------------------------------------------------------------------------------- launchers
@@ -450,6 +457,7 @@ def launch_mxfp8_quantize(
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
         EVEN=even, HW_CAST=fp8_cast == "hw", PACK=even and cols % 4 == 0 and fp8_cast == "soft"
         and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)), num_warps=num_warps,
+        SOFT_BF16=_codecs.soft_bf16_loads(x.device),
     ))
 
 
@@ -490,7 +498,7 @@ def launch_mxfp8_dequantize(
         COLWISE=colwise, E5M2=fp8_format == "e5m2", SWIZZLED=scale_layout == "swizzled",
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
         SOFT_BF16=soft_bf16_cast(out.dtype, out.device), EVEN=rows % block_rows == 0 and cols % block_cols == 0,
-        num_warps=num_warps,
+        OUT_MAX=DTYPE_MAX[out.dtype], num_warps=num_warps,
     ))
 
 
@@ -577,26 +585,10 @@ def quantize_mxfp8(x2d: torch.Tensor, config, *, fp8_cast: str | None = None):
 
 def dequantize_mxfp8(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
     """MXFP8Tensor -> ``dtype`` (M, K) from its rowwise or columnwise copy; identical to
-    ``ref.mxfp8.dequantize``."""
-    if which not in ("rowwise", "columnwise"):
-        raise ValueError(f"which must be 'rowwise' or 'columnwise', got {which!r}")
+    ``ref.mxfp8.dequantize``. The parts are checked by :func:`nvfp4lab.ops.dequantize_mxfp8`
+    (``checks.check_mxfp8_copy``)."""
     data = t.rowwise_data if which == "rowwise" else t.columnwise_data
     scale = t.rowwise_scale if which == "rowwise" else t.columnwise_scale
-    if data is None:
-        raise ValueError(f"which={which!r}: this MXFP8Tensor has no {which} copy")
-    rows, cols = int(t.shape[0]), int(t.shape[1])
-    for name, part in (("data", data), ("scale", scale)):
-        if not isinstance(part, torch.Tensor) or part.dtype != torch.uint8:
-            raise TypeError(f"{which}_{name} must be a uint8 tensor, got {getattr(part, 'dtype', type(part).__name__)}")
-    if tuple(data.shape) != (rows, cols):
-        raise ValueError(f"{which}_data must have shape {(rows, cols)}, got {tuple(data.shape)}")
-    if which == "rowwise" and cols % 32 != 0:
-        raise ValueError(f"K must be a multiple of 32 for the rowwise copy, got {cols}")
-    if which == "columnwise" and rows % 32 != 0:
-        raise ValueError(f"M must be a multiple of 32 for the columnwise copy, got {rows}")
-    want = scale_shapes(rows, cols, t.scale_layout)[0 if which == "rowwise" else 1]
-    if tuple(scale.shape) != want and not (t.scale_layout == "swizzled" and scale.numel() == want[0] * want[1]):
-        raise ValueError(f"{which}_scale must have shape {want} for scale_layout={t.scale_layout!r}, got {tuple(scale.shape)}")
     if data.numel() == 0:
         return torch.empty(t.shape, dtype=dtype, device=data.device)
     return _dequantize_mxfp8_op(data.contiguous(), scale.contiguous(), t.fp8_format, t.scale_layout, which == "columnwise", dtype)

@@ -48,6 +48,7 @@ from typing import List, Optional
 
 import torch
 
+from ._codecs import soft_bf16_loads
 from .launch import custom_op
 from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
 from .nvfp4_gemm_details.common import gemm_inv, operand
@@ -84,7 +85,8 @@ def _launch(
         return dequant_mm.grouped_gemm(a, b, bias, out, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
                                        config, decode, pr3045=bool(pr3045))
     flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
-                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16, EPI_PR3045=bool(pr3045))
+                 ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(device),
+                 EPI_PR3045=bool(pr3045))
     bias_arg = bias if bias is not None else a.amax  # a stand-in pointer that BIAS_MODE=0 never reads
     if config.stream:
         return stream.gemm(a, b, bias_arg, out, flags, m, n, k, inv_e, config, decode)

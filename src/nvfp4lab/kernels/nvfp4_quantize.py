@@ -49,6 +49,7 @@ import torch
 from ..config import NVFP4QuantConfig
 from ..ref.nvfp4 import broadcast_amax
 from ..tensors import NVFP4Tensor
+from ._codecs import soft_bf16_loads
 from .launch import Launch, aligned, custom_op, tracing
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.amax import (
@@ -84,6 +85,7 @@ def _amax_launch(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: in
                  block_k: int, num_warps: int, spec) -> Launch:
     meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, table_e6=table_e6, block_m=block_m,
                                block_k=block_k, num_warps=num_warps)
+    meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
     return Launch(amax_kernel, opt_flags.amax_grid(m, k, meta), meta)
 
 

@@ -105,7 +105,8 @@ class _WeightCacheMixin:
 
     def _needs_weight_columnwise(self, x: torch.Tensor) -> bool:
         # dgrad reads W's columnwise copy: only with quantized backward and an input needing grad
-        return self.recipe.backward == "quantized" and torch.is_grad_enabled() and x.requires_grad
+        # (getattr: a non-tensor x reaches the functional layer's check, which names it)
+        return self.recipe.backward == "quantized" and torch.is_grad_enabled() and getattr(x, "requires_grad", False)
 
 
 class Linear(_AutocastRecipeMixin, RecipeStateMixin, nn.Linear, _WeightCacheMixin):

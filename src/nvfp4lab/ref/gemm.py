@@ -5,7 +5,10 @@
     out        = out_dtype(fl(acc * alpha) [+ bias] [+ C])           one rounding to out_dtype
 
 amax_a / amax_b are per tensor (1,) or per token ((M,) rows of A, (N,) rows of B). With per-tensor
-operands alpha is exactly cuBLAS' device alpha. The fp32 summation order of ``acc`` is not part of the
+operands alpha is exactly cuBLAS' device alpha. Where fl(amax_a * amax_b) overflows for finite amaxes
+(e.g. 1e20 * 1e19), alpha is formed from amax_a / 2^64 and amax_b / 2^64 and the product acc * alpha is
+multiplied back by 2^64 twice (:func:`apply_alpha`): the value of TE's order with an unbounded exponent
+range, instead of inf (and NaN where acc = 0). The fp32 summation order of ``acc`` is not part of the
 contract: implementations agree within the golden tolerance (rtol 2^-7).
 
 Operands with PR 3045's numerics (``config.numerics == "te_pr3045"``, both or neither) take the order
@@ -53,6 +56,20 @@ def pr3045_scaled(acc: torch.Tensor, amax_a: torch.Tensor, amax_b: torch.Tensor)
     """PR 3045's epilogue scaling of an fp32 product: fl(fl(fl(amax_a[i] * acc) * amax_b[j]) * fl(1/(36*448^2)))."""
     inv = torch.tensor(1.0 / (36.0 * 448.0 * 448.0), dtype=_F32, device=acc.device)
     return ((acc * amax_a.to(_F32).reshape(-1, 1)) * amax_b.to(_F32).reshape(1, -1)) * inv
+_HALF_RESCALE = 2.0**64
+
+
+def apply_alpha(acc: torch.Tensor, amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: float,
+                e4m3_max_b: float) -> torch.Tensor:
+    """fl(acc * alpha) with alpha = :func:`gemm_alpha`, except where fl(amax_a * amax_b) overflows for
+    finite amaxes: there fl(fl(acc * fl(fl(amax_a/2^64 * amax_b/2^64) * inv)) * 2^64) * 2^64 (exact
+    power-of-two steps: only a result past fp32's range overflows, as it should)."""
+    a = amax_a.to(_F32).reshape(-1, 1)
+    b = amax_b.to(_F32).reshape(1, -1)
+    inv = torch.tensor(1.0 / (36.0 * e4m3_max_a * e4m3_max_b), dtype=_F32, device=a.device)
+    overflow = torch.isinf(a * b) & torch.isfinite(a) & torch.isfinite(b)
+    rescaled = ((acc * (((a * (1.0 / _HALF_RESCALE)) * (b * (1.0 / _HALF_RESCALE))) * inv)) * _HALF_RESCALE) * _HALF_RESCALE
+    return torch.where(overflow, rescaled, acc * ((a * b) * inv))
 
 
 def nvfp4_gemm(
@@ -73,7 +90,7 @@ def nvfp4_gemm(
     if uses_pr3045_epilogue(a, b):
         result = pr3045_scaled(acc, a.rowwise_amax, b.rowwise_amax)
     else:
-        result = acc * gemm_alpha(a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
+        result = apply_alpha(acc, a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
     if bias is not None:
         result = result + bias.to(_F32)
     if accumulate and out is not None:

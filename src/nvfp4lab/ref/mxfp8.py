@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..rht import saturate_finite
 from ..tensors import MXFP8Tensor
 from . import codecs
 from .swizzle import apply_scale_layout, compact_scales
@@ -64,14 +65,20 @@ def columnwise_scale_compact(t) -> torch.Tensor:
     return t.columnwise_scale[: m // 32, :k]
 
 
+def _scaled(q: torch.Tensor, factor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dtype(fl(q * 2^(c-127))), a finite q's product past dtype's range saturating to its max: a block
+    of bf16 or fp32 maxima rounds to 256 * 2^120 = 2^128, which no fp32 holds (TE's kernel gives inf)."""
+    return saturate_finite(q * factor, dtype, torch.isfinite(q)).to(dtype)
+
+
 def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
-    """out = dtype(2^(c-127) * float(fp8)), in x's (M, K) orientation for both copies."""
+    """out = dtype(2^(c-127) * float(fp8)), in x's (M, K) orientation for both copies (saturating)."""
     _, _, decode = _FORMATS[t.fp8_format]
     m, k = t.shape
     if which == "rowwise":
         scale = compact_scales(t.rowwise_scale, t.scale_layout, m, k // 32)
         factor = codecs.e8m0_decode(scale).repeat_interleave(32, dim=1)
-        return (decode(t.rowwise_data) * factor).to(dtype)
+        return _scaled(decode(t.rowwise_data), factor, dtype)
     scale = columnwise_scale_compact(t)
     factor = codecs.e8m0_decode(scale).repeat_interleave(32, dim=0)
-    return (decode(t.columnwise_data) * factor).to(dtype)
+    return _scaled(decode(t.columnwise_data), factor, dtype)

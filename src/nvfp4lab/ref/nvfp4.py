@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from ..rht import DEFAULT_RHT_SIGN_MASK, apply_rht, apply_rht_fp32, inverse_rht, rht_matrix  # noqa: F401  (the RHT lives in nvfp4lab.rht)
+from ..rht import DEFAULT_RHT_SIGN_MASK, apply_rht, apply_rht_fp32, inverse_rht, rht_matrix, saturate_finite  # noqa: F401  (the RHT lives in nvfp4lab.rht)
 from ..tensors import GroupedNVFP4Tensor, NVFP4Tensor
 from . import codecs
 from .codecs import FLT_MAX
@@ -183,6 +183,23 @@ def quantize_rows(
 
 
 # ------------------------------------------------------------------------------------ dequantize
+_RESCALE = 2.0**32  # dequantize factors of amax > FLT_MAX / 448: amax / 2^32 first, the factor times 2^32 after
+
+
+def dequantize_factor(scale_f32: torch.Tensor, amax: torch.Tensor, e4m3_max: float) -> torch.Tensor:
+    """Per-block factor fl(fl(float(s) * amax) * fl(1/(6E))) (``amax`` broadcast against the scales).
+
+    Where fl(s * amax) overflows for a finite amax (amax > FLT_MAX / 448; the factor itself is at most
+    amax / 6), the same two roundings run on amax / 2^32 and the factor is multiplied back by 2^32: the
+    value TE's order gives with an unbounded exponent range. Everywhere else it is TE's order.
+    """
+    rcp = _f32(1.0 / (6.0 * e4m3_max), scale_f32.device)
+    prod = scale_f32 * amax
+    overflow = torch.isinf(prod) & torch.isfinite(amax)
+    rescaled = ((scale_f32 * (amax * (1.0 / _RESCALE))) * rcp) * _RESCALE
+    return torch.where(overflow, rescaled, prod * rcp)
+
+
 def dequantize_rows(
     codes_packed: torch.Tensor,
     scale: torch.Tensor,
@@ -194,17 +211,20 @@ def dequantize_rows(
 ) -> torch.Tensor:
     """(R, C/2) packed codes + compact (R, C/16) scales -> (R, C).
 
-    Per block: final = fl(fl(float(s) * amax) * fl(1/(6E))); out = out_dtype(fl(q * final)).
-    ``amax`` is (1,) or (R,) (per row). ``numerics="te_pr3045"``: PR 3045's
+    Per block: final = fl(fl(float(s) * amax) * fl(1/(6E))) (:func:`dequantize_factor`);
+    out = out_dtype(fl(q * final)). ``amax`` is (1,) or (R,) (per row). With a finite amax, values past
+    out_dtype's range saturate to its max (the plain cast would give inf); NaN scales stay NaN and a
+    non-finite amax gives TE's inf / NaN. ``numerics="te_pr3045"``: PR 3045's
     ``dequantize_nvfp4_per_token``, final = fl(float(s) * fl(amax / 2688)) with the raw amax.
     """
     q = codecs.e2m1_decode(codecs.unpack_fp4(codes_packed))
-    amax = amax.to(_F32).reshape(-1, 1)
+    amax_col = amax.to(_F32).reshape(-1, 1)
     if numerics == "te_pr3045":
-        factor = codecs.e4m3_decode(scale) * (amax / _f32(6.0 * 448.0, q.device))
+        factor = codecs.e4m3_decode(scale) * (amax_col / _f32(6.0 * 448.0, q.device))
     else:
-        factor = (codecs.e4m3_decode(scale) * amax) * _f32(1.0 / (6.0 * e4m3_max), q.device)
-    return (q * _expand(factor)).to(out_dtype)
+        factor = dequantize_factor(codecs.e4m3_decode(scale), amax_col, e4m3_max)
+    out = saturate_finite(q * _expand(factor), out_dtype, torch.isfinite(amax_col))
+    return out.to(out_dtype)
 
 
 # ------------------------------------------------------------------------------ whole-tensor ops
@@ -291,16 +311,19 @@ def dequantize(t, dtype: torch.dtype, which: str = "rowwise") -> torch.Tensor:
     m, k = t.m, t.k
     if which == "rowwise":
         scale = compact_scales(t.rowwise_scale, t.scale_layout, m, k // 16)
-        out = dequantize_rows(t.rowwise_data, scale, t.rowwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32,
+        out = dequantize_rows(t.rowwise_data, scale, t.rowwise_amax, e4m3_max=t.e4m3_max, out_dtype=dtype,
                               numerics=t.config.numerics)
     else:
         scale = compact_scales(t.columnwise_scale, t.scale_layout, k, m // 16)
-        out_t = dequantize_rows(t.columnwise_data, scale, t.columnwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32,
-                                numerics=t.config.numerics)
         if t.config.rht:
-            out_t = inverse_rht(out_t, t.config.rht_sign_mask)
+            out_t = dequantize_rows(t.columnwise_data, scale, t.columnwise_amax, e4m3_max=t.e4m3_max, out_dtype=_F32,
+                                    numerics=t.config.numerics)
+            out_t = saturate_finite(inverse_rht(out_t, t.config.rht_sign_mask), dtype).to(dtype)
+        else:
+            out_t = dequantize_rows(t.columnwise_data, scale, t.columnwise_amax, e4m3_max=t.e4m3_max, out_dtype=dtype,
+                                    numerics=t.config.numerics)
         out = out_t.t()
-    return out.to(dtype).reshape(t.shape)
+    return out.reshape(t.shape)
 
 
 def quantize_grouped(x: torch.Tensor, split_offsets: torch.Tensor, config, *, generator=None):

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ...layout import roundup
-from .._codecs import f32_to_bf16_rne
+from .._codecs import f32_to_bf16_rne, to_f32
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,8 +82,10 @@ def e4m3_to_f32(bits):
 def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr,
              BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPI_PR3045: tl.constexpr = False):
-    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings.
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr, EPI_PR3045: tl.constexpr = False):
+    """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings
+    (:func:`nvfp4lab.ref.gemm.apply_alpha`, with its rescaled alpha where fl(amax_a * amax_b)
+    overflows for finite amaxes). SOFT_BF16: bf16 bias / out_old loaded by bits (the interpreter).
     EPI_PR3045: PR 3045's order fl(fl(fl(amax_a[i] * acc) * amax_b[j]) * inv_e) instead of
     acc * fl(fl(amax_a[i] * amax_b[j]) * inv_e) (:func:`nvfp4lab.ref.gemm.pr3045_scaled`)."""
     if A_AMAX_ROWS:
@@ -99,16 +101,22 @@ def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax
     if EPI_PR3045:
         res = ((acc * amax_a[:, None]) * amax_b[None, :]) * inv_e
     else:
-        alpha = (amax_a[:, None] * amax_b[None, :]) * inv_e
-        res = acc * alpha
+        a2 = amax_a[:, None]
+        b2 = amax_b[None, :]
+        prod = a2 * b2
+        res = acc * (prod * inv_e)
+        overflow = (tl.abs(prod) == float("inf")) & (tl.abs(a2) < float("inf")) & (tl.abs(b2) < float("inf"))
+        rescaled = ((acc * (((a2 * 5.421010862427522e-20) * (b2 * 5.421010862427522e-20)) * inv_e))
+                    * 1.8446744073709552e19) * 1.8446744073709552e19  # 2^-64 each, then 2^64 twice (exact)
+        res = tl.where(overflow, rescaled, res)
     if BIAS_MODE == 1:
-        res = res + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        res = res + to_f32(tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
     elif BIAS_MODE == 2:
-        res = res + tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        res = res + to_f32(tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
     out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n.to(tl.int64)[None, :] * stride_on
     omask = mask_m[:, None] & mask_n[None, :]
     if ACCUMULATE:
-        res = res + tl.load(out_ptrs, mask=omask, other=0.0).to(tl.float32)
+        res = res + to_f32(tl.load(out_ptrs, mask=omask, other=0.0), SOFT_BF16)
     if OUT_BF16:
         tl.store(out_ptrs, f32_to_bf16_rne(res), mask=omask)
     else:

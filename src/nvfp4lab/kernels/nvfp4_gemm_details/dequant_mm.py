@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
+from .._codecs import soft_bf16_loads
 from ..launch import Launch, aligned
-
 from . import opt_flags
 from .common import epilogue
 from .fused import expand
@@ -30,7 +30,7 @@ def epilogue_kernel(
     M, N, stride_om, stride_on, inv_e,
     A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
     ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EPI_PR3045: tl.constexpr = False,
+    SOFT_BF16: tl.constexpr = False, EPI_PR3045: tl.constexpr = False,
 ):
     """The epilogue over an fp32 product (M, N), row stride N."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -44,7 +44,7 @@ def epilogue_kernel(
     acc = tl.load(ptrs, mask=mask, other=0.0)
     epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-             OUT_BF16, BLOCK_M, BLOCK_N, EPI_PR3045)
+             OUT_BF16, BLOCK_M, BLOCK_N, SOFT_BF16, EPI_PR3045)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -100,7 +100,8 @@ def grouped_gemm(a, b, bias, out, b_mode: int, bias_mode: int, accumulate: bool,
     a_rows = a_amax.numel() != 1
     # each expert's amax and bias as a dense GEMM's: scalar or per-row B amax, (N,) bias
     flags = dict(A_AMAX_ROWS=a_rows, B_AMAX_MODE=2 if b_mode == 2 else 0, BIAS_MODE=min(bias_mode, 1),
-                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, EPI_PR3045=pr3045)
+                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device),
+                 EPI_PR3045=pr3045)
     row = 0
     for e, m_e in enumerate(splits):
         r0, row = row, row + m_e

@@ -22,7 +22,11 @@ waits for each MMA before decoding the next tile).
 Grouped: rows of A are split into E consecutive experts by ``offs`` (device int tensor (E,), cumulative
 row ends; zero-size experts allowed; no host sync). The grid covers an upper bound of
 ``cdiv(M, BLOCK_M) + E`` row tiles; each program finds its expert from ``offs`` and exits if it has no
-work. B is the stacked weights; alpha and bias follow the expert of the row.
+work. B is the stacked weights; alpha and bias follow the expert of the row. Every row of the output is
+written whatever the offsets hold (they are not checked on the device, which would need a host sync):
+expert e owns rows [end_{e-1}, end_e) with end_e the running maximum of offs[0..e] clipped to [0, M]
+(exactly offs' ranges when offs is valid), and rows past the last end are written with zeros (left as
+they are with ``ACCUMULATE``).
 """
 from __future__ import annotations
 
@@ -120,6 +124,11 @@ def _decode_tile(packed, scale_bits, tab_lo, ROWS: tl.constexpr, BK: tl.constexp
 
 
 @triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def nvfp4_gemm_kernel(
     a_ptr, a_scale_ptr, a_amax_ptr,
     b_ptr, b_scale_ptr, b_amax_ptr,
@@ -142,16 +151,21 @@ def nvfp4_gemm_kernel(
     DECODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_PRE: tl.constexpr,  # b_ptr is B already expanded by expand_kernel: fp16 (rows, roundup(K, BLOCK_K))
+    SOFT_BF16: tl.constexpr = False,  # bf16 bias / out_old loaded by bits (the interpreter)
     EPI_PR3045: tl.constexpr = False,  # PR 3045's epilogue order (common.epilogue)
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     if GROUPED:
+        # lanes 0..E-1: the experts; lane E (E_POW2 > E): the rows past the last expert (zeros)
         e_idx = tl.arange(0, E_POW2)
         ends = tl.load(offs_ptr + e_idx, mask=e_idx < num_experts, other=0).to(tl.int32)
-        starts = tl.load(offs_ptr + e_idx - 1, mask=(e_idx >= 1) & (e_idx < num_experts), other=0).to(tl.int32)
-        ends = tl.minimum(ends, M)
-        starts = tl.maximum(tl.minimum(starts, M), 0)
+        ends = tl.where(e_idx == num_experts, M, ends)
+        starts = tl.load(offs_ptr + e_idx - 1, mask=(e_idx >= 1) & (e_idx <= num_experts), other=0).to(tl.int32)
+        starts = tl.where(e_idx == num_experts + 1, M, starts)
+        # running maxima, clipped: disjoint ranges for any offs (offs' own for valid offs)
+        ends = tl.minimum(tl.maximum(tl.associative_scan(ends, 0, _max_combine), 0), M)
+        starts = tl.minimum(tl.maximum(tl.associative_scan(starts, 0, _max_combine), 0), M)
         sizes = tl.maximum(ends - starts, 0)
         tiles = (sizes + BLOCK_M - 1) // BLOCK_M
         cum = tl.cumsum(tiles, 0)  # inclusive
@@ -185,6 +199,13 @@ def nvfp4_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < row_end
     mask_n = offs_n < N
+    if GROUPED:
+        if expert == num_experts:  # rows of no expert (offs[E-1] < M): zeros, or out as it is
+            if not ACCUMULATE:
+                out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n.to(tl.int64)[None, :] * stride_on
+                tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty),
+                         mask=mask_m[:, None] & mask_n[None, :])
+            return
     # Out-of-range rows read row 0 / the expert's first row (always valid) instead of masking every
     # load; their results are never stored.
     rows_a = tl.where(mask_m, offs_m, row_start).to(tl.int64)
@@ -237,7 +258,7 @@ def nvfp4_gemm_kernel(
 
     epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-             OUT_BF16, BLOCK_M, BLOCK_N, EPI_PR3045)
+             OUT_BF16, BLOCK_M, BLOCK_N, SOFT_BF16, EPI_PR3045)
 
 
 
@@ -293,7 +314,7 @@ def _gemm_launch(m: int, n: int, k: int, num_experts: int, grouped: bool, config
     grid = (rows_tiles * cdiv(n, config.block_n),)
     return Launch(nvfp4_gemm_kernel, grid, dict(
         A_SWIZZLED=a_swizzled, B_SWIZZLED=b_swizzled, **dict(flags),
-        GROUPED=grouped, E_POW2=next_power_of_2(max(num_experts, 1)),
+        GROUPED=grouped, E_POW2=next_power_of_2(num_experts + 1),  # + the lane of rows past the experts
         EVEN_K=k % config.block_k == 0,
         DECODE=decode,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

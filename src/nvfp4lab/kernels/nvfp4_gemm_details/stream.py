@@ -178,7 +178,7 @@ def stream_kernel(
     ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr, DECODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr,
     A_PRE: tl.constexpr,  # a_ptr: A already decoded by stream_expand_kernel, FP16 (BLOCK_M, roundup(K, 128 V))
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, SOFT_BF16: tl.constexpr = False,
     EPI_PR3045: tl.constexpr = False,  # PR 3045's epilogue order (common.epilogue)
 ):
     """Dense GEMM for few rows of A (M <= 64): a weight stream (see the module docstring).
@@ -247,11 +247,11 @@ def stream_kernel(
             tl.store(count_ptr, 0)  # all splits have arrived: ready for the next launch
             epilogue(tot, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
                       out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-                      OUT_BF16, BLOCK_M, BLOCK_N, EPI_PR3045)
+                      OUT_BF16, BLOCK_M, BLOCK_N, SOFT_BF16, EPI_PR3045)
     else:
         epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, 0, a_amax_ptr, b_amax_ptr, bias_ptr,
                   out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-                  OUT_BF16, BLOCK_M, BLOCK_N, EPI_PR3045)
+                  OUT_BF16, BLOCK_M, BLOCK_N, SOFT_BF16, EPI_PR3045)
 
 
 @triton.jit

@@ -62,7 +62,7 @@ def amax_kernel(
     x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, STEPS_M: tl.constexpr = 1,
-    FINAL_BLOCK: tl.constexpr = 1024, TABLE_E6: tl.constexpr = 0.0,
+    FINAL_BLOCK: tl.constexpr = 1024, TABLE_E6: tl.constexpr = 0.0, SOFT_BF16: tl.constexpr = False,
 ):
     """Folds max |x| of STEPS_M tiles (consecutive along M) into the scratch accumulators, then
     ``finalize_amax`` (TABLE_E6 > 0: per-token outputs as (3, N) tables for the cast). Per-tensor and
@@ -77,7 +77,7 @@ def amax_kernel(
     t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
     for step in tl.static_range(STEPS_M):
         rows = ((pid_m * STEPS_M + step) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+        row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16)
         mag = abs_bits(xf)  # |x| bits
         if TENSOR_AMAX or COL_MODE == 2:
             t = tl.maximum(t, mag)

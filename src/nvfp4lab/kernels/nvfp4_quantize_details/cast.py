@@ -8,6 +8,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...layout import roundup
+from .._codecs import soft_bf16_loads
 from ..launch import Launch, aligned, arg_key, tracing
 from . import opt_flags
 from .cast16 import cast16_kernel
@@ -113,6 +114,7 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
             meta = opt_flags.cast16_meta(k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
                                          stochastic_rounding, seed_from_ptr, scale_layout, split_steps=split_steps,
                                          **tile, pr3045=pr3045)
+            meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
             tables = None
             n_row = m if per_token and row_side else 0
             n_col = (k * num_splits if grouped else k) if per_token and col_side else 0
@@ -124,6 +126,7 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
         else:
             meta = opt_flags.four_over_six_meta(m, k, row_side, col_side, block_2d, per_token, four_over_six, e4m3_max,
                                                 scale_layout, split_steps=split_steps, block_m=block_m, **tile)
+            meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
             steps.append(CastStep(Launch(four_over_six_kernel, opt_flags.four_over_six_grid(m, k, meta), meta), None,
                                   row_side, col_side, 0, 0))
     return tuple(steps)

@@ -14,11 +14,12 @@ import triton
 import triton.language as tl
 
 
-from .._codecs import bf16_rne, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast
+from .._codecs import (e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast,
+                       to_f32)
 from .common import (FLT_MAX, ONE_SIXTH, abs_bits, clamp_flt_max, encode_factor, encode_factor_pr3045,
                      global_encode_pr3045, global_scales, normal_range, pack_codes, scale_offsets, split_of)
 from .pt_scales import pt_table_load
-from .rht import rht16_cast16
+from .rht import bf16_saturating, rht16_cast16
 from .stochastic_rounding import pair_bytes_cols, pair_bytes_rows, sr_e2m1, sr_seed
 
 
@@ -86,7 +87,7 @@ def cast16_kernel(
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
-    REUSE_2D: tl.constexpr = False, PR3045: tl.constexpr = False,
+    REUSE_2D: tl.constexpr = False, PR3045: tl.constexpr = False, SOFT_BF16: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only on the columnwise side, 1x16 blocks: ``rht16_cast16``).
@@ -120,7 +121,7 @@ def cast16_kernel(
     row_ok = rows < M
     col_ok = cols < K
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    xf = x.to(tl.float32)
+    xf = to_f32(x, SOFT_BF16)
     ab = abs_bits(xf)
     k_blocks = K // 16
     m_blocks = M // 16
@@ -190,7 +191,7 @@ def cast16_kernel(
             if PR3045 or x_ptr.dtype.element_ty == tl.bfloat16:
                 xf = rht16_cast16(xf, RHT_MASK, BLOCK_K, PR3045)
             else:
-                xf = rht16_cast16(bf16_rne(xf), RHT_MASK, BLOCK_K)
+                xf = rht16_cast16(bf16_saturating(xf), RHT_MASK, BLOCK_K)
             ab = abs_bits(xf)
         if BLOCK_2D:
             cbamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None], [KB, 16]), [BLOCK_K])
@@ -272,6 +273,8 @@ def cast16_kernel(
             col_words = tl.sum(tl.reshape(col_codes_x, [8, 2, BLOCK_K]) << shift, axis=0)
             col_scale = col_scale_x
         cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
+        if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
+            cok = cok & (blk2 >= 0) & (blk2 < m_blocks * K)
         tl.store(col_data_ptr + blk2[None, :] * 2 + tl.arange(0, 2)[:, None], col_words, mask=cok[None, :])
         if GROUPED:
             csoff = blk2  # compact

@@ -12,6 +12,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from .._codecs import to_f32
+
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 PR3045_AMAX_FLOOR = tl.constexpr(float(np.float32(1e-12)))  # fl(1e-12): PR 3045 floors amax in S_enc
 ONE_SIXTH = tl.constexpr(float(np.float32(1.0 / 6.0)))  # fl(1/6), folded into S_enc first (spec 3.1)
@@ -145,18 +147,18 @@ def program_columns(K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def load_rows(x_ptr, rows, cols, col_ok, M, K):
-    """(row_ok, fp32 tile) of x (M, K) at int64 rows x cols, zeros outside."""
+def load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16: tl.constexpr):
+    """(row_ok, fp32 tile) of x (M, K) at int64 rows x cols, zeros outside (SOFT_BF16: ``to_f32``)."""
     row_ok = rows < M
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    return row_ok, x.to(tl.float32)
+    return row_ok, to_f32(x, SOFT_BF16)
 
 
 @triton.jit
-def load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SOFT_BF16: tl.constexpr):
     """This program's [BLOCK_M, BLOCK_K] tile of x (M, K) as fp32 (zeros outside), programs ordered
     K-fastest; returns (rows, cols, row_ok, col_ok, pid_m, pid_k, xf) with int64 row/column indices."""
     pid_m, pid_k, cols, col_ok = program_columns(K, BLOCK_K)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K)
+    row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16)
     return rows, cols, row_ok, col_ok, pid_m, pid_k, xf

@@ -180,7 +180,7 @@ def four_over_six_kernel(
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, LAYOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0,
+    GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, SOFT_BF16: tl.constexpr = False,
 ):
     """One [BLOCK_M, BLOCK_K] tile -> its rowwise and columnwise 4over6 blocks (FOUR_OVER_SIX: 1 MAE, 2 MSE).
 
@@ -195,7 +195,7 @@ def four_over_six_kernel(
     """
     G: tl.constexpr = BLOCK_M // 16  # 16-row groups (columnwise blocks) per tile
     KB: tl.constexpr = BLOCK_K // 16  # 16-column groups (rowwise blocks) per tile
-    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K)
+    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K, SOFT_BF16)
     k_blocks = K // 16
     blks = pid_k * KB + tl.arange(0, KB).to(tl.int64)  # rowwise block index along K
     blk_ok = blks < k_blocks
@@ -266,6 +266,8 @@ def four_over_six_kernel(
         else:
             col_codes, col_scale = _quantize_blocks(y3, bamax, outer, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
         ok = group_ok[:, None] & col_ok[None, :]
+        if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
+            ok = ok & (blk2 >= 0) & (blk2 < (M // 16) * K)
         half = tl.arange(0, 2)[None, None, :]
         word = blk2 * 2
         tl.store(col_data_ptr + word[:, :, None] + half, pack_codes(col_codes, G, BLOCK_K), mask=ok[:, :, None])

@@ -2,10 +2,16 @@
 rows v of a column of x (the rows of x^T), T = diag(s) H16 / 4 with the sign mask s.
 
 * ``rht_tile`` (the amax passes, for the post-RHT per-tensor amax): ``tl.dot`` of blockdiag(T^T)
-  [BLOCK_M, BLOCK_M] (entries +-0.25) with the tile rounded to bf16, fp32 accumulation, result rounded
+  [BLOCK_M, BLOCK_M] (entries +-2^-6: T / 16) with the tile rounded to bf16, fp32 accumulation, result rounded
   to bf16 by integer RNE. (The interpreter truncates casts to bf16 and its bf16 ``tl.dot`` is wrong, so
   there the same exact values go through an fp32 dot: DOT_BF16=False.)
 * ``rht16_cast16`` (the cast): butterflies in registers in ``cast16_kernel``'s layout, no dot.
+
+Both sum with T / 16 (entries +-2^-6) and multiply by 16 at the end (``finish16``), as
+:func:`nvfp4lab.rht.apply_rht`: the same bits as summing with T wherever that is finite (exact
+power-of-two scaling of bf16 values and their partial sums), and no partial sum of finite values can
+overflow; a result past bf16's range saturates to +-bf16 max. Non-bf16 inputs are rounded to bf16 with
+the same saturation (``bf16_saturating``).
 
 PR 3045's fp32 RHT (FP32=True in ``rht16_cast16``; ``rht_rows_fp32`` for the amax passes): the same
 butterflies on sign-flipped fp32 values (signs +-1), kept in fp32, times 1/4 at the end: the stage order
@@ -16,6 +22,24 @@ import triton
 import triton.language as tl
 
 from .._codecs import bf16_rne
+
+BF16_MAX = tl.constexpr(3.3895313892515355e38)
+SCALED_ENTRY = tl.constexpr(0.015625)  # |T / 16| = 2^-6
+
+
+@triton.jit
+def bf16_saturating(xf):
+    """fp32 -> the fp32 value of its RNE bf16, finite values past bf16's range saturating to +-its max."""
+    big = (tl.abs(xf) > BF16_MAX) & (tl.abs(xf) < float("inf"))
+    return bf16_rne(tl.where(big, tl.where(xf > 0, BF16_MAX, -BF16_MAX), xf))
+
+
+@triton.jit
+def finish16(s):
+    """bf16(16 s) of a sum s taken with T / 16; past bf16's range +-bf16 max (s finite). An inf or NaN
+    input makes s non-finite, which passes as TE's."""
+    big = (tl.abs(s) > BF16_MAX / 16) & (tl.abs(s) < float("inf"))
+    return bf16_rne(tl.where(big, tl.where(s > 0, BF16_MAX, -BF16_MAX), s * 16.0))
 
 
 @triton.jit
@@ -31,16 +55,16 @@ def rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.cons
     p = p ^ (p >> 2)
     p = p ^ (p >> 1)
     negative = ((p ^ (RHT_MASK >> i)) & 1) != 0
-    d = tl.where((r // 16) == (c // 16), tl.where(negative, -0.25, 0.25), 0.0)
+    d = tl.where((r // 16) == (c // 16), tl.where(negative, -SCALED_ENTRY, SCALED_ENTRY), 0.0)
     if IS_BF16:
         xb = xf
     else:
-        xb = bf16_rne(xf)
+        xb = bf16_saturating(xf)
     if DOT_BF16:
         y = tl.dot(d.to(tl.bfloat16), xb.to(tl.bfloat16), out_dtype=tl.float32)
     else:
         y = tl.dot(d, xb, out_dtype=tl.float32)
-    return bf16_rne(y)
+    return finish16(y)
 
 
 @triton.jit
@@ -84,9 +108,9 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
     x; tile row i holds row 8 (i % 2) + i // 2), fp32 out: the RHT of x^T's rows, as ``rht_tile``.
 
     Done in registers, no dot: with row r = 8 h + j, Sylvester's H16 = H2 x H8 and each thread holds
-    the 8 rows j of one half h of a column, so T = diag(s) H16 / 4 is the sign flip and 1/4 (exact),
+    the 8 rows j of one half h of a column, so T = diag(s) H16 / 4 is the sign flip and 1/4 (here 1/64, exact),
     H8 over j as three butterfly stages inside the thread, then H2 across the two threads of the
-    column (one exchange). fp32 sums, rounded to bf16 once; the summation order differs from an MMA's,
+    column (one exchange). fp32 sums (with T / 16, then ``finish16``), rounded to bf16 once; the summation order differs from an MMA's,
     which only matters where a 16-term sum is inexact (spec: unspecified order).
     FP32 (PR 3045): signs +-1, no rounding to bf16, times 1/4 after the butterflies (module docstring).
     """
@@ -94,7 +118,7 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
     if FP32:
         sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -1.0, 1.0)
     else:
-        sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -0.25, 0.25)
+        sign = tl.where(((RHT_MASK >> ((i % 2) * 8 + i // 2)) & 1) != 0, -SCALED_ENTRY, SCALED_ENTRY)
     # [16, BK] -> [8 (j), 2 (h), BK] -> [2 (h), BK, 8 (j)]: a thread's 8 rows on the last axis
     t = tl.permute(tl.reshape(xb * sign[:, None], [8, 2, BLOCK_K]), (1, 2, 0))
     PAIRS: tl.constexpr = 2 * BLOCK_K * 4
@@ -112,7 +136,5 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
     y = tl.where(first, total[None, :, :], diff[None, :, :])
     y = tl.reshape(tl.permute(y, (2, 0, 1)), [16, BLOCK_K])
     if FP32:
-        y = y * 0.25
-    else:
-        y = bf16_rne(y)
-    return y
+        return y * 0.25
+    return finish16(y)
