@@ -41,7 +41,7 @@ done
 step host "$BENCH_LIMIT" python3 benchmarks/host.py $QUICK --out "$OUT/host.json"
 # the previous version's own scripts on its own package, same machine and call
 if [ -d .gpu/prev_tree ]; then
-  step prev $((BENCH_LIMIT * 3)) bash -c 'cd .gpu/prev_tree && for b in quantize gemm linear; do
+  step prev $((BENCH_LIMIT * 3)) bash -c 'cd .gpu/prev_tree && for b in '"${PREV_BENCHES:-quantize gemm linear}"'; do
     PYTHONPATH=$PWD/src python3 benchmarks/$b.py '"$QUICK"' --out "'"$OUT"'/prev_$b.json" > "'"$OUT"'/prev_$b.log" 2>&1; echo "prev $b rc=$?"; done'
 fi
 step train "$BENCH_LIMIT" python3 -m nvfp4lab train --device cuda --size medium --steps ${TRAIN_STEPS:-100} --recipes bf16 te \

@@ -670,7 +670,7 @@ def test_gpu_grouped_host_splits_default_dispatch(monkeypatch):
     want = per_expert_reference(a, b_list, sizes, bias, torch.bfloat16)
     calls = []
     real = dequant_mm.grouped_gemm
-    monkeypatch.setattr(dequant_mm, "grouped_gemm", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(dequant_mm, "grouped_gemm", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     out = poisoned((sum(sizes), n), torch.bfloat16)
     nvfp4lab.nvfp4_grouped_gemm(a, stacked, offs, bias=bias, out=out, m_splits=sizes, backend="triton")
     assert calls == [1]

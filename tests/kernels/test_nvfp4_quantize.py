@@ -834,7 +834,10 @@ from nvfp4lab.kernels.nvfp4_quantize_details.pt_scales import pt_scales_kernel
 FOUR_OVER_SIX_CODES = {None: 0, "mae": 1, "mse": 2}
 
 def frontend(fn, sig, meta, warps):
-    # the kernel's own parameter order (a constexpr's index must be its position in the signature)
+    # every constexpr (the defaults of those not given), in the kernel's own parameter order (a
+    # constexpr's index must be its position in the signature)
+    meta = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
+            **meta}
     names = [n for n in fn.arg_names if n in sig or n in meta]
     sig = {n: sig.get(n, "constexpr") for n in names}
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in meta.items()})

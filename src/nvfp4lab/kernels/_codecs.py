@@ -295,11 +295,11 @@ def to_f32(v, SOFT_BF16: tl.constexpr):
     """A loaded tensor as fp32. SOFT_BF16 (the interpreter's launches, ``soft_bf16_loads``): bf16 by its
     bits, shifted into the high half of an fp32 word (exact, subnormals included; the interpreter's own
     bf16 -> fp32 conversion gets subnormals wrong). Other dtypes, and every GPU launch: the plain cast."""
-    if SOFT_BF16 and v.dtype == tl.bfloat16:
-        bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        return (bits << 16).to(tl.float32, bitcast=True)
-    else:
-        return v.to(tl.float32)
+    out = v.to(tl.float32)
+    if SOFT_BF16:
+        if v.dtype == tl.bfloat16:
+            out = ((v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    return out
 
 
 def soft_bf16_loads(device) -> bool:

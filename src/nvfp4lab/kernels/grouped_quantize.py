@@ -47,7 +47,7 @@ from .nvfp4_quantize_details.common import (
     program_columns,
     split_of,
 )
-from .nvfp4_quantize_details.rht import rht_rows_fp32, rht_tile
+from .nvfp4_quantize_details.rht import finish16_bits, rht_rows_fp32, rht_tile
 
 # amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output,
 # 4 per (split, column) of PR 3045's fp32 RHT output
@@ -125,8 +125,8 @@ def _grouped_amax_kernel(
                 t = tl.maximum(t, mag)
             if ROW_MODE == 2:
                 tl.atomic_max(row_amax_ptr + rows, _canonical_nan(tl.max(mag, axis=1)), mask=row_ok, sem="relaxed")
-            if COL_MODE == 3:
-                y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+            if COL_MODE == 3:  # the raw sums, finished once after the reduction (finish16_bits)
+                y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16, False)
                 t_rht = tl.maximum(t_rht, abs_bits(y))
             if COL_MODE == 4:
                 t_col = tl.maximum(t_col, abs_bits(rht_rows_fp32(xf, BLOCK_M, BLOCK_K, RHT_MASK)))
@@ -141,7 +141,8 @@ def _grouped_amax_kernel(
         if COL_MODE == 2:
             tl.atomic_max(col_amax_ptr + s_lo * K + cols, _canonical_nan(tl.max(t, axis=0)), mask=col_ok, sem="relaxed")
         if COL_MODE == 3:
-            tl.atomic_max(col_amax_ptr + s_lo, _canonical_nan(tl.max(tl.max(t_rht, axis=1), axis=0)), sem="relaxed")
+            tl.atomic_max(col_amax_ptr + s_lo, _canonical_nan(finish16_bits(tl.max(tl.max(t_rht, axis=1), axis=0))),
+                          sem="relaxed")
         if COL_MODE == 4:
             tl.atomic_max(col_amax_ptr + s_lo * K + cols, _canonical_nan(tl.max(t_col, axis=0)), mask=col_ok, sem="relaxed")
     else:
@@ -167,8 +168,8 @@ def _grouped_amax_kernel(
                     tl.atomic_max(col_amax_ptr + s * K + cols, _canonical_nan(c), mask=col_ok, sem="relaxed")
             if COL_MODE == 3:
                 # 16-row groups never straddle splits here (splits are multiples of 16 for columnwise output)
-                y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
-                _fold_rows_per_split(col_amax_ptr, col_amax_ptr, _canonical_nan(tl.max(abs_bits(y), axis=1)), rows, split,
+                y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16, False)
+                _fold_rows_per_split(col_amax_ptr, col_amax_ptr, _canonical_nan(finish16_bits(tl.max(abs_bits(y), axis=1))), rows, split,
                                      row_ok, offsets_ptr, s_lo, s_hi, False, True)
             if pid_k == 0:
                 tl.store(group_split_ptr + rows // 16, split.to(tl.int32), mask=row_ok & (rows % 16 == 0))

@@ -20,7 +20,7 @@ import triton.language as tl
 
 
 from .common import ONE_SIXTH, abs_bits, global_scales, in_normal_range, load_rows, program_columns
-from .rht import rht_rows_fp32, rht_tile
+from .rht import finish16_bits, rht_rows_fp32, rht_tile
 
 # amax modes of the two outputs (see nvfp4lab.kernels.nvfp4_quantize.nvfp4_amax)
 AMAX_NONE, AMAX_TENSOR, AMAX_PER_TOKEN, AMAX_TENSOR_RHT, AMAX_PER_TOKEN_RHT = 0, 1, 2, 3, 4
@@ -85,8 +85,8 @@ def amax_kernel(
             r = tl.max(mag, axis=1)
             r = tl.where(r > 0x7F800000, 0x7FC00000, r)
             tl.atomic_max(row_amax_ptr + rows, r, mask=row_ok, sem="relaxed")
-        if COL_MODE == 3:
-            y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16)
+        if COL_MODE == 3:  # the raw sums, finished once after the reduction (finish16_bits)
+            y = rht_tile(xf, BLOCK_M, RHT_MASK, x_ptr.dtype.element_ty == tl.bfloat16, DOT_BF16, False)
             t_rht = tl.maximum(t_rht, abs_bits(y))
         if COL_MODE == 4:  # rows past M load 0 and transform to 0 (16-row groups lie within or past M)
             t_rht = tl.maximum(t_rht, abs_bits(rht_rows_fp32(xf, BLOCK_M, BLOCK_K, RHT_MASK)))
@@ -98,7 +98,7 @@ def amax_kernel(
         if COL_MODE == 1:
             tl.atomic_max(col_amax_ptr, tt, sem="relaxed")
     if COL_MODE == 3:
-        tr = tl.max(tl.max(t_rht, axis=1), axis=0)
+        tr = finish16_bits(tl.max(tl.max(t_rht, axis=1), axis=0))
         tl.atomic_max(col_amax_ptr, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")
     if COL_MODE == 2:
         c = tl.max(t, axis=0)

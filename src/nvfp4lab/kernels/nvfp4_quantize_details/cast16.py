@@ -187,16 +187,6 @@ def cast16_kernel(
 
     # ---------------------------------------------------- columnwise: the 16 rows are one block per column
     if COLWISE:
-        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (RHT recipes have 1x16 blocks); PR3045: fp32 RHT(x^T)
-            if PR3045 or x_ptr.dtype.element_ty == tl.bfloat16:
-                xf = rht16_cast16(xf, RHT_MASK, BLOCK_K, PR3045)
-            else:
-                xf = rht16_cast16(bf16_saturating(xf), RHT_MASK, BLOCK_K)
-            ab = abs_bits(xf)
-        if BLOCK_2D:
-            cbamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None], [KB, 16]), [BLOCK_K])
-        else:
-            cbamax = tl.max(ab, axis=0).to(tl.float32, bitcast=True)  # [BLOCK_K]
         if GROUPED:
             split = tl.load(group_split_ptr + g)
             start = tl.load(offsets_ptr + split)
@@ -216,6 +206,23 @@ def cast16_kernel(
                 pass  # the tables, below
             else:
                 couter = tl.zeros([1], tl.float32) + tl.load(col_amax_ptr)
+        if RHT:  # columnwise blocks of bf16(RHT(x^T)) (RHT recipes have 1x16 blocks); PR3045: fp32 RHT(x^T)
+            if PR3045:
+                xf = rht16_cast16(xf, RHT_MASK, BLOCK_K, True)
+            elif x_ptr.dtype.element_ty == tl.bfloat16:
+                # a normal-range outer amax (the post-RHT maximum) bounds every result: no saturation
+                if normal_range(couter):
+                    xf_rht = rht16_cast16(xf, RHT_MASK, BLOCK_K, False, False)
+                else:
+                    xf_rht = rht16_cast16(xf, RHT_MASK, BLOCK_K)
+                xf = xf_rht
+            else:
+                xf = rht16_cast16(bf16_saturating(xf), RHT_MASK, BLOCK_K)
+            ab = abs_bits(xf)
+        if BLOCK_2D:
+            cbamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None], [KB, 16]), [BLOCK_K])
+        else:
+            cbamax = tl.max(ab, axis=0).to(tl.float32, bitcast=True)  # [BLOCK_K]
         if SR:
             cbytes = pair_bytes_cols(seed, unit_base, unit_stride, pid_k, BLOCK_K)
         else:

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .._codecs import bf16_rne
+from .common import abs_bits
 
 BF16_MAX = tl.constexpr(3.3895313892515355e38)
 SCALED_ENTRY = tl.constexpr(0.015625)  # |T / 16| = 2^-6
@@ -43,8 +44,17 @@ def finish16(s):
 
 
 @triton.jit
-def rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.constexpr, DOT_BF16: tl.constexpr):
+def finish16_bits(abs_sum_bits):
+    """``finish16`` of a maximum |s| (int32 bits of a non-negative fp32 or NaN), as int32 bits: rounding
+    and saturation are monotone, so the amax passes reduce the raw sums first and finish once."""
+    return abs_bits(finish16(abs_sum_bits.to(tl.float32, bitcast=True)))
+
+
+@triton.jit
+def rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.constexpr, DOT_BF16: tl.constexpr,
+             FINISH: tl.constexpr = True):
     """bf16(v @ T) for every 16-row group v of each column of the tile (the RHT of x^T's rows), fp32 out.
+    FINISH=False: the sums s taken with T / 16 (``finish16`` not applied; see ``finish16_bits``).
 
     Done as D @ X with D = blockdiag(T^T): D[16g+j, 16g+i] = T[i, j] = s_i * H[i, j] / 4.
     """
@@ -64,7 +74,9 @@ def rht_tile(xf, BLOCK_M: tl.constexpr, RHT_MASK: tl.constexpr, IS_BF16: tl.cons
         y = tl.dot(d.to(tl.bfloat16), xb.to(tl.bfloat16), out_dtype=tl.float32)
     else:
         y = tl.dot(d, xb, out_dtype=tl.float32)
-    return finish16(y)
+    if FINISH:
+        y = finish16(y)
+    return y
 
 
 @triton.jit
@@ -103,7 +115,8 @@ def rht_rows_fp32(xf, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RHT_MASK: tl
 
 
 @triton.jit
-def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr = False):
+def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr = False,
+                 SATURATE: tl.constexpr = True):
     """bf16(v @ T) for the 16 rows v of each column of a ``cast16_kernel`` tile (fp32 values of bf16
     x; tile row i holds row 8 (i % 2) + i // 2), fp32 out: the RHT of x^T's rows, as ``rht_tile``.
 
@@ -113,6 +126,8 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
     column (one exchange). fp32 sums (with T / 16, then ``finish16``), rounded to bf16 once; the summation order differs from an MMA's,
     which only matters where a 16-term sum is inexact (spec: unspecified order).
     FP32 (PR 3045): signs +-1, no rounding to bf16, times 1/4 after the butterflies (module docstring).
+    SATURATE=False: bf16(16 s) without the saturation of ``finish16``, for tiles whose outer amax (the
+    post-RHT maximum) is in the normal range, where no result can pass bf16's range.
     """
     i = tl.arange(0, 16)
     if FP32:
@@ -137,4 +152,6 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
     y = tl.reshape(tl.permute(y, (2, 0, 1)), [16, BLOCK_K])
     if FP32:
         return y * 0.25
-    return finish16(y)
+    if SATURATE:
+        return finish16(y)
+    return bf16_rne(y * 16.0)
