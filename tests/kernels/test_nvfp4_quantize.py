@@ -746,6 +746,19 @@ def test_pertoken_tables_rowwise_any_m(monkeypatch):
     _check_pt_launches(casts, tables, provided_amax=False)
 
 
+def test_pertoken_long_vectors_take_the_tables_launch(monkeypatch):
+    """Past opt_flags.AMAX_TABLES_MAX_ENTRIES row + column amaxes, the tables come from pt_scales_kernel
+    (the amax pass writes plain amaxes): the same bits."""
+    from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
+
+    casts, (scale_tables, amax_launches) = _record_pt_launches(monkeypatch)
+    config = NVFP4QuantConfig(per_token=True, rowwise=True, columnwise=True)
+    x = normal_input((opt_flags.AMAX_TABLES_MAX_ENTRIES, 32), torch.bfloat16, seed=74)
+    assert_same(quantize(x, config), ref_nvfp4.quantize(x, config))
+    assert len(scale_tables) == len(casts) == 1
+    assert len(amax_launches) == 1 and amax_launches[0]["TABLE_E6"] == 0
+
+
 @pytest.mark.parametrize("special", [0.0, 1e-35, 1e35, float("inf"), float("nan")])
 def test_pertoken_tables_provided_amaxes(special, monkeypatch):
     # supplied amaxes (the amax pass does not run) with one row and one column set to a special value

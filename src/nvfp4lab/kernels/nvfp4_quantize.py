@@ -249,10 +249,12 @@ def quantize(
     if shared:
         col_mode = AMAX_NONE
     rht_mask = config.rht_sign_mask if config.rht else 0
-    # eager per-token casts whose amaxes are all computed here take the tables from the amax pass
+    # eager per-token casts whose amaxes are all computed here take small tables from the amax pass
+    m, k = x2d.shape
     tables = (not traced and config.per_token and config.numerics == "te_main"
               and (row_mode == AMAX_PER_TOKEN or not config.rowwise)
-              and (col_mode == AMAX_PER_TOKEN or not config.columnwise))
+              and (col_mode == AMAX_PER_TOKEN or not config.columnwise)
+              and opt_flags.amax_tables(m * config.rowwise + k * config.columnwise))
     if traced:
         row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps)
     else:

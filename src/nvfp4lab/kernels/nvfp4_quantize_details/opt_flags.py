@@ -79,6 +79,18 @@ def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, 
                 enable_fp_fusion=False)
 
 
+# Per-token tables written by the amax pass's last program (TABLE_E6) instead of a launch of
+# pt_scales_kernel: one program computes them serially, so only for small vectors, where the launch and
+# allocations it saves cost more than the tail it adds (benchmarks/RESULTS.md: at 8192 x 8192 the serial
+# tables cost more GPU time than the separate launch).
+AMAX_TABLES_MAX_ENTRIES = 2048
+
+
+def amax_tables(n_entries: int) -> bool:
+    """Whether the amax pass writes the per-token tables of ``n_entries`` row and column amaxes."""
+    return n_entries <= AMAX_TABLES_MAX_ENTRIES
+
+
 def amax_grid(m: int, k: int, meta: dict) -> tuple[int]:
     return (cdiv(m, meta["BLOCK_M"] * meta["STEPS_M"]) * cdiv(k, meta["BLOCK_K"]),)
 
