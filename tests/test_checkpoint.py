@@ -25,8 +25,8 @@ from nvfp4lab.modules.state import EXTRA_STATE_FORMAT, encode_extra_state
 from nvfp4lab.ref.gemm import block_dequantized
 
 safetensors = pytest.importorskip("safetensors")
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open  # noqa: E402  (after the importorskip)
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 RECIPES = {
     "te_default": NVFP4Recipe.te_default(),

@@ -248,7 +248,8 @@ def _inference_layer(name: str, record: dict, module: nn.Module, f, backend) -> 
     else:
         q = NVFP4Tensor(shape=torch.Size((n, k)), dtype=weight_dtype, config=config, rowwise_data=parts["weight_data"],
                         rowwise_scale=scale, rowwise_amax=parts["weight_amax"])
-    new = InferenceLinear.from_quantized(q, module.bias, recipe, backend=backend if backend is not None else getattr(module, "backend", None))
+    layer_backend = backend if backend is not None else getattr(module, "backend", None)
+    new = InferenceLinear.from_quantized(q, module.bias, recipe, backend=layer_backend)
     new.train(module.training)
     return new
 

@@ -273,7 +273,8 @@ def quantize_nvfp4_grouped_bulk(
     elif options:
         raise ValueError(f"pass either config= or individual options, not both (got {sorted(options)})")
     if config.scale_layout != "compact":
-        raise ValueError("scale_layout: the grouped bulk buffers hold compact scales; use quantize_nvfp4_grouped (per-split views) for padded/swizzled scales")
+        raise ValueError("scale_layout: the grouped bulk buffers hold compact scales; use quantize_nvfp4_grouped "
+                         "(per-split views) for padded/swizzled scales")
     if config.broadcast_2d:
         raise ValueError("config: PR 3045's 2D weight (numerics='te_pr3045', block='16x16') is a per-tensor cast; "
                          "quantize each weight alone with quantize_nvfp4 (TE's split_quantize rejects it too)")
@@ -288,7 +289,8 @@ def quantize_nvfp4_grouped_bulk(
     if _sections_on_host(split_sections) and (config.columnwise or config.block == "16x16"):
         bad = [int(s) for s in split_sections if int(s) % 16]
         if bad:
-            raise ValueError(f"split_sections must be multiples of 16 when a columnwise or 16x16 output is asked (16-row blocks), got {bad}")
+            raise ValueError(f"split_sections must be multiples of 16 when a columnwise or 16x16 output is asked "
+                             f"(16-row blocks), got {bad}")
     check_seed(seed)
     if seed is not None and generator is not None:
         raise ValueError("seed and generator: pass one of them, not both")
@@ -570,7 +572,8 @@ def nvfp4_grouped_gemm(
     if a.rowwise_amax.numel() not in (1, m):
         raise ValueError(f"a's rowwise_amax must have 1 or M = {m} elements, got {a.rowwise_amax.numel()}")
     if b.rowwise_amax.numel() not in (1, num_experts, num_experts * n):
-        raise ValueError(f"b's rowwise_amax must have 1, E = {num_experts} or E*N = {num_experts * n} elements, got {b.rowwise_amax.numel()}")
+        raise ValueError(f"b's rowwise_amax must have 1, E = {num_experts} or E*N = {num_experts * n} elements, "
+                         f"got {b.rowwise_amax.numel()}")
     if bias is not None:
         _check_tensor("bias", bias)
         if bias.shape not in ((n,), (num_experts, n)):

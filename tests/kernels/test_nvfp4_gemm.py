@@ -22,9 +22,23 @@ from nvfp4lab.kernels import nvfp4_gemm as G
 from nvfp4lab.kernels.nvfp4_gemm_details import dequant_mm, fused, opt_flags
 from nvfp4lab.tensors import NVFP4Tensor
 
-from .gemm_checks import (SCALES_1_2, SCALES_SUBNORMAL, assert_close, assert_equal, atol_bound, compact,
-                          decode_ref_f16, emulated_asm, exact_operand, gemm, per_expert_reference, poisoned, quant, run_ptx,
-                          skip_cpu_tier_without_interpreter)
+from .gemm_checks import (
+    SCALES_1_2,
+    SCALES_SUBNORMAL,
+    assert_close,
+    assert_equal,
+    atol_bound,
+    compact,
+    decode_ref_f16,
+    emulated_asm,
+    exact_operand,
+    gemm,
+    per_expert_reference,
+    poisoned,
+    quant,
+    run_ptx,
+    skip_cpu_tier_without_interpreter,
+)
 
 __all__ = ["emulated_asm"]  # a fixture
 

@@ -13,8 +13,21 @@ from nvfp4lab import ref
 from nvfp4lab.kernels import nvfp4_gemm as G
 from nvfp4lab.kernels.nvfp4_gemm_details import opt_flags, stream
 
-from .gemm_checks import (E2M1, SCALES_1_2, SCALES_SUBNORMAL, assert_close, assert_equal, atol_bound, emulated_asm,
-                          exact_operand, gemm, poisoned, quant, run_ptx, skip_cpu_tier_without_interpreter)
+from .gemm_checks import (
+    E2M1,
+    SCALES_1_2,
+    SCALES_SUBNORMAL,
+    assert_close,
+    assert_equal,
+    atol_bound,
+    emulated_asm,
+    exact_operand,
+    gemm,
+    poisoned,
+    quant,
+    run_ptx,
+    skip_cpu_tier_without_interpreter,
+)
 
 __all__ = ["emulated_asm"]  # a fixture
 

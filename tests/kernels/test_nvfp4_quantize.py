@@ -16,8 +16,6 @@ import triton.language as tl
 import nvfp4lab
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.conformance import default_folder, run_folder
-from nvfp4lab.ref import codecs
-from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode, to_f32
 from nvfp4lab.kernels.nvfp4_quantize_details import amax as amax_module
@@ -26,8 +24,11 @@ from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_s
 from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
 from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import dequant_4over6_fast, seq_sum16, tree_sum16
 from nvfp4lab.kernels.nvfp4_quantize_details.stochastic_rounding import sr_e2m1
+from nvfp4lab.ref import codecs
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import forbid_launches, host_sr_bytes as _host_sr_bytes, record_launches
+from .kernel_checks import forbid_launches, record_launches
+from .kernel_checks import host_sr_bytes as _host_sr_bytes
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -99,7 +100,8 @@ CONFIGS = {
 for _block in ("1x16", "16x16"):
     for _mode in ("mae", "mse"):
         for _e in (448, 256):
-            CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True, columnwise=True)
+            CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True,
+                                                                 columnwise=True)
 
 # (shape, dtype, explicit tile): 16x16 and 48x80 are smaller than / not multiples of the default
 # tiles; the 16x32 tile (every kernel; cast16_kernel takes BLOCK_K 32) makes 48x80 span 3x3 programs
@@ -1077,7 +1079,8 @@ def test_gpu_cuda_graph_sr_draws_fresh_bits():
     assert not torch.equal(first[0], out.rowwise_data)
     assert not torch.equal(first[1], out.columnwise_data)
     rn = ref_nvfp4.quantize(x, _rn_config(kwargs))
-    assert torch.equal(out.rowwise_scale, rn.rowwise_scale) and torch.equal(out.columnwise_amax.view(torch.int32), rn.columnwise_amax.view(torch.int32))
+    assert torch.equal(out.rowwise_scale, rn.rowwise_scale)
+    assert torch.equal(out.columnwise_amax.view(torch.int32), rn.columnwise_amax.view(torch.int32))
 
 
 @gpu

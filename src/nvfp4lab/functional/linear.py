@@ -27,7 +27,8 @@ products are exact, only the summation order differs from a tensor-core MXFP8 GE
 
 Dtypes: the compute dtype is ``torch.get_autocast_dtype`` when autocast is on for x's device, else
 x's dtype. x and dy are cast to it before quantization (W is quantized from its own dtype); y has
-it; dx has x's dtype, dW W's dtype, db the bias dtype (bias grad summed in fp32). Autocast is turned off inside the Functions (the GEMMs choose their own dtypes).
+it; dx has x's dtype, dW W's dtype, db the bias dtype (bias grad summed in fp32). Autocast is turned off inside
+the Functions (the GEMMs choose their own dtypes).
 """
 from __future__ import annotations
 
@@ -535,7 +536,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         if ctx.grouped:
             with _no_autocast(dy.device):
-                dx, dws, dbs = _grouped_backward(dy.reshape(ctx.in_shape[:-1].numel(), metas["n"]), saved, metas, ctx.recipe, ctx.cdtype, ctx.backend)
+                dy2 = dy.reshape(ctx.in_shape[:-1].numel(), metas["n"])
+                dx, dws, dbs = _grouped_backward(dy2, saved, metas, ctx.recipe, ctx.cdtype, ctx.backend)
             dx = dx.reshape(ctx.in_shape) if dx is not None else None
             return (dx, *_NO_GRADS, *dws, *dbs)
         dy2 = dy.reshape(ctx.in_shape[:-1].numel(), metas[0]["n"])
@@ -543,7 +545,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
         offset = 0
         with _no_autocast(dy.device):
             for i, meta in enumerate(metas):
-                dx, dw, db = _backward_gemm(dy2[offset:offset + meta["m"]], saved[6 * i:6 * i + 6], meta, ctx.recipe, ctx.cdtype, ctx.backend)
+                dx, dw, db = _backward_gemm(dy2[offset:offset + meta["m"]], saved[6 * i:6 * i + 6], meta, ctx.recipe,
+                                            ctx.cdtype, ctx.backend)
                 dxs.append(dx)
                 dws.append(dw)
                 dbs.append(db)

@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-
 from . import _codecs
 
 

@@ -58,7 +58,6 @@ import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
 from ..rht import DTYPE_MAX, inverse_rht, saturate_finite
-from .launch import Launch, aligned
 from .decode_common import (
     cast_to_out,
     check_tile,
@@ -67,7 +66,7 @@ from .decode_common import (
     rcp_f32,
     soft_bf16_cast,
 )
-from .launch import custom_op
+from .launch import Launch, aligned, custom_op
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31

@@ -27,13 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..layout import cdiv
-from .launch import launch
-
 from ..config import NVFP4QuantConfig
+from ..layout import cdiv
 from ..tensors import GroupedNVFP4Tensor
 from ._codecs import soft_bf16_loads
-from .launch import custom_op
+from .launch import custom_op, launch
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
-
+from ..rht import DTYPE_MAX
 from . import _codecs
 from .decode_common import (
     cast_to_out,
@@ -59,7 +59,6 @@ from .decode_common import (
     rcp_f32,
     soft_bf16_cast,
 )
-from ..rht import DTYPE_MAX
 from .launch import custom_op, interpreting, launch
 from .swizzle import swizzle_offset
 

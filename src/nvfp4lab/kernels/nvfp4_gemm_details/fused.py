@@ -36,9 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...layout import roundup, cdiv, next_power_of_2
+from ...layout import cdiv, next_power_of_2, roundup
 from ..launch import Launch, aligned
-
 from . import opt_flags
 from .common import e4m3_to_f32, epilogue, scale_offsets
 

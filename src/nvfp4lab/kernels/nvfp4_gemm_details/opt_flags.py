@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from ..launch import interpreting
 from ...layout import cdiv
+from ..launch import interpreting
 
 
 @dataclass(frozen=True)

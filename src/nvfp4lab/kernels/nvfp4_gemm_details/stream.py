@@ -22,9 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...layout import roundup, cdiv
+from ...layout import cdiv, roundup
 from ..launch import launch
-
 from . import opt_flags
 from .common import e4m3_to_f32, epilogue, words
 

@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-
 from .common import ONE_SIXTH, abs_bits, global_scales, in_normal_range, load_rows, program_columns
 from .rht import finish16_bits, rht_rows_fp32, rht_tile
 

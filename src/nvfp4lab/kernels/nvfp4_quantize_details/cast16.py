@@ -13,11 +13,21 @@ floored amax and enc = S_enc / s (0 for a zero scale), and its fp32 RHT.
 import triton
 import triton.language as tl
 
-
-from .._codecs import (e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast,
-                       to_f32)
-from .common import (FLT_MAX, ONE_SIXTH, abs_bits, clamp_flt_max, encode_factor, encode_factor_pr3045,
-                     global_encode_pr3045, global_scales, normal_range, pack_codes, scale_offsets, split_of)
+from .._codecs import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
+from .common import (
+    FLT_MAX,
+    ONE_SIXTH,
+    abs_bits,
+    clamp_flt_max,
+    encode_factor,
+    encode_factor_pr3045,
+    global_encode_pr3045,
+    global_scales,
+    normal_range,
+    pack_codes,
+    scale_offsets,
+    split_of,
+)
 from .pt_scales import pt_table_load
 from .rht import bf16_saturating, rht16_cast16
 from .stochastic_rounding import pair_bytes_cols, pair_bytes_rows, sr_e2m1, sr_seed

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .._codecs import to_f32
+from ..swizzle import swizzle_offset
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 PR3045_AMAX_FLOOR = tl.constexpr(float(np.float32(1e-12)))  # fl(1e-12): PR 3045 floors amax in S_enc
@@ -131,7 +132,7 @@ def scale_offsets(i, j, ncols, LAYOUT: tl.constexpr):
         if LAYOUT == 1:
             off = i * cols_p + j
         else:
-            off = ((i // 128) * (cols_p // 4) + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+            off = swizzle_offset(i, j, cols_p // 4)
     return off
 
 

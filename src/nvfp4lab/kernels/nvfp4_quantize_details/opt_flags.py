@@ -10,11 +10,8 @@ smaller per-thread footprints win for every kernel that produces columnwise bloc
 """
 from __future__ import annotations
 
-
-
-from ..launch import interpreting
 from ...layout import cdiv, next_power_of_2
-
+from ..launch import interpreting
 from .amax import AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AMAX_TENSOR_RHT
 
 # (BLOCK_M, BLOCK_K, num_warps) of the amax passes: per tensor, with a per-token output, post-RHT

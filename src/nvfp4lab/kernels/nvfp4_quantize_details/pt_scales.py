@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
-
 from .common import ONE_SIXTH, global_encode_pr3045, global_scales, in_normal_range, pr3045_floor
 
 
