@@ -315,11 +315,9 @@ def all_gather_bytes_check(name, rows) -> tuple:
     return fp4 * 32 == bf16 * 9 and fp4 > 0, f"{fp4} B vs {bf16} B ({base_name}): {fp4 / bf16:.5f} (want 9/32 = 0.28125)"
 
 
-def table(rows, sz) -> str:
+def _cells(rows):
+    """(name, step ms, vs torch, all-gather MiB, vs torch, peak GiB) of every configuration that ran."""
     base = rows.get("torch_bf16")
-    head = f"{'config':<20} {'step ms':>9} {'vs torch':>9} {'AG MiB/step':>12} {'vs torch':>9} {'peak GiB':>9}"
-    lines = [f"FSDP2, 2 ranks: {sz['layers']} x Linear({sz['dim']}, {sz['dim']}), {sz['tokens']} tokens/rank, "
-             "bf16 params in compute", head, "-" * len(head)]
     for name in CONFIGS:
         r = rows.get(name)
         if r is None:
@@ -327,24 +325,24 @@ def table(rows, sz) -> str:
         t_ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else "-"
         b_ratio = f"{r['all_gather_bytes'] / base['all_gather_bytes']:.3f}x" if base else "-"
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}"
-        lines.append(f"{name:<20} {r['step_ms']:>9.2f} {t_ratio:>9} {r['all_gather_bytes'] / 2**20:>12.1f} {b_ratio:>9} {peak:>9}")
+        yield name, f"{r['step_ms']:.2f}", t_ratio, f"{r['all_gather_bytes'] / 2**20:.1f}", b_ratio, peak
+
+
+def table(rows, sz) -> str:
+    head = f"{'config':<20} {'step ms':>9} {'vs torch':>9} {'AG MiB/step':>12} {'vs torch':>9} {'peak GiB':>9}"
+    lines = [f"FSDP2, 2 ranks: {sz['layers']} x Linear({sz['dim']}, {sz['dim']}), {sz['tokens']} tokens/rank, "
+             "bf16 params in compute", head, "-" * len(head)]
+    for name, step, t_ratio, mib, b_ratio, peak in _cells(rows):
+        lines.append(f"{name:<20} {step:>9} {t_ratio:>9} {mib:>12} {b_ratio:>9} {peak:>9}")
     return "\n".join(lines)
 
 
 def markdown(rows, sz, env) -> str:
     """The table as RESULTS.md keeps it."""
-    base = rows.get("torch_bf16")
     lines = [f"FSDP2 on 2 x {env['device']} (`benchmarks/fsdp.py`, torch {env['torch']}), {sz['layers']} x Linear({sz['dim']}, "
              f"{sz['dim']}), {sz['tokens']} tokens per rank, {'gloo' if env['nccl'] is None else 'NCCL ' + env['nccl']}", "",
              "| config | step ms | vs torch | all-gather MiB / step | vs torch | peak GiB |", "|---|---|---|---|---|---|"]
-    for name in CONFIGS:
-        r = rows.get(name)
-        if r is None:
-            continue
-        t_ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else "-"
-        b_ratio = f"{r['all_gather_bytes'] / base['all_gather_bytes']:.3f}x" if base else "-"
-        peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}"
-        lines.append(f"| {name} | {r['step_ms']:.2f} | {t_ratio} | {r['all_gather_bytes'] / 2**20:.1f} | {b_ratio} | {peak} |")
+    lines += ["| " + " | ".join(cells) + " |" for cells in _cells(rows)]
     return "\n".join(lines)
 
 
