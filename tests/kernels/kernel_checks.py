@@ -95,3 +95,15 @@ def host_sr_bytes(seed: int, rows: int, cols: int, stream: int) -> torch.Tensor:
     words = host_philox(seed, counter.ravel(), stream)
     w = words[np.arange(counter.size), (byte.ravel() // 4)]
     return torch.from_numpy(((w >> (8 * (byte.ravel() % 4)).astype(np.uint32)) & 0xFF).astype(np.int32).reshape(rows, cols))
+
+
+# Quantize test shapes: (shape, dtype, explicit tile). 16x16 and 48x80 are smaller than / not multiples of
+# the default tiles; the 16x32 tile (every kernel; cast16_kernel takes BLOCK_K 32) makes 48x80 span 3x3
+# programs with a partial last K tile.
+TILE_16X32 = dict(block_m=16, block_k=32, num_warps=4)
+QUANTIZE_CASES = {
+    "16x16-bf16": ((16, 16), torch.bfloat16, {}),
+    "48x80-bf16": ((48, 80), torch.bfloat16, {}),
+    "32x64-fp16": ((32, 64), torch.float16, {}),
+    "48x80-fp32": ((48, 80), torch.float32, {}),
+}

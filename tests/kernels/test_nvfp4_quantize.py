@@ -27,7 +27,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details.stochastic_rounding import sr_e2m1
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import forbid_launches, record_launches
+from .kernel_checks import QUANTIZE_CASES, TILE_16X32, forbid_launches, record_launches
 from .kernel_checks import host_sr_bytes as _host_sr_bytes
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
@@ -103,17 +103,7 @@ for _block in ("1x16", "16x16"):
             CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True,
                                                                  columnwise=True)
 
-# (shape, dtype, explicit tile): 16x16 and 48x80 are smaller than / not multiples of the default
-# tiles; the 16x32 tile (every kernel; cast16_kernel takes BLOCK_K 32) makes 48x80 span 3x3 programs
-# with a partial last K tile.
-TILE_16X32 = dict(block_m=16, block_k=32, num_warps=4)
-CASES = {
-    "16x16-bf16": ((16, 16), torch.bfloat16, {}),
-    "48x80-bf16": ((48, 80), torch.bfloat16, {}),
-    "32x64-fp16": ((32, 64), torch.float16, {}),
-    "48x80-fp32": ((48, 80), torch.float32, {}),
-    "48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, TILE_16X32),
-}
+CASES = dict(QUANTIZE_CASES, **{"48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, TILE_16X32)})
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -28,7 +28,7 @@ from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.rht import apply_rht_fp32
 
 from .gemm_checks import assert_equal, exact_operand, gemm, per_expert_reference, poisoned, skip_cpu_tier_without_interpreter
-from .kernel_checks import assert_conformance, host_sr_bytes
+from .kernel_checks import QUANTIZE_CASES, TILE_16X32, assert_conformance, host_sr_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's x/0 warns
 
@@ -86,14 +86,7 @@ CONFIGS = {
     "2d-rowcol": dict(block="16x16", rowwise=True, columnwise=True),
     "rowcol-swizzled": dict(rowwise=True, columnwise=True, scale_layout="swizzled"),
 }
-TILE_16X32 = dict(block_m=16, block_k=32, num_warps=4)
-CASES = {
-    "16x16-bf16": ((16, 16), torch.bfloat16, {}),
-    "48x80-bf16": ((48, 80), torch.bfloat16, {}),
-    "32x64-fp16": ((32, 64), torch.float16, {}),
-    "48x80-fp32": ((48, 80), torch.float32, {}),
-    "48x80-fp32-tiles16x32": ((48, 80), torch.float32, TILE_16X32),
-}
+CASES = dict(QUANTIZE_CASES, **{"48x80-fp32-tiles16x32": ((48, 80), torch.float32, TILE_16X32)})
 
 
 @pytest.mark.parametrize("case", list(CASES))
