@@ -4,6 +4,7 @@ ModelOpt NVFP4 export, on the lab's MiniLM (all-MiniLM-L6-v2, cut to 2 encoder l
 reference backend fast) and on small models for the error paths.
 """
 import copy
+import dataclasses
 import io
 import json
 
@@ -262,7 +263,7 @@ def test_save_load_round_trip_is_bit_identical(minilm, tmp_path, name):
         meta = f.metadata()
         keys = set(f.keys())
     assert meta["format"] == checkpoint.FORMAT and meta["nvfp4lab_version"] == nvfp4lab.__version__
-    assert json.loads(meta["recipe"]) == {"type": type(recipe).__name__, "fields": vars(recipe)}
+    assert json.loads(meta["recipe"]) == {"type": type(recipe).__name__, "fields": dataclasses.asdict(recipe)}
     assert "encoder.layer.0.attention.self.query.weight_data" in keys
     assert "encoder.layer.0.attention.self.query.weight" not in keys and "embeddings.word_embeddings.weight" in keys
     fresh = _scramble_(copy.deepcopy(minilm[0]))  # plain nn.Linear layers, every parameter different

@@ -6,6 +6,10 @@ benchmark (benchmarks/host.py measures).
     python tools/host_profile.py moe 8192 7168 2048
     python tools/host_profile.py quantize                  # row+col RHT+SR on 128 x 256
     python tools/host_profile.py --sync linear 4096 2048 2048   # where a step waits for the GPU
+    python tools/host_profile.py --torch linear 4096 2048 2048  # torch.profiler: eager and compiled step
+
+``--torch`` prints torch.profiler tables (self CPU time and CUDA time per op / kernel, call counts) of
+the eager step and of the ``torch.compile``d module's step.
 
 ``--sync`` runs one call under ``torch.cuda.set_sync_debug_mode("warn")`` and prints the stack of every
 host synchronization instead of profiling.
@@ -30,8 +34,32 @@ def _step(kind: str, tokens: int, k: int, n: int):
     return step_of(module, x, dy, splits)
 
 
+def _torch_profile(kind: str, tokens: int, k: int, n: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    module, x, dy, splits = build(kind, tokens, k, n, True, torch.device("cuda"))
+    for label, forward in (("eager", module), ("compile", torch.compile(module))):
+        fn = step_of(module, x, dy, splits, forward)
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+        table = prof.key_averages()
+        print(f"== {label} step, {kind} {tokens} x {k} -> {n}: 10 steps, by self CPU time")
+        print(table.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+        print(f"== {label}: by CUDA time")
+        print(table.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
+
+
 def main(argv: list[str]) -> None:
     sync = "--sync" in argv
+    if "--torch" in argv:
+        rest = [a for a in argv if a != "--torch"]
+        _torch_profile(rest[0], *(int(v) for v in rest[1:4]))
+        return
     argv = [a for a in argv if a != "--sync"]
     kind = argv[0] if argv else "linear"
     if kind == "quantize":

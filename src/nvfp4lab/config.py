@@ -25,6 +25,18 @@ E4M3_MAXES = (448.0, 256.0)
 NUMERICS = ("te_main", "te_pr3045")
 
 
+def hash_once(obj) -> None:
+    """Store the hash of a frozen dataclass's fields on it (end of ``__post_init__``): configs and
+    recipes key the launch-plan caches that every eager call looks up, so they are hashed once, not
+    per lookup. Pair with ``__hash__ = stored_hash``."""
+    object.__setattr__(obj, "_hash", hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))))
+
+
+def stored_hash(obj) -> int:
+    """The hash :func:`hash_once` stored."""
+    return obj._hash
+
+
 def _check_bools(config, names) -> None:
     """Each named field of ``config`` is a bool (1, "yes" or a numpy bool would be stored as given)."""
     for name in names:
@@ -113,6 +125,9 @@ class NVFP4QuantConfig:
                 raise ValueError(f"incompatible options {names}: {why}")
         if not self.rht:
             object.__setattr__(self, "rht_sign_mask", 0)
+        hash_once(self)
+
+    __hash__ = stored_hash
 
     @property
     def block_rows(self) -> int:
@@ -150,6 +165,9 @@ class MXFP8QuantConfig:
             raise ValueError(f"fp8_format must be one of {FP8_FORMATS}, got {self.fp8_format!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+        hash_once(self)
+
+    __hash__ = stored_hash
 
 
 @functools.lru_cache(maxsize=256)

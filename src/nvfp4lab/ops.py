@@ -47,9 +47,20 @@ def triton_available() -> bool:
     return _TRITON_ERROR is None
 
 
+_ENV = getattr(os.environ, "_data", None)  # the environment's encoded mapping: one dict lookup per call
+_ENV_KEY = os.environ.encodekey("NVFP4LAB_BACKEND") if _ENV is not None else None
+
+
+def _env_backend() -> Optional[str]:
+    if _ENV is None:  # pragma: no cover - an os.environ without its mapping
+        return os.environ.get("NVFP4LAB_BACKEND") or None
+    value = _ENV.get(_ENV_KEY)
+    return os.environ.decodevalue(value) or None if value is not None else None
+
+
 def resolve_backend(backend: Optional[str], device: torch.device) -> str:
     if backend is None:
-        backend = os.environ.get("NVFP4LAB_BACKEND") or None
+        backend = _env_backend()
     if backend is None:
         return "triton" if device.type == "cuda" and triton_available() else "ref"
     if backend not in BACKENDS:
@@ -110,11 +121,12 @@ _CONFIGS: dict = {}
 _OPTION_DEFAULTS = dict(block="1x16", rowwise=True, columnwise=False, per_token=False, rht=False, rht_sign_mask=0xD7E8,
                         four_over_six=None, e4m3_max=None, stochastic_rounding=False, scale_layout="compact")
 _DEFAULT_VALUES = tuple(_OPTION_DEFAULTS.values())
+_DEFAULT_TYPES = tuple(map(type, _DEFAULT_VALUES))
 
 
 def _check_no_options(values: tuple) -> None:
     """With config= the option arguments must keep their defaults (they would be ignored)."""
-    if values != _DEFAULT_VALUES or any(type(v) is not type(d) for v, d in zip(values, _DEFAULT_VALUES)):
+    if values != _DEFAULT_VALUES or tuple(map(type, values)) != _DEFAULT_TYPES:
         given = [f"{name}={v!r}" for (name, d), v in zip(_OPTION_DEFAULTS.items(), values) if v != d or type(v) is not type(d)]
         raise ValueError(f"pass either config= or individual options, not both: config= replaces {', '.join(given)}")
 

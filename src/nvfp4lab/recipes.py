@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
 from . import te_recipes
-from .config import NUMERICS, SCALE_LAYOUTS, MXFP8QuantConfig, NVFP4QuantConfig
+from .config import NUMERICS, SCALE_LAYOUTS, MXFP8QuantConfig, NVFP4QuantConfig, hash_once, stored_hash
 from .rht import DEFAULT_RHT_SIGN_MASK
 from .te_recipes import TE_RECIPE_TYPES, env_backward_override, env_flag
 
@@ -171,6 +171,9 @@ class NVFP4Recipe:
                 self.tensor_config(tensor, rowwise=True, columnwise=True)
             except ValueError as err:
                 raise ValueError(f"recipe gives the {tensor!r} tensor an invalid config: {err}") from None
+        hash_once(self)
+
+    __hash__ = stored_hash
 
     # ------------------------------------------------------------------------------- presets
     @classmethod
@@ -363,6 +366,9 @@ class MXFP8Recipe:
             raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+        hash_once(self)
+
+    __hash__ = stored_hash
 
     @classmethod
     def te_default(cls, **overrides) -> "MXFP8Recipe":

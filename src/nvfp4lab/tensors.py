@@ -117,7 +117,10 @@ class NVFP4Tensor(_DeviceMoves):
 
     @property
     def m(self) -> int:
-        return int(torch.Size(self.shape[:-1]).numel()) if len(self.shape) > 1 else 1
+        shape = self.shape
+        if len(shape) == 2:
+            return int(shape[0])
+        return int(torch.Size(shape[:-1]).numel()) if len(shape) > 1 else 1
 
     @property
     def k(self) -> int:

@@ -526,8 +526,9 @@ for decode, rows in ((1, (opt_flags.HOPPER[0], opt_flags.HOPPER[-1])), (0, (opt_
         pointers["b_ptr"] = "*u8"
         print("ok", decode, cfg)
 fn_x = fused.expand_kernel
-ptr_x = {"b_ptr": "*u8", "b_scale_ptr": "*u8", "out_ptr": "*fp16"}
-cx = dict(B_SWIZZLED=True, DECODE=1, BLOCK_R=64, BLOCK_K=64)
+ptr_x = {"a_ptr": "*u8", "a_scale_ptr": "*u8", "a_out_ptr": "*fp16", "b_ptr": "*u8", "b_scale_ptr": "*u8",
+         "b_out_ptr": "*fp16"}
+cx = dict(A_SWIZZLED=False, B_SWIZZLED=True, DECODE=1, BLOCK_R=64, BLOCK_K=64)
 sig = {name: ptr_x.get(name, "constexpr" if name in cx else "i32") for name in fn_x.arg_names}
 src = triton.compiler.ASTSource(fn=fn_x, signature=sig, attrs={(fn_x.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_x},
                                 constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})

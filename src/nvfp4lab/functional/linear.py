@@ -581,7 +581,7 @@ def _check_quantized_weight(name: str, qw, weight, recipe) -> None:
         raise TypeError(f"{name} must be an {expected.__name__} (from quantize_weight) or None, got {type(qw).__name__}")
     if tuple(qw.shape) != tuple(weight.shape) or qw.rowwise_data is None:
         raise ValueError(f"{name} must hold a rowwise copy of a weight of shape {tuple(weight.shape)}, got shape {tuple(qw.shape)}")
-    if qw.config != recipe.tensor_config("weight", rowwise=True, columnwise=qw.config.columnwise):
+    if qw.config != _tensor_config(recipe, "weight", True, qw.config.columnwise):
         raise ValueError(f"{name} was quantized with {qw.config}, not with this recipe's weight config")
 
 

@@ -50,7 +50,7 @@ from ..config import NVFP4QuantConfig
 from ..ref.nvfp4 import broadcast_amax
 from ..tensors import NVFP4Tensor
 from ._codecs import soft_bf16_loads
-from .launch import Launch, aligned, custom_op, tracing
+from .launch import Launch, aligned, arg_key, custom_op, tracing
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.amax import (
     AMAX_NONE,
@@ -60,12 +60,15 @@ from .nvfp4_quantize_details.amax import (
     AMAX_TENSOR_RHT,
     amax_kernel,
     launch_amax,
+    scratch_buffer,
 )
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
     cast_shapes,
+    cast_steps,
     draw_seed,
     launch_cast,
+    run_cast,
     scale_buffer,
     uninitialized,
 )
@@ -215,6 +218,129 @@ def amax_modes(config: NVFP4QuantConfig, amax, columnwise_amax) -> tuple[int, in
     return row_mode, col_mode
 
 
+class _EagerPlan:
+    """What the config, shape, dtype and device of an eager (untraced) quantize fix: which amaxes the
+    amax pass computes and its launch, the outputs' shapes, and the cast's launches (per SR seed
+    kind), built once per key by :func:`_eager_plan` so that a call only allocates and launches."""
+
+    __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
+                 "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
+                 "empty")
+
+    def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
+                 col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool):
+        row_mode, col_mode = amax_modes(config, True if amax_given else None, True if col_amax_given else None)
+        self.shared = row_mode == col_mode == AMAX_TENSOR
+        if self.shared:
+            col_mode = AMAX_NONE
+        self.tables = (config.per_token and config.numerics == "te_main"
+                       and (row_mode == AMAX_PER_TOKEN or not config.rowwise)
+                       and (col_mode == AMAX_PER_TOKEN or not config.columnwise)
+                       and opt_flags.amax_tables(m * config.rowwise + k * config.columnwise))
+        row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
+        lead = (3,) if self.tables else ()
+        self.row_amax_shape = lead + (row_size,) if row_mode != AMAX_NONE else None
+        self.col_amax_shape = lead + (col_size,) if col_mode != AMAX_NONE else None
+        self.n_row = row_size if row_mode != AMAX_NONE else 0
+        self.n_col = col_size if col_mode != AMAX_NONE else 0
+        self.empty = m * k == 0
+        self.amax_launch = None
+        if not self.empty and self.n_row + self.n_col:
+            self.amax_launch = _amax_launch(m, k, row_mode, col_mode, config.rht_sign_mask if config.rht else 0,
+                                            6.0 * config.e4m3_max if self.tables else 0.0, block_m, block_k,
+                                            num_warps, (device, dtype, x_aligned))
+        self.config, self.m, self.k = config, m, k
+        self.rowwise, self.columnwise = config.rowwise, config.columnwise
+        self.args = (config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
+                     config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
+                     config.e4m3_max, config.stochastic_rounding, config.scale_layout)
+        self.pr3045 = config.numerics == "te_pr3045"
+        shapes = cast_shapes(m, k, config.rowwise, config.columnwise, config.scale_layout)
+        self.out_shapes = [shape if present else None for shape, present in
+                           zip(shapes, (config.rowwise,) * 2 + (config.columnwise,) * 2)]
+        # scale buffers with padding are zero-filled (scale_buffer's rule)
+        self.zero_scales = (shapes[1] != (m, k // 16), shapes[3] != (k, m // 16))
+        self.poison = poison
+        self.steps = {}
+
+    def _steps(self, x, seed_tensor, seed, block_m, block_k, num_warps):
+        key = (seed_tensor is not None, arg_key(seed))
+        steps = self.steps.get(key)
+        if steps is None:
+            steps = self.steps[key] = cast_steps(x, seed_tensor, seed, *self.args, block_m=block_m, block_k=block_k,
+                                                 num_warps=num_warps, pr3045=self.pr3045)
+        return steps
+
+    def __call__(self, x, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps) -> NVFP4Tensor:
+        dev = x.device
+        make = torch.zeros if self.empty else torch.empty  # the amax of nothing is 0
+        row_computed = col_computed = None
+        if self.row_amax_shape is not None:
+            row_computed = make(self.row_amax_shape, dtype=torch.float32, device=dev)
+        if self.col_amax_shape is not None:
+            col_computed = make(self.col_amax_shape, dtype=torch.float32, device=dev)
+        if self.amax_launch is not None:
+            n_row, n_col = self.n_row, self.n_col
+            self.amax_launch(x, scratch_buffer(dev, 1 + n_row + n_col), row_computed if n_row else col_computed,
+                             col_computed if n_col else row_computed, self.m, self.k, n_row, n_col)
+        if self.shared:
+            col_computed = row_computed
+        row_amax = col_amax = None
+        if self.rowwise:
+            row_amax = amax.clone() if amax is not None else row_computed
+        if self.columnwise:
+            if columnwise_amax is not None:
+                col_amax = columnwise_amax.clone()
+            elif col_computed is None:  # the supplied per-tensor amax serves both outputs
+                col_amax = amax.clone()
+            else:
+                col_amax = col_computed
+        seed_tensor, seed_int = None, 0
+        if self.config.stochastic_rounding:
+            if seed is not None:
+                seed_int = int(seed) % (1 << 63)
+            else:
+                seed_tensor, seed_int = draw_seed(x, generator, False)
+        poison = self.poison
+        outputs = []
+        for i, shape in enumerate(self.out_shapes):
+            if shape is None:
+                outputs.append(None)
+            elif i & 1 and self.zero_scales[i >> 1]:
+                outputs.append(torch.zeros(shape, dtype=torch.uint8, device=dev))
+            else:
+                outputs.append(uninitialized(shape, dev, poison))
+        if not self.empty:
+            run_cast(self._steps(x, seed_tensor, seed_int, block_m, block_k, num_warps), x, outputs, row_amax,
+                     col_amax, seed_tensor, seed_int, tables=self.tables)
+        if self.tables:  # the amaxes are the tables' first rows
+            row_amax = row_amax[0] if row_amax is not None else None
+            col_amax = col_amax[0] if col_amax is not None else None
+        row_data, row_scale, col_data, col_scale = outputs
+        return NVFP4Tensor.from_parts(
+            x.shape, x.dtype, self.config,
+            rowwise=(row_data, row_scale, row_amax) if self.rowwise else None,
+            columnwise=(col_data, col_scale, col_amax) if self.columnwise else None,
+        )
+
+
+_EAGER_PLANS: dict = {}
+
+
+def _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison) -> _EagerPlan:
+    m, k = x.shape
+    x_aligned = aligned(x)
+    key = (config, m, k, x.dtype, x.device, x_aligned, amax is None, columnwise_amax is None, block_m, block_k,
+           num_warps, poison)
+    plan = _EAGER_PLANS.get(key)
+    if plan is None:
+        if len(_EAGER_PLANS) >= 4096:
+            _EAGER_PLANS.clear()
+        plan = _EAGER_PLANS[key] = _EagerPlan(config, m, k, x.dtype, x.device, x_aligned, amax is not None,
+                                              columnwise_amax is not None, block_m, block_k, num_warps, poison)
+    return plan
+
+
 def quantize(
     x2d: torch.Tensor,
     config: NVFP4QuantConfig,
@@ -237,29 +363,21 @@ def quantize(
     poison: fill the outputs with 0xFF before the kernels write them (tests).
 
     Traced calls (torch.compile, fake tensors) go through the custom ops; eager calls run the same
-    launchers directly.
+    launchers directly, through a plan cached per config, shape and argument kinds (:class:`_EagerPlan`).
     """
     if config.broadcast_2d:  # PR 3045's 2D weight: TE main's per-tensor 16x16 cast, amax into the vectors
         inner = quantize(x2d, config.per_tensor_2d(), amax=amax, columnwise_amax=columnwise_amax, seed=seed,
                          generator=generator, block_m=block_m, block_k=block_k, num_warps=num_warps, poison=poison)
         return broadcast_amax(inner, config)
-    traced = tracing(x2d)
+    if not tracing(x2d):
+        plan = _eager_plan(config, x2d, amax, columnwise_amax, block_m, block_k, num_warps, poison)
+        return plan(x2d, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps)
     row_mode, col_mode = amax_modes(config, amax, columnwise_amax)
     shared = row_mode == col_mode == AMAX_TENSOR  # one per-tensor amax serves both copies
     if shared:
         col_mode = AMAX_NONE
     rht_mask = config.rht_sign_mask if config.rht else 0
-    # eager per-token casts whose amaxes are all computed here take small tables from the amax pass
-    m, k = x2d.shape
-    tables = (not traced and config.per_token and config.numerics == "te_main"
-              and (row_mode == AMAX_PER_TOKEN or not config.rowwise)
-              and (col_mode == AMAX_PER_TOKEN or not config.columnwise)
-              and opt_flags.amax_tables(m * config.rowwise + k * config.columnwise))
-    if traced:
-        row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps)
-    else:
-        row_computed, col_computed = compute_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps,
-                                                  6.0 * config.e4m3_max if tables else 0.0)
+    row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps)
     if shared:
         col_computed = row_computed
 
@@ -279,18 +397,12 @@ def quantize(
         if seed is not None:
             seed_int = int(seed) % (1 << 63)
         else:
-            seed_tensor, seed_int = draw_seed(x2d, generator, traced)
-    args = (x2d, row_amax, col_amax, seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16",
-            config.per_token, config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
-            config.e4m3_max, config.stochastic_rounding, config.scale_layout, block_m, block_k, num_warps, poison)
-    pr3045 = config.numerics == "te_pr3045"
-    if traced:
-        row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(*args, pr3045=pr3045)
-    else:
-        row_data, row_scale, col_data, col_scale = cast_outputs(*args, tables=tables, pr3045=pr3045)
-        if tables:  # the amaxes are the tables' first rows
-            row_amax = row_amax[0] if row_amax is not None else None
-            col_amax = col_amax[0] if col_amax is not None else None
+            seed_tensor, seed_int = draw_seed(x2d, generator, True)
+    row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(
+        x2d, row_amax, col_amax, seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16",
+        config.per_token, config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
+        config.e4m3_max, config.stochastic_rounding, config.scale_layout, block_m, block_k, num_warps, poison,
+        pr3045=config.numerics == "te_pr3045")
     return NVFP4Tensor.from_parts(
         x2d.shape, x2d.dtype, config,
         rowwise=(row_data, row_scale, row_amax) if config.rowwise else None,

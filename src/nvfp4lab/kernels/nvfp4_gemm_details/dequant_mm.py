@@ -1,12 +1,12 @@
 """The NVFP4 GEMM for large M: operands expanded to FP16, one cuBLAS GEMM, one epilogue kernel.
 
-Both operands are expanded to FP16 q * s by :func:`.fused.expand` (exact: every product of an E2M1 value
+Both operands are expanded to FP16 q * s in one launch of :func:`.fused.expand` (exact: every product of an E2M1 value
 and an E4M3 scale is an FP16 normal number or zero; the same permutation of K within every block_k tile
 on both sides, so the products pair up as in the definition). cuBLAS multiplies them with fp32
 accumulation and fp32 output, and :func:`epilogue_kernel` applies the reference epilogue (alpha, bias,
 out_old, cast) in one pass. Temporaries: 2MK + 2NK bytes of FP16 (freed before the epilogue) and 4MN bytes
-of fp32. Grouped GEMMs with host split sizes expand A and B once each, then run one cuBLAS GEMM and one
-epilogue per non-empty expert (launches: 2 + 2 per non-empty expert).
+of fp32. Grouped GEMMs with host split sizes expand A and B once, then run one cuBLAS GEMM and one
+epilogue per non-empty expert (launches: 1 + 2 per non-empty expert).
 """
 from __future__ import annotations
 
@@ -66,11 +66,8 @@ def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
 
 
 def _expand_both(a, b, k, config, decode):
-    """FP16 q * s of all rows of A and of B (same K permutation)."""
-    decode = opt_flags.expand_decode(decode, config.block_k)
-    a16 = expand(a, a.data.shape[0], k, config.block_k, decode)
-    b16 = expand(b, b.data.shape[0], k, config.block_k, decode)
-    return a16, b16
+    """FP16 q * s of all rows of A and of B (same K permutation), in one launch."""
+    return expand(a, k, config.block_k, opt_flags.expand_decode(decode, config.block_k), b)
 
 
 def _mm_f32(a16, b16, out=None):

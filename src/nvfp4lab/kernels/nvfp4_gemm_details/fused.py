@@ -262,16 +262,9 @@ def nvfp4_gemm_kernel(
 
 
 @triton.jit
-def expand_kernel(
-    b_ptr, b_scale_ptr, out_ptr,
-    rows, K, stride_b, stride_bs, b_cols4, stride_o,
-    tab_lo,
-    B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """B (rows, K) codes + scales -> fp16 q * s (rows, roundup(K, BLOCK_K)), each BLOCK_K tile in the
-    decoder's permuted order (as the GEMM decodes A with the same BLOCK_K), zeros past K."""
-    pid_r = tl.program_id(0)
-    pid_k = tl.program_id(1)
+def _expand_rows(b_ptr, b_scale_ptr, out_ptr, rows, K, stride_b, stride_bs, b_cols4, stride_o, tab_lo, pid_r, pid_k,
+                 B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One [BLOCK_R, BLOCK_K] tile of :func:`expand_kernel` for one operand."""
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = offs_r < rows
     rows_b = tl.where(mask_r, offs_r, 0).to(tl.int64)
@@ -285,23 +278,57 @@ def expand_kernel(
     tl.store(out_ptr + rows_b[:, None] * stride_o + cols[None, :], val, mask=mask_r[:, None])
 
 
+@triton.jit
+def expand_kernel(
+    a_ptr, a_scale_ptr, a_out_ptr, a_rows, stride_a, stride_as, a_cols4, stride_ao,
+    b_ptr, b_scale_ptr, b_out_ptr, b_rows, stride_b, stride_bs, b_cols4, stride_bo,
+    K, a_tiles, tab_lo,
+    A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Operands (rows, K) codes + scales -> fp16 q * s (rows, roundup(K, BLOCK_K)), each BLOCK_K tile
+    in the decoder's permuted order (as the GEMM decodes A with the same BLOCK_K), zeros past K; row
+    tiles [0, a_tiles) expand A, the following ones B (two operands, one launch)."""
+    pid_r = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    if pid_r < a_tiles:
+        _expand_rows(a_ptr, a_scale_ptr, a_out_ptr, a_rows, K, stride_a, stride_as, a_cols4, stride_ao, tab_lo, pid_r,
+                     pid_k, A_SWIZZLED, DECODE, BLOCK_R, BLOCK_K)
+    else:
+        _expand_rows(b_ptr, b_scale_ptr, b_out_ptr, b_rows, K, stride_b, stride_bs, b_cols4, stride_bo, tab_lo,
+                     pid_r - a_tiles, pid_k, B_SWIZZLED, DECODE, BLOCK_R, BLOCK_K)
+
+
 @functools.lru_cache(maxsize=4096)
-def _expand_launch(rows: int, k: int, block_k: int, decode: int, swizzled: bool, spec) -> Launch:
-    """The expansion kernel's launch for one operand shape; ``spec``: its tensors' device, dtypes,
-    alignment and strides (part of the cache key only)."""
-    grid = (cdiv(rows, opt_flags.EXPAND_ROWS), roundup(k, block_k) // block_k)
-    return Launch(expand_kernel, grid, dict(B_SWIZZLED=swizzled, DECODE=decode, BLOCK_R=opt_flags.EXPAND_ROWS,
-                                            BLOCK_K=block_k, num_warps=4))
+def _expand_launch(a_rows: int, b_rows: int, k: int, block_k: int, decode: int, a_swizzled: bool, b_swizzled: bool,
+                   spec) -> Launch:
+    """The expansion kernel's launch for one or two operand shapes (``b_rows`` 0: A only); ``spec``:
+    the tensors' device, dtypes, alignment and strides (part of the cache key only)."""
+    tiles = cdiv(a_rows, opt_flags.EXPAND_ROWS) + cdiv(b_rows, opt_flags.EXPAND_ROWS)
+    grid = (tiles, roundup(k, block_k) // block_k)
+    return Launch(expand_kernel, grid, dict(A_SWIZZLED=a_swizzled, B_SWIZZLED=b_swizzled, DECODE=decode,
+                                            BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k, num_warps=4))
 
 
-def expand(op, rows: int, k: int, block_k: int, decode: int) -> torch.Tensor:
-    """FP16 q * s of an operand's ``rows`` rows, (rows, roundup(k, block_k)), in the decoder's permuted
-    order per block_k tile, zeros past k."""
-    buf = torch.empty((rows, roundup(k, block_k)), dtype=torch.float16, device=op.data.device)
-    args = (op.data, op.scale, buf, rows, k, op.data.stride(0), op.scale_stride, op.cols4, buf.stride(0), TAB_LO)
-    spec = (buf.device, op.data.dtype, aligned(op.data), aligned(op.scale), args[5:8])
-    _expand_launch(rows, k, block_k, decode, op.swizzled, spec)(*args)
-    return buf
+def expand(a, k: int, block_k: int, decode: int, b=None) -> tuple:
+    """FP16 q * s of all rows of operand ``a`` (and of ``b`` when given, in the same launch), each
+    (rows, roundup(k, block_k)) in the decoder's permuted order per block_k tile, zeros past k.
+    Returns (a16, b16 or None)."""
+    width = roundup(k, block_k)
+    a_rows = a.data.shape[0]
+    a16 = torch.empty((a_rows, width), dtype=torch.float16, device=a.data.device)
+    a_args = (a.data, a.scale, a16, a_rows, a.data.stride(0), a.scale_stride, a.cols4, width)
+    if b is None:
+        b16, b_args, b_rows = None, a_args, 0
+    else:
+        b_rows = b.data.shape[0]
+        b16 = torch.empty((b_rows, width), dtype=torch.float16, device=a.data.device)
+        b_args = (b.data, b.scale, b16, b_rows, b.data.stride(0), b.scale_stride, b.cols4, width)
+    args = (*a_args, *b_args, k, cdiv(a_rows, opt_flags.EXPAND_ROWS), TAB_LO)
+    spec = (a16.device, a.data.dtype, aligned(a.data), aligned(a.scale), aligned(b_args[0]), aligned(b_args[1]),
+            args[4:7], args[12:15])
+    _expand_launch(a_rows, b_rows, k, block_k, decode, a.swizzled, (b if b is not None else a).swizzled, spec)(*args)
+    return a16, b16
 
 
 @functools.lru_cache(maxsize=4096)
@@ -331,7 +358,7 @@ def gemm(a, b, bias, out, offs, flags: dict, m: int, n: int, k: int, num_experts
     decode = opt_flags.fused_decode(decode, config)
     b_arg, b_stride = b.data, b.data.stride(0)
     if config.b_predecode:
-        b_arg = expand(b, b.data.shape[0], k, config.block_k, decode)
+        b_arg = expand(b, k, config.block_k, decode)[0]
         b_stride = b_arg.stride(0)
     args = (a.data, a.scale, a.amax, b_arg, b.scale, b.amax, bias, out, offs, m, n, k,
             a.data.stride(0), a.scale_stride, a.cols4, b_stride, b.scale_stride, b.cols4,

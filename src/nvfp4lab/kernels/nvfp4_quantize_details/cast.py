@@ -132,25 +132,25 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     return tuple(steps)
 
 
-def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
-                rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
-                offsets=None, num_splits=0, split_steps=None, group_split=None,
-                block_m: int = 0, block_k: int = 0, num_warps: int = 0, tables: bool = False,
-                pr3045: bool = False) -> None:
-    """Launch the cast of a recipe into ``outputs`` = (row_data, row_scale, col_data, col_scale) (absent
-    ones: None) from the fp32 outer amaxes (absent: None). ``offsets`` (int64 split row offsets) with
-    ``group_split`` (the grouped amax pass's int32 split of each 16-row group) and ``split_steps``
-    (2^split_steps >= num_splits) makes it the grouped cast. block_m, block_k, num_warps: an explicit
-    tile (0: opt_flags' choice). ``tables``: per-token amaxes given as the cast's (3, n) tables (from
-    the amax pass), so no table launch runs. ``pr3045``: PR 3045's numerics (per-token casts)."""
+def cast_steps(x, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+               stochastic_rounding, scale_layout, offsets=None, num_splits=0, split_steps=None, group_split=None,
+               block_m: int = 0, block_k: int = 0, num_warps: int = 0, pr3045: bool = False,
+               amax_aligned: tuple = (True, True)) -> tuple:
+    """The :class:`CastStep` launches of :func:`launch_cast`'s cast (its arguments; ``amax_aligned``:
+    whether the row / column amax tensors are 16-byte aligned)."""
     m, k = x.shape
     seed_from_ptr = seed_tensor is not None
     spec = (x.device, x.dtype, aligned(x), arg_key(seed), seed_from_ptr,
-            offsets is not None and aligned(offsets), group_split is not None and aligned(group_split),
-            row_amax is not None and aligned(row_amax), col_amax is not None and aligned(col_amax))
-    steps = cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
-                      stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k,
-                      num_warps, pr3045, spec)
+            offsets is not None and aligned(offsets), group_split is not None and aligned(group_split), *amax_aligned)
+    return cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
+                     stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k,
+                     num_warps, pr3045, spec)
+
+
+def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, offsets=None, num_splits=0,
+             group_split=None, tables: bool = False) -> None:
+    """Launch the cast ``steps`` (from :func:`cast_steps`) into ``outputs``; arguments as :func:`launch_cast`'s."""
+    m, k = x.shape
     any_out = next(o for o in outputs if o is not None)
     for step in steps:
         row_in = row_amax if step.rowwise else None
@@ -172,3 +172,21 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
             *((seed_tensor if seed_tensor is not None else x, seed) if step.cast.kernel is cast16_kernel else ()),
             m, k, offsets if offsets is not None else x, group_split if group_split is not None else x, num_splits,
         )
+
+
+def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
+                rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
+                offsets=None, num_splits=0, split_steps=None, group_split=None,
+                block_m: int = 0, block_k: int = 0, num_warps: int = 0, tables: bool = False,
+                pr3045: bool = False) -> None:
+    """Launch the cast of a recipe into ``outputs`` = (row_data, row_scale, col_data, col_scale) (absent
+    ones: None) from the fp32 outer amaxes (absent: None). ``offsets`` (int64 split row offsets) with
+    ``group_split`` (the grouped amax pass's int32 split of each 16-row group) and ``split_steps``
+    (2^split_steps >= num_splits) makes it the grouped cast. block_m, block_k, num_warps: an explicit
+    tile (0: opt_flags' choice). ``tables``: per-token amaxes given as the cast's (3, n) tables (from
+    the amax pass), so no table launch runs. ``pr3045``: PR 3045's numerics (per-token casts)."""
+    steps = cast_steps(x, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six,
+                       e4m3_max, stochastic_rounding, scale_layout, offsets, num_splits, split_steps, group_split,
+                       block_m, block_k, num_warps, pr3045,
+                       (row_amax is not None and aligned(row_amax), col_amax is not None and aligned(col_amax)))
+    run_cast(steps, x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, num_splits, group_split, tables)
