@@ -22,9 +22,10 @@ also timed eagerly, in its own columns, since the MoE case is host-bound when ea
     python benchmarks/linear.py --quick --breakdown 12         # + each preset's top kernels (one eager step)
 
 ``--breakdown N`` profiles one eager step per preset (torch.profiler; CUDA kernels on a GPU, CPU ops
-otherwise) and prints its N costliest kernels and the kernel time per kind (quantize: amax/cast/quantize
-kernels; GEMM: Triton GEMM kernels and cuBLAS; other): the split of the step as it runs, where the
-quantize / GEMM columns of the table time the same calls alone.
+otherwise) and prints its N costliest kernels and the kernel time per kind (quantize: amax / cast / table
+kernels; operands: the expansion of GEMM operands to FP16; GEMM: cuBLAS and the Triton GEMM kernels;
+epilogue: the fp32 epilogue kernel of the dequant path; other): the split of the step as it runs, where
+the quantize / GEMM columns of the table time the same calls alone.
 """
 from __future__ import annotations
 
@@ -120,9 +121,12 @@ def step_fn(module, x, dy, params, splits=None, fresh_weights=True):
     return step
 
 
-# kernel (CUDA) or op (CPU, reference backend) names -> kind; the GEMM ops' own expand/epilogue kernels are GEMM
-_KINDS = (("quantize", re.compile(r"amax|cast16|(?<!de)quantiz", re.I)),
-          ("GEMM", re.compile(r"gemm|expand_kernel|stream_kernel|::(b|add)?mm$|matmul|sm90|cutlass|nvjet|xmma", re.I)))
+# kernel (CUDA) or op (CPU, reference backend) names -> kind of work: the casts, the GEMM operands' expansion
+# to FP16, the matmul itself (cuBLAS, the fused / stream kernels), the fp32 epilogue kernel
+_KINDS = (("quantize", re.compile(r"amax|cast16|four_over_six|pt_scales|(?<!de)quantiz", re.I)),
+          ("operands", re.compile(r"expand_kernel", re.I)),
+          ("epilogue", re.compile(r"epilogue_kernel", re.I)),
+          ("GEMM", re.compile(r"gemm|stream_kernel|::(b|add)?mm$|matmul|sm90|cutlass|nvjet|xmma", re.I)))
 
 
 def kernel_kind(name: str) -> str:
