@@ -41,6 +41,8 @@ SWEEP_TILES = ("32x64x4", "32x128x4", "64x64x4", "64x128x4", "64x128x8", "128x64
 RECIPES = {
     "tensor-1x16-row": dict(rowwise=True),
     "tensor-1x16-rowcol": dict(rowwise=True, columnwise=True),
+    "tensor-1x16-col": dict(rowwise=False, columnwise=True),
+    "rht+sr-col": dict(rowwise=False, columnwise=True, rht=True, stochastic_rounding=True),
     "tensor-16x16-rowcol": dict(block="16x16", rowwise=True, columnwise=True),
     "rht(col)+row": dict(rowwise=True, columnwise=True, rht=True),
     "rht+sr": dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True),
