@@ -107,6 +107,9 @@ def _hooks():
     return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook  # pragma: no cover
 
 
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
 def _hook_active(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
@@ -159,7 +162,7 @@ class Launch:
             self._first(args)
             return
         enter, leave = _hooks()
-        device = torch.cuda.current_device()
+        device = _current_device()  # CUDA is initialized: the first launch went through Triton
         if _hook_active(enter) or _hook_active(leave) or device != self.device or self.tail is None:
             kernel[self.grid](*args, **self.meta)
             return
@@ -167,8 +170,9 @@ class Launch:
             raise RuntimeError(f"{kernel.__name__}: arguments of another specialization than the first call's "
                                f"({tuple(map(arg_key, args))} != {self.spec}): the caller's cache key misses a property")
         grid = self.grid
+        # no hook is active: the launcher gets None for both, so it does not call the (empty) hook chains
         handle.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), handle.function,
-                   handle.packed_metadata, None, enter, leave, *args, *self.tail)
+                   handle.packed_metadata, None, None, None, *args, *self.tail)
 
     def _first(self, args) -> None:
         kernel = self.kernel
