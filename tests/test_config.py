@@ -26,3 +26,23 @@ def test_pr3045_numerics_allow_fp32_rht_and_the_2d_weight():
 def test_bad_numerics_combinations_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         NVFP4QuantConfig(**kwargs)
+
+
+def test_hash_kept_per_object_and_left_out_of_pickles():
+    """Configs and recipes keep their hash after the first use (plan caches look them up per call);
+    a pickle (another process: other string hashes) carries no hash, and copies still hash as equals."""
+    import pickle
+
+    from nvfp4lab import NVFP4Recipe
+
+    for obj, twin in ((NVFP4QuantConfig(columnwise=True, scale_layout="swizzled"),
+                       NVFP4QuantConfig(columnwise=True, scale_layout="swizzled")),
+                      (NVFP4Recipe.te_default(), NVFP4Recipe.te_default())):
+        assert hash(obj) == hash(twin) and obj == twin
+        assert "_hash" in vars(obj)
+        state = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)[2]
+        assert "_hash" not in state
+        restored = pickle.loads(pickle.dumps(obj))
+        assert restored == obj and hash(restored) == hash(obj) and {obj: 1}[restored] == 1
+        with pytest.raises(AttributeError):
+            obj.rowwise = False

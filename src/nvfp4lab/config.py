@@ -25,16 +25,27 @@ E4M3_MAXES = (448.0, 256.0)
 NUMERICS = ("te_main", "te_pr3045")
 
 
-def hash_once(obj) -> None:
-    """Store the hash of a frozen dataclass's fields on it (end of ``__post_init__``): configs and
-    recipes key the launch-plan caches that every eager call looks up, so they are hashed once, not
-    per lookup. Pair with ``__hash__ = stored_hash``."""
-    object.__setattr__(obj, "_hash", hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))))
+class HashOnce:
+    """Mixin of the frozen configs and recipes: the hash of their fields is computed at first use and
+    kept (they key the launch-plan caches that every eager call looks up), and pickles leave it out
+    (string hashes differ between processes). Each class sets ``__hash__ = HashOnce.__hash__`` in its
+    body, where ``dataclass`` would otherwise generate one."""
 
+    def __hash__(self) -> int:
+        value = self.__dict__.get("_hash")
+        if value is None:
+            value = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", value)
+        return value
 
-def stored_hash(obj) -> int:
-    """The hash :func:`hash_once` stored."""
-    return obj._hash
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
 
 def _check_bools(config, names) -> None:
@@ -46,7 +57,7 @@ def _check_bools(config, names) -> None:
 
 
 @dataclass(frozen=True)
-class NVFP4QuantConfig:
+class NVFP4QuantConfig(HashOnce):
     """Options of one NVFP4 quantization.
 
     block: "1x16" (activations, gradients) or "16x16" (weights; one scale per 16x16 tile, shared by the
@@ -125,9 +136,8 @@ class NVFP4QuantConfig:
                 raise ValueError(f"incompatible options {names}: {why}")
         if not self.rht:
             object.__setattr__(self, "rht_sign_mask", 0)
-        hash_once(self)
 
-    __hash__ = stored_hash
+    __hash__ = HashOnce.__hash__
 
     @property
     def block_rows(self) -> int:
@@ -148,7 +158,7 @@ FP8_FORMATS = ("e4m3", "e5m2")  # the element encodings of MXFP8 data
 
 
 @dataclass(frozen=True)
-class MXFP8QuantConfig:
+class MXFP8QuantConfig(HashOnce):
     """Options of one MXFP8 quantization: E4M3 (or E5M2, for gradients) data, one E8M0 scale per 32
     elements along K (rowwise) or along M (columnwise; data stays (M, K), not transposed)."""
 
@@ -165,9 +175,8 @@ class MXFP8QuantConfig:
             raise ValueError(f"fp8_format must be one of {FP8_FORMATS}, got {self.fp8_format!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
-        hash_once(self)
 
-    __hash__ = stored_hash
+    __hash__ = HashOnce.__hash__
 
 
 @functools.lru_cache(maxsize=256)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
 from . import te_recipes
-from .config import NUMERICS, SCALE_LAYOUTS, MXFP8QuantConfig, NVFP4QuantConfig, hash_once, stored_hash
+from .config import NUMERICS, SCALE_LAYOUTS, HashOnce, MXFP8QuantConfig, NVFP4QuantConfig
 from .rht import DEFAULT_RHT_SIGN_MASK
 from .te_recipes import TE_RECIPE_TYPES, env_backward_override, env_flag
 
@@ -77,7 +77,7 @@ def _check_tensor_name(tensor: str) -> None:
 
 
 @dataclass(frozen=True)
-class NVFP4Recipe:
+class NVFP4Recipe(HashOnce):
     """NVFP4 training recipe (TE's ``NVFP4BlockScaling`` options plus the seeds').
 
     weight_2d: weights use 16x16 blocks (one scale per tile, shared by both copies); else 1x16.
@@ -171,9 +171,8 @@ class NVFP4Recipe:
                 self.tensor_config(tensor, rowwise=True, columnwise=True)
             except ValueError as err:
                 raise ValueError(f"recipe gives the {tensor!r} tensor an invalid config: {err}") from None
-        hash_once(self)
 
-    __hash__ = stored_hash
+    __hash__ = HashOnce.__hash__
 
     # ------------------------------------------------------------------------------- presets
     @classmethod
@@ -344,7 +343,7 @@ MXFP8_RECIPE_FORMATS = ("e4m3", "hybrid")  # E4M3 everywhere, or E5M2 gradients 
 
 
 @dataclass(frozen=True)
-class MXFP8Recipe:
+class MXFP8Recipe(HashOnce):
     """MXFP8 training recipe (TE's ``MXFP8BlockScaling``): E8M0 scales per 32 elements.
 
     fp8_format: "e4m3" everywhere (TE's default) or "hybrid" (E5M2 gradients).
@@ -366,9 +365,8 @@ class MXFP8Recipe:
             raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
-        hash_once(self)
 
-    __hash__ = stored_hash
+    __hash__ = HashOnce.__hash__
 
     @classmethod
     def te_default(cls, **overrides) -> "MXFP8Recipe":
