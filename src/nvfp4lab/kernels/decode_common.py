@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _codecs
+from . import formats
 
 
 def rcp_f32(v: float) -> float:
@@ -32,7 +32,7 @@ def e2m1_decode_exact(code):
 @triton.jit
 def e4m3_decode_exact(code):
     """E4M3 bits (int32) -> fp32 the same way: bits 26..20 hold value * 2^-120 (subnormals included),
-    times 2^120 exactly; 0x7F / 0xFF are NaN. Same values as ``_codecs.e4m3_decode``, fewer ops."""
+    times 2^120 exactly; 0x7F / 0xFF are NaN. Same values as ``formats.e4m3_decode``, fewer ops."""
     bits = ((code & 0x7F) << 20) | ((code & 0x80) << 24)
     val = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
     return tl.where((code & 0x7F) == 0x7F, float("nan"), val)
@@ -42,7 +42,7 @@ def e4m3_decode_exact(code):
 def cast_to_out(v, out_ptr, SOFT_BF16: tl.constexpr):
     """fp32 -> the output pointer's dtype, rounding to nearest even (see :func:`soft_bf16_cast`)."""
     if SOFT_BF16:
-        return _codecs.f32_to_bf16_rne(v)
+        return formats.f32_to_bf16_rne(v)
     else:
         return v.to(out_ptr.dtype.element_ty)
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ...layout import roundup
-from .._codecs import f32_to_bf16_rne, to_f32
+from ..formats import f32_to_bf16_rne, to_f32
 
 
 @functools.lru_cache(maxsize=None)
