@@ -55,7 +55,6 @@ from . import formats
 from .decode_common import (
     cast_to_out,
     check_tile,
-    e4m3_decode_exact,
     rcp_f32,
     soft_bf16_cast,
 )
@@ -378,7 +377,7 @@ def _mxfp8_dequantize_kernel(
     if E5M2:
         val = formats.e5m2_decode(code)
     else:
-        val = e4m3_decode_exact(code)
+        val = formats.e4m3_decode(code)
     out = val * factor
     # a finite code's product past the output range saturates (bf16 / fp32 maxima give 256 * 2^120 =
     # 2^128), as ref.mxfp8.dequantize; NaN stays NaN, an E5M2 inf code stays inf

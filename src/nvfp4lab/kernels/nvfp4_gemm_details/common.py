@@ -1,5 +1,5 @@
 """Helpers shared by the NVFP4 GEMM paths: the reference epilogue (alpha, bias, out_old, cast) as a
-device function, exact E4M3 decoding, scale-buffer addressing, and host-side operand preparation."""
+device function, scale-buffer addressing, and host-side operand preparation."""
 from __future__ import annotations
 
 import functools
@@ -67,15 +67,6 @@ def scale_offsets(rows, cols, stride, cols4, SWIZZLED: tl.constexpr):
         return r[:, None] + c[None, :]
     else:
         return rows[:, None] * stride + cols[None, :]
-
-
-@triton.jit
-def e4m3_to_f32(bits):
-    """E4M3 bits (int32) -> fp32, exact: the 7 low bits at FP16 bits 13..7 read as s * 2^-8 for every
-    code (E4M3 subnormals land on FP16 subnormals), widened exactly and rescaled; 0x7F/0xFF -> NaN."""
-    h = ((bits & 0x7F) << 7) | ((bits & 0x80) << 8)
-    s = h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-    return tl.where((bits & 0x7F) == 0x7F, float("nan"), s)
 
 
 @triton.jit
