@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ...layout import roundup
 from ..formats import f32_to_bf16_rne, to_f32
+from ..swizzle import swizzle_offset
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,9 +63,7 @@ def scale_offsets(rows, cols, stride, cols4, SWIZZLED: tl.constexpr):
     """Byte offsets of scale entries (rows[:, None], cols[None, :]) in a compact/padded (row stride
     ``stride``) or swizzled (cuBLAS 128x4, ``cols4`` = roundup(K/16,4)/4) scale buffer."""
     if SWIZZLED:
-        r = (rows // 128) * (cols4 * 512) + (rows % 32) * 16 + ((rows % 128) // 32) * 4
-        c = (cols // 4) * 512 + (cols % 4)
-        return r[:, None] + c[None, :]
+        return swizzle_offset(rows[:, None], cols[None, :], cols4)
     else:
         return rows[:, None] * stride + cols[None, :]
 

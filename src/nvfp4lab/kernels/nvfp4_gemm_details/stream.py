@@ -25,6 +25,7 @@ import triton.language as tl
 from ...layout import cdiv, roundup
 from ..formats import e4m3_decode
 from ..launch import launch
+from ..swizzle import swizzle_offset
 from . import opt_flags
 from .common import epilogue, words
 
@@ -131,7 +132,7 @@ def stream_load(w_ptr, scale_ptr, rows, kk, stride_w, stride_s, cols4, K,
     wcol = kk * 16 + tl.arange(0, 16)[None, :]
     c = tl.arange(0, 8)[None, :]  # scale byte: block 8 kk + c
     if SWIZZLED:  # 4-column groups are contiguous, groups 512 bytes apart
-        soff = (r // 128) * (cols4 * 512) + (r % 32) * 16 + ((r % 128) // 32) * 4 + (kk * 2 + c // 4) * 512 + c % 4
+        soff = swizzle_offset(r, kk * 8 + c, cols4)
     else:
         soff = r * stride_s + kk * 8 + c
     if EVEN_K:
