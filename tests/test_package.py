@@ -19,7 +19,7 @@ LAYERS = (
     ("ops", ("nvfp4lab.ops",)),
     ("kernels and ref", ("nvfp4lab.kernels", "nvfp4lab.ref", "nvfp4lab.moe")),
     ("low", ("nvfp4lab.tensors", "nvfp4lab.config", "nvfp4lab.recipes", "nvfp4lab.te_recipes", "nvfp4lab.autocasting",
-             "nvfp4lab.rht", "nvfp4lab.layout", "nvfp4lab.checks", "nvfp4lab.runtime", "nvfp4lab._version")),
+             "nvfp4lab.rht", "nvfp4lab.layout", "nvfp4lab.checks", "nvfp4lab.runtime", "nvfp4lab.version")),
 )
 
 

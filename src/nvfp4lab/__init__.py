@@ -1,5 +1,4 @@
 """nvfp4lab: NVFP4 and MXFP8 low-precision training for PyTorch, bit-exact with TransformerEngine."""
-from ._version import __version__
 from .autocasting import autocast
 from .checkpoint import export_modelopt, load_quantized, save_quantized
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
@@ -19,6 +18,7 @@ from .ops import (
 from .recipes import MXFP8Recipe, NVFP4Recipe
 from .te_recipes import NVFP4BlockScaling, NVFP4PerTokenBlockScaling
 from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
+from .version import __version__
 
 __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",

@@ -51,13 +51,13 @@ from torch import nn
 
 from . import functional as F
 from . import ops
-from ._version import __version__
 from .layout import roundup
 from .modules.inference import InferenceLinear
 from .modules.linear import GroupedLinear, Linear
 from .modules.state import EXTRA_STATE_FORMAT, decode_extra_state, recipe_differences, recipe_from_dict, recipe_to_dict
 from .recipes import MXFP8Recipe, NVFP4Recipe
 from .tensors import MXFP8Tensor, NVFP4Tensor
+from .version import __version__
 
 FORMAT = "nvfp4lab.quantized"
 FORMAT_VERSION = 1

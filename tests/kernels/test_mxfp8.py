@@ -47,14 +47,14 @@ def _quantize_both(x, fmt="e4m3", layout="compact", rowwise=True, columnwise=Tru
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from nvfp4lab.kernels import _codecs  # noqa: E402
+from nvfp4lab.kernels import formats  # noqa: E402
 
 
 @triton.jit
 def _encode_kernel(x_ptr, out_ptr, n, clamp, E5M2: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(x_ptr + offs, mask=offs < n)
-    code = _codecs.e5m2_encode_fast(v, clamp) if E5M2 else _codecs.e4m3_encode_fast(v, clamp)
+    code = formats.e5m2_encode_fast(v, clamp) if E5M2 else formats.e4m3_encode_fast(v, clamp)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=offs < n)
 
 
@@ -102,9 +102,9 @@ def _finite_kernel(x_ptr, code_ptr, amax_ptr, scale_ptr, mult_ptr, n, max_rcp, E
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(x_ptr + offs, mask=offs < n)
     a, sign_bits = tl.abs(v), v.to(tl.int32, bitcast=True)
-    code = _codecs.e5m2_encode_finite(a, sign_bits) if E5M2 else _codecs.e4m3_encode_finite(a, sign_bits)
+    code = formats.e5m2_encode_finite(a, sign_bits) if E5M2 else formats.e4m3_encode_finite(a, sign_bits)
     tl.store(code_ptr + offs, (code >> 24).to(tl.uint8), mask=offs < n)
-    scale, mult = _codecs.e8m0_scale_finite(tl.load(amax_ptr + offs, mask=offs < n), max_rcp)
+    scale, mult = formats.e8m0_scale_finite(tl.load(amax_ptr + offs, mask=offs < n), max_rcp)
     tl.store(scale_ptr + offs, scale, mask=offs < n)
     tl.store(mult_ptr + offs, mult, mask=offs < n)
 

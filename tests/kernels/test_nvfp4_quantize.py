@@ -17,7 +17,7 @@ import nvfp4lab
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels._codecs import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode, to_f32
+from nvfp4lab.kernels.formats import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode, to_f32
 from nvfp4lab.kernels.nvfp4_quantize_details import amax as amax_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_six_module
@@ -203,7 +203,7 @@ def test_bf16_subnormals_under_the_interpreter(kwargs):
 
 
 def test_bf16_loads_by_bits_every_pattern():
-    """``_codecs.to_f32`` with SOFT_BF16 (what interpreted launches pass) gives torch's fp32 value of
+    """``formats.to_f32`` with SOFT_BF16 (what interpreted launches pass) gives torch's fp32 value of
     every bf16 bit pattern; the kernel below is the issue's case (load bf16, store fp32)."""
     @triton.jit
     def load_store(x_ptr, y_ptr, N: tl.constexpr, SOFT_BF16: tl.constexpr):
@@ -466,8 +466,8 @@ def _e2m1_scale_probe_kernel(x_ptr, enc_ptr, out_ptr, N: tl.constexpr):
 
 def test_e2m1_encode_fast_matches_reference():
     # every bf16 pattern, +-1000 fp32 ulps around every rounding edge and region boundary (both
-    # signs), specials, and random fp32 bit patterns; checked against ref.codecs and _codecs.e2m1_encode
-    # (an offline run also compared all 2^32 fp32 patterns with _codecs.e2m1_encode)
+    # signs), specials, and random fp32 bit patterns; checked against ref.codecs and formats.e2m1_encode
+    # (an offline run also compared all 2^32 fp32 patterns with formats.e2m1_encode)
     parts = [torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.int16).to(torch.int32) << 16]
     edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 1e-38, 3.4e38]).view(torch.int32)
     near = (edges.view(-1, 1) + torch.arange(-1000, 1000, dtype=torch.int32).view(1, -1)).flatten()

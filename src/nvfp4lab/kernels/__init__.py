@@ -2,5 +2,5 @@
 
 Importing this package needs Triton. On a machine without a GPU the kernels run under the Triton
 interpreter (``TRITON_INTERPRET=1`` set before Triton is imported), bit for bit like the GPU: the
-codecs in :mod:`._codecs` use integer bit operations, never float8 casts.
+codecs in :mod:`.formats` use integer bit operations, never float8 casts.
 """

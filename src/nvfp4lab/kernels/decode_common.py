@@ -1,9 +1,5 @@
-"""Helpers shared by the dequantize and MXFP8 kernel families: exact code decodes, the output cast,
-the fp32 reciprocal and the tile-override check of their launchers.
-
-The decodes place the code's bits in an fp32 word so that it reads as ``value * 2^-k`` for every code
-(subnormals included) and finish with one exact power-of-two multiply: no conversion instructions.
-"""
+"""Helpers shared by the dequantize and MXFP8 kernel families: the output cast, the fp32 reciprocal and
+the tile-override check of their launchers (the code decodes they use live in :mod:`.formats`)."""
 from __future__ import annotations
 
 import struct
@@ -12,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _codecs
+from . import formats
 
 
 def rcp_f32(v: float) -> float:
@@ -21,28 +17,10 @@ def rcp_f32(v: float) -> float:
 
 
 @triton.jit
-def e2m1_decode_exact(code):
-    """E2M1 code (int32) -> fp32 from bits: the magnitude bits placed at fp32 bits 24..22 read as
-    exactly value * 2^-126 for all 8 magnitudes (0.5 lands on the fp32 subnormal 2^-127), so one exact
-    multiply by 2^126 finishes it. 4 integer ops + 1 multiply, no conversion instruction."""
-    bits = ((code & 7) << 22) | ((code & 8) << 28)
-    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37
-
-
-@triton.jit
-def e4m3_decode_exact(code):
-    """E4M3 bits (int32) -> fp32 the same way: bits 26..20 hold value * 2^-120 (subnormals included),
-    times 2^120 exactly; 0x7F / 0xFF are NaN. Same values as ``_codecs.e4m3_decode``, fewer ops."""
-    bits = ((code & 0x7F) << 20) | ((code & 0x80) << 24)
-    val = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
-    return tl.where((code & 0x7F) == 0x7F, float("nan"), val)
-
-
-@triton.jit
 def cast_to_out(v, out_ptr, SOFT_BF16: tl.constexpr):
     """fp32 -> the output pointer's dtype, rounding to nearest even (see :func:`soft_bf16_cast`)."""
     if SOFT_BF16:
-        return _codecs.f32_to_bf16_rne(v)
+        return formats.f32_to_bf16_rne(v)
     else:
         return v.to(out_ptr.dtype.element_ty)
 

@@ -61,11 +61,10 @@ from ..rht import DTYPE_MAX, inverse_rht, saturate_finite
 from .decode_common import (
     cast_to_out,
     check_tile,
-    e2m1_decode_exact,
-    e4m3_decode_exact,
     rcp_f32,
     soft_bf16_cast,
 )
+from .formats import e2m1_decode, e4m3_decode
 from .launch import Launch, aligned, custom_op
 from .swizzle import swizzle_offset
 
@@ -76,7 +75,7 @@ _INT32_LIMIT = 2**31
 def _block_factor(scale_code, amax, dequant_rcp):
     """fl(fl(float(s) * amax) * fl(1/(6E))); where fl(s * amax) overflows for a finite amax, the same
     roundings on amax / 2^32, times 2^32 (exact: ``ref.nvfp4.dequantize_factor``)."""
-    s = e4m3_decode_exact(scale_code)
+    s = e4m3_decode(scale_code)
     amax = amax + tl.zeros_like(s)  # a per-tensor amax is a scalar
     prod = s * amax
     overflow = (tl.abs(prod) == float("inf")) & (tl.abs(amax) < float("inf"))
@@ -148,7 +147,7 @@ def _nvfp4_dequantize_kernel(
 
     shifts = tl.arange(0, 8) * 4
     codes = (words[:, :, :, None] >> shifts[None, None, None, :]) & 0xF  # [R, BLOCKS, 2, 8]
-    vals = _saturate(e2m1_decode_exact(codes) * factor[:, :, None, None], factor[:, :, None, None], OUT_MAX)
+    vals = _saturate(e2m1_decode(codes) * factor[:, :, None, None], factor[:, :, None, None], OUT_MAX)
     vals = tl.reshape(cast_to_out(vals, out_ptr, SOFT_BF16), (BLOCK_ROWS, BLOCK_COLS))
 
     lc = tl.arange(0, BLOCK_COLS)

@@ -30,7 +30,7 @@ import triton.language as tl
 from ..config import NVFP4QuantConfig
 from ..layout import cdiv
 from ..tensors import GroupedNVFP4Tensor
-from ._codecs import soft_bf16_loads
+from .formats import soft_bf16_loads
 from .launch import custom_op, launch
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.cast import (

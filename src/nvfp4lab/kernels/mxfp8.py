@@ -21,14 +21,14 @@ dimension keeps the load's layout), so both outputs come from the same registers
 integer maxima of |x|'s bit patterns (exact, NaN-propagating like the reference's amax). Padded and
 swizzled scale buffers are zero-filled before the kernel writes the real entries.
 
-The fp8 rounding is integer/fp32 bit arithmetic (``_codecs.e4m3_encode_finite`` / ``e5m2_...``:
+The fp8 rounding is integer/fp32 bit arithmetic (``formats.e4m3_encode_finite`` / ``e5m2_...``:
 one fma onto the fp8 grid of the value's binade, the code read by one integer multiply-add), bit
 identical to the reference's integer encoder (the house rule: no float8 casts in kernels, the
 interpreter's do not round to nearest even); ``fp8_cast="hw"`` selects the GPU's cvt.rn.satfinite
 instead (GPU only: the same operation, spec 2.2, so the same bits for every non-NaN input, which the
 GPU tier of tests/kernels/test_mxfp8.py checks). With a columnwise copy, a tile whose column block maxima are all
 finite (ordinary data: one reduction of the maxima decides it) skips the saturation and uses the
-6-instruction E8M0 scale (``_codecs.e8m0_scale_finite``); a tile holding an inf or NaN takes the
+6-instruction E8M0 scale (``formats.e8m0_scale_finite``); a tile holding an inf or NaN takes the
 general scale and clamps |x * mult| first. With the integer encoder, columnwise data of whole tiles
 (K % 4 == 0, 4-byte aligned outputs) is stored as uint32 words of 4 codes (:func:`_pack_top_bytes`:
 fewer instructions and registers than byte stores); other tiles store bytes. On sm_90 these kernels are bound by
@@ -51,11 +51,10 @@ import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
 from ..rht import DTYPE_MAX
-from . import _codecs
+from . import formats
 from .decode_common import (
     cast_to_out,
     check_tile,
-    e4m3_decode_exact,
     rcp_f32,
     soft_bf16_cast,
 )
@@ -64,7 +63,7 @@ from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-FP8_CASTS = ("soft", "hw")  # integer encoders of ._codecs | the GPU's cvt.rn.satfinite
+FP8_CASTS = ("soft", "hw")  # integer encoders of .formats | the GPU's cvt.rn.satfinite
 
 
 @triton.jit
@@ -80,9 +79,9 @@ def _fp8_encode(v, clamp, E5M2: tl.constexpr, HW_CAST: tl.constexpr):
             return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
         if E5M2:
-            return _codecs.e5m2_encode_fast(v, clamp).to(tl.uint8)
+            return formats.e5m2_encode_fast(v, clamp).to(tl.uint8)
         else:
-            return _codecs.e4m3_encode_fast(v, clamp).to(tl.uint8)
+            return formats.e4m3_encode_fast(v, clamp).to(tl.uint8)
 
 
 @triton.jit
@@ -96,7 +95,7 @@ def _block_amax(abs_bits, axis: tl.constexpr):
 def _block_clamp(code, E5M2: tl.constexpr):
     """The soft encoder's saturation bound for a block with E8M0 code ``code``: the max finite value,
     or for a NaN block (code 0xFF: multiplier NaN, so every element is NaN) the value of the all-ones
-    code 0x7F, which min(NaN, bound) = bound then encodes (see ``_codecs._fp8_encode_fast``)."""
+    code 0x7F, which min(NaN, bound) = bound then encodes (see ``formats._fp8_encode_fast``)."""
     if E5M2:
         return tl.where(code == 255, 114688.0, 57344.0)
     else:
@@ -118,9 +117,9 @@ def _encode_block(x, mult, code, E5M2: tl.constexpr, HW_CAST: tl.constexpr, FINI
         a = tl.minimum(a, _block_clamp(code, E5M2))
     sign_bits = x.to(tl.int32, bitcast=True)
     if E5M2:
-        code = _codecs.e5m2_encode_finite(a, sign_bits)
+        code = formats.e5m2_encode_finite(a, sign_bits)
     else:
-        code = _codecs.e4m3_encode_finite(a, sign_bits)
+        code = formats.e4m3_encode_finite(a, sign_bits)
     if TOP_BYTE:
         q = code.to(tl.uint32, bitcast=True)
     else:
@@ -144,10 +143,10 @@ def _pack_top_bytes(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
 def _block_scale(amax, max_rcp, FINITE: tl.constexpr):
     """(E8M0 code, multiplier) of block maxima (fp32)."""
     if FINITE:
-        return _codecs.e8m0_scale_finite(amax, max_rcp)
+        return formats.e8m0_scale_finite(amax, max_rcp)
     else:
-        code = _codecs.e8m0_encode_round_up(amax * max_rcp)
-        return code, _codecs.e8m0_quant_multiplier(code)
+        code = formats.e8m0_encode_round_up(amax * max_rcp)
+        return code, formats.e8m0_quant_multiplier(code)
 
 
 @triton.jit
@@ -239,7 +238,7 @@ def _mxfp8_quantize_kernel(
     EVEN: tl.constexpr,
     HW_CAST: tl.constexpr,
     PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
-    SOFT_BF16: tl.constexpr = False,  # bf16 x converted by bits (the interpreter: ``_codecs.to_f32``)
+    SOFT_BF16: tl.constexpr = False,  # bf16 x converted by bits (the interpreter: ``formats.to_f32``)
 ):
     RB: tl.constexpr = BLOCK_ROWS // 32
     pid = tl.program_id(0)
@@ -264,7 +263,7 @@ def _mxfp8_quantize_kernel(
     mask = r_ok[:, None] & c_ok[None, :]
     offs = r[:, None] * cols + c[None, :]
     base = row0 * cols + col0
-    x = _codecs.to_f32(tl.load(x_ptr + base + offs, mask=mask, other=0.0), SOFT_BF16)
+    x = formats.to_f32(tl.load(x_ptr + base + offs, mask=mask, other=0.0), SOFT_BF16)
     abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
     if COLWISE:
@@ -344,7 +343,7 @@ def _mxfp8_dequantize_kernel(
         else:
             s_base = scale_ptr + col0
             s_off = mblk[:, None] * scale_stride + c[None, :]
-        factor = _codecs.e8m0_decode(tl.load(s_base + s_off, mask=s_mask, other=0).to(tl.int32))[:, None, :]
+        factor = formats.e8m0_decode(tl.load(s_base + s_off, mask=s_mask, other=0).to(tl.int32))[:, None, :]
     else:
         CB: tl.constexpr = BLOCK_COLS // 32
         r = tl.arange(0, BLOCK_ROWS)
@@ -372,13 +371,13 @@ def _mxfp8_dequantize_kernel(
         else:
             s_base = scale_ptr + row0 * scale_stride
             s_off = r[:, None] * scale_stride + blk[None, :]
-        factor = _codecs.e8m0_decode(tl.load(s_base + s_off, mask=s_mask, other=0).to(tl.int32))[:, :, None]
+        factor = formats.e8m0_decode(tl.load(s_base + s_off, mask=s_mask, other=0).to(tl.int32))[:, :, None]
 
     code = tl.load(data_ptr + base + offs, mask=mask, other=0).to(tl.int32)
     if E5M2:
-        val = _codecs.e5m2_decode(code)
+        val = formats.e5m2_decode(code)
     else:
-        val = e4m3_decode_exact(code)
+        val = formats.e4m3_decode(code)
     out = val * factor
     # a finite code's product past the output range saturates (bf16 / fp32 maxima give 256 * 2^120 =
     # 2^128), as ref.mxfp8.dequantize; NaN stays NaN, an E5M2 inf code stays inf
@@ -456,7 +455,7 @@ def launch_mxfp8_quantize(
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, LOCAL_I64=block_rows * cols >= _INT32_LIMIT,
         EVEN=even, HW_CAST=fp8_cast == "hw", PACK=even and cols % 4 == 0 and fp8_cast == "soft"
         and all(t is None or t.data_ptr() % 4 == 0 for t in (row_data, col_data)), num_warps=num_warps,
-        SOFT_BF16=_codecs.soft_bf16_loads(x.device),
+        SOFT_BF16=formats.soft_bf16_loads(x.device),
     ))
 
 

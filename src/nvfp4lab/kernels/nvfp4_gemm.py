@@ -48,7 +48,7 @@ from typing import List, Optional
 
 import torch
 
-from ._codecs import soft_bf16_loads
+from .formats import soft_bf16_loads
 from .launch import custom_op
 from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
 from .nvfp4_gemm_details.common import gemm_inv, operand

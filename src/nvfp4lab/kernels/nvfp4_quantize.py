@@ -25,7 +25,7 @@ Numerics: those of :mod:`nvfp4lab.ref.nvfp4`, op for op in fp32.
 * Launches pass ``enable_fp_fusion=False`` (an FMA would merge the 4over6 ``err + d*d``).
 * Divisions are correctly rounded; tiles with an outer amax outside [2^-100, 2^100] (or NaN) take an
   EXACT path of fp64 divisions (``nvfp4_quantize_details.common``).
-* Block amax is an integer max of |x| bits; E2M1/E4M3 come from ``_codecs`` (``e2m1_encode_fast``: the
+* Block amax is an integer max of |x| bits; E2M1/E4M3 come from ``formats`` (``e2m1_encode_fast``: the
   codes of ``e2m1_encode`` for all 2^32 inputs in half the instructions; Hopper has no E2M1 convert,
   so the encoder bounds the kernel's instruction count).
 * RHT: bf16(v @ T) of every 16 rows v of each column, fp32 sums rounded to bf16 once
@@ -49,7 +49,7 @@ import torch
 from ..config import NVFP4QuantConfig
 from ..ref.nvfp4 import broadcast_amax
 from ..tensors import NVFP4Tensor
-from ._codecs import soft_bf16_loads
+from .formats import soft_bf16_loads
 from .launch import Launch, aligned, arg_key, custom_op, tracing
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.amax import (

@@ -1,5 +1,5 @@
 """Helpers shared by the NVFP4 GEMM paths: the reference epilogue (alpha, bias, out_old, cast) as a
-device function, exact E4M3 decoding, scale-buffer addressing, and host-side operand preparation."""
+device function, scale-buffer addressing, and host-side operand preparation."""
 from __future__ import annotations
 
 import functools
@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from ...layout import roundup
-from .._codecs import f32_to_bf16_rne, to_f32
+from ..formats import f32_to_bf16_rne, to_f32
+from ..swizzle import swizzle_offset
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,20 +63,9 @@ def scale_offsets(rows, cols, stride, cols4, SWIZZLED: tl.constexpr):
     """Byte offsets of scale entries (rows[:, None], cols[None, :]) in a compact/padded (row stride
     ``stride``) or swizzled (cuBLAS 128x4, ``cols4`` = roundup(K/16,4)/4) scale buffer."""
     if SWIZZLED:
-        r = (rows // 128) * (cols4 * 512) + (rows % 32) * 16 + ((rows % 128) // 32) * 4
-        c = (cols // 4) * 512 + (cols % 4)
-        return r[:, None] + c[None, :]
+        return swizzle_offset(rows[:, None], cols[None, :], cols4)
     else:
         return rows[:, None] * stride + cols[None, :]
-
-
-@triton.jit
-def e4m3_to_f32(bits):
-    """E4M3 bits (int32) -> fp32, exact: the 7 low bits at FP16 bits 13..7 read as s * 2^-8 for every
-    code (E4M3 subnormals land on FP16 subnormals), widened exactly and rescaled; 0x7F/0xFF -> NaN."""
-    h = ((bits & 0x7F) << 7) | ((bits & 0x80) << 8)
-    s = h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-    return tl.where((bits & 0x7F) == 0x7F, float("nan"), s)
 
 
 @triton.jit

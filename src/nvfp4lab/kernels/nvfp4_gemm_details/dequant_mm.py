@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
-from .._codecs import soft_bf16_loads
+from ..formats import soft_bf16_loads
 from ..launch import Launch, aligned
 from . import opt_flags
 from .common import epilogue

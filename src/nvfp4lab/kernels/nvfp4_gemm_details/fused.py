@@ -37,9 +37,10 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv, next_power_of_2, roundup
+from ..formats import e4m3_decode
 from ..launch import Launch, aligned
 from . import opt_flags
-from .common import e4m3_to_f32, epilogue, scale_offsets
+from .common import epilogue, scale_offsets
 
 # PTX for DECODE=1, one invocation per 4 bytes (Triton's pack=4). Operands: $0,$1 = low-nibble values
 # of bytes (0,1) and (2,3); $2,$3 = high-nibble values of bytes (0,1) and (2,3) (FP16 pairs); $4 = the
@@ -103,7 +104,7 @@ def _decode_tile(packed, scale_bits, tab_lo, ROWS: tl.constexpr, BK: tl.constexp
     L4: tl.constexpr = 4  # byte bits B(L-1), B(L-2)
     MID: tl.constexpr = BK // 64  # byte bits B(L-3)..B3: with L4, the 16-element block index
     x = tl.reshape(packed, (ROWS, L4, MID, 4, 2))  # last two dims: B2 B1, B0
-    s = e4m3_to_f32(scale_bits.to(tl.int32))
+    s = e4m3_decode(scale_bits.to(tl.int32))
     s = tl.reshape(s, (ROWS, L4, MID))[:, :, :, None, None]
     if DECODE == 1:
         lo, hi = tl.inline_asm_elementwise(

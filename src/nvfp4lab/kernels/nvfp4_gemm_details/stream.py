@@ -23,9 +23,11 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv, roundup
+from ..formats import e4m3_decode
 from ..launch import launch
+from ..swizzle import swizzle_offset
 from . import opt_flags
-from .common import e4m3_to_f32, epilogue, words
+from .common import epilogue, words
 
 # PTX for the stream decoder (DECODE=1), one invocation per 32-bit word of 8 codes n0..n7 (code i in
 # bits 4i..4i+3): $4 = the word, $5 = its FP16 block scale; $0..$3 = the FP16 pairs (n0, n4), (n1, n5),
@@ -97,7 +99,7 @@ def stream_decode(w, sc, ROWS: tl.constexpr, DECODE: tl.constexpr):
     if DECODE == 1:
         s = tl.inline_asm_elementwise(_E4M3X2_ASM, "=r,r", [sc], dtype=tl.float16, is_pure=True, pack=2)
     else:
-        s = e4m3_to_f32(sc.to(tl.int32)).to(tl.float16)
+        s = e4m3_decode(sc.to(tl.int32)).to(tl.float16)
     # the scale of word u is that of block 2t + u // 2
     s = tl.reshape(tl.broadcast_to(s[:, :, :, None], (ROWS, 4, 2, 2)), (ROWS, 4, 4))
     if DECODE == 1:
@@ -130,7 +132,7 @@ def stream_load(w_ptr, scale_ptr, rows, kk, stride_w, stride_s, cols4, K,
     wcol = kk * 16 + tl.arange(0, 16)[None, :]
     c = tl.arange(0, 8)[None, :]  # scale byte: block 8 kk + c
     if SWIZZLED:  # 4-column groups are contiguous, groups 512 bytes apart
-        soff = (r // 128) * (cols4 * 512) + (r % 32) * 16 + ((r % 128) // 32) * 4 + (kk * 2 + c // 4) * 512 + c % 4
+        soff = swizzle_offset(r, kk * 8 + c, cols4)
     else:
         soff = r * stride_s + kk * 8 + c
     if EVEN_K:

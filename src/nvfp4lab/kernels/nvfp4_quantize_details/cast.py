@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...layout import roundup
-from .._codecs import soft_bf16_loads
+from ..formats import soft_bf16_loads
 from ..launch import Launch, aligned, arg_key, tracing
 from . import opt_flags
 from .cast16 import cast16_kernel

@@ -13,7 +13,7 @@ floored amax and enc = S_enc / s (0 for a zero scale), and its fp32 RHT.
 import triton
 import triton.language as tl
 
-from .._codecs import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
+from ..formats import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
 from .common import (
     FLT_MAX,
     ONE_SIXTH,

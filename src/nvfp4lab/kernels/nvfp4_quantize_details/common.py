@@ -12,7 +12,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from .._codecs import to_f32
+from ..formats import to_f32
 from ..swizzle import swizzle_offset
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)

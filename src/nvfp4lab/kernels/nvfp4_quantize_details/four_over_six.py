@@ -12,7 +12,7 @@ order (``seq_sum16``), 2D errors as TE's shuffle tree (``tree_sum16``). Launches
 import triton
 import triton.language as tl
 
-from .._codecs import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
+from ..formats import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
 from .common import (
     E4M3_MAX,
     abs_bits,

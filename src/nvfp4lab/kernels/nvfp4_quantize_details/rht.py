@@ -21,7 +21,7 @@ backend gives the same bits.
 import triton
 import triton.language as tl
 
-from .._codecs import bf16_rne
+from ..formats import bf16_rne
 from .common import abs_bits
 
 BF16_MAX = tl.constexpr(3.3895313892515355e38)

@@ -1,6 +1,12 @@
-"""Triton device functions: E2M1 / E4M3 / E5M2 / E8M0 encoders written with comparisons and integer
-bit operations, mirroring :mod:`nvfp4lab.ref.codecs` exactly (the interpreter's float8 casts are not
-round-to-nearest-even, so no kernel uses them)."""
+"""Triton device functions for the number formats: E2M1 / E4M3 / E5M2 / E8M0 encoders and decoders, bf16
+rounding and the bf16 loads of the interpreter (``to_f32``, ``soft_bf16_loads``). One definition of each
+formula for every kernel family.
+
+Encoders use comparisons and integer bit operations, mirroring :mod:`nvfp4lab.ref.codecs` exactly (the
+interpreter's float8 casts are not round-to-nearest-even, so no kernel uses them). Decoders place the
+code's bits in an fp32 word so that it reads as ``value * 2^-k`` for every code (subnormals included)
+and finish with one exact power-of-two multiply: no conversion instructions.
+"""
 import triton
 import triton.language as tl
 
@@ -24,13 +30,11 @@ def e2m1_encode(v):
 
 @triton.jit
 def e2m1_decode(code):
-    """E2M1 code (int32) -> fp32, by arithmetic (no table): magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6."""
-    idx = code & 7
-    # idx 0..3 -> idx*0.5 ; idx 4..7 -> 2, 3, 4, 6
-    lo = idx.to(tl.float32) * 0.5
-    hi = tl.where(idx == 7, 6.0, (idx - 2).to(tl.float32))
-    mag = tl.where(idx < 4, lo, hi)
-    return tl.where((code & 8) != 0, -mag, mag)
+    """E2M1 code (int32, 0..15) -> fp32 from bits: the magnitude bits placed at fp32 bits 24..22 read as
+    exactly value * 2^-126 for all 8 magnitudes (0.5 lands on the fp32 subnormal 2^-127), so one exact
+    multiply by 2^126 finishes it (4 integer ops + 1 multiply, no conversion instruction)."""
+    bits = ((code & 7) << 22) | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37
 
 
 @triton.jit
@@ -68,15 +72,11 @@ def e5m2_encode(v):
 
 @triton.jit
 def e4m3_decode(code):
-    """E4M3 bits (int32, 0..255) -> fp32, built from bits (0x7F/0xFF -> NaN)."""
-    sign = (code >> 7) & 1
-    exp = (code >> 3) & 0xF
-    mant = code & 7
-    normal_bits = ((exp + 120) << 23) | (mant << 20)
-    sub_val = mant.to(tl.float32) * 0.001953125  # mant * 2^-9
-    mag = tl.where(exp == 0, sub_val, normal_bits.to(tl.float32, bitcast=True))
-    mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
-    return tl.where(sign != 0, -mag, mag)
+    """E4M3 bits (int32, 0..255) -> fp32 the same way: the 7 magnitude bits at fp32 bits 26..20 read as
+    exactly value * 2^-120 (subnormals included), times 2^120 exactly; 0x7F / 0xFF -> NaN."""
+    bits = ((code & 0x7F) << 20) | ((code & 0x80) << 24)
+    val = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), val)
 
 
 @triton.jit
