@@ -515,6 +515,27 @@ def test_torch_compile_inductor_gpu():
         torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-2 * b.abs().max().item())
 
 
+@pytest.mark.gpu
+def test_torch_compile_reduce_overhead_gpu():
+    """mode="reduce-overhead" (Inductor's CUDA graphs around forward and backward) runs the quantized
+    layers (no allocation of theirs outlives the recorded graphs) and gives the eager step's values."""
+    recipe = NVFP4Recipe.te_default(stochastic_rounding=False)
+    torch.manual_seed(0)
+    model = nn.Sequential(Linear(256, 256, recipe=recipe), nn.GELU(), Linear(256, 128, recipe=recipe)).cuda()
+    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    y = model(x)
+    y.float().square().sum().backward()
+    grads = _grads(model)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, recording, replay
+        model.zero_grad(set_to_none=True)
+        yc = compiled(x)
+        yc.float().square().sum().backward()
+    torch.testing.assert_close(yc, y, rtol=2**-7, atol=1e-2)
+    for a, b in zip(_grads(model), grads):
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-2 * b.abs().max().item())
+
+
 # ------------------------------------------------------------------------------ CUDA graphs
 def _graphed_training(recipe, steps=5, d=128):
     torch.manual_seed(0)

@@ -60,7 +60,6 @@ from .nvfp4_quantize_details.amax import (
     AMAX_TENSOR_RHT,
     amax_kernel,
     launch_amax,
-    scratch_buffer,
 )
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
@@ -99,7 +98,9 @@ def compute_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: i
     (``pt_scales_kernel``'s layout; the amax is row 0)."""
     m, k = x.shape
     row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
-    make = torch.zeros if x.numel() == 0 else torch.empty  # the amax of nothing is 0
+    # the amax of nothing is 0; per-token passes accumulate into their zeroed outputs (opt_flags.amax_direct)
+    zeroed = x.numel() == 0 or opt_flags.amax_direct(row_mode, col_mode, table_e6)
+    make = torch.zeros if zeroed else torch.empty
     lead = (3,) if table_e6 else ()
     row_amax = make(lead + (row_size,), dtype=torch.float32, device=x.device) if row_mode != AMAX_NONE else None
     col_amax = make(lead + (col_size,), dtype=torch.float32, device=x.device) if col_mode != AMAX_NONE else None
@@ -225,7 +226,7 @@ class _EagerPlan:
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
                  "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
-                 "empty")
+                 "empty", "zeroed_amax")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
                  col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool):
@@ -244,6 +245,8 @@ class _EagerPlan:
         self.n_row = row_size if row_mode != AMAX_NONE else 0
         self.n_col = col_size if col_mode != AMAX_NONE else 0
         self.empty = m * k == 0
+        # the amax of nothing is 0; per-token passes accumulate into their zeroed outputs
+        self.zeroed_amax = self.empty or opt_flags.amax_direct(row_mode, col_mode, 6.0 if self.tables else 0.0)
         self.amax_launch = None
         if not self.empty and self.n_row + self.n_col:
             self.amax_launch = _amax_launch(m, k, row_mode, col_mode, config.rht_sign_mask if config.rht else 0,
@@ -273,16 +276,14 @@ class _EagerPlan:
 
     def __call__(self, x, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps) -> NVFP4Tensor:
         dev = x.device
-        make = torch.zeros if self.empty else torch.empty  # the amax of nothing is 0
+        make = torch.zeros if self.zeroed_amax else torch.empty
         row_computed = col_computed = None
         if self.row_amax_shape is not None:
             row_computed = make(self.row_amax_shape, dtype=torch.float32, device=dev)
         if self.col_amax_shape is not None:
             col_computed = make(self.col_amax_shape, dtype=torch.float32, device=dev)
         if self.amax_launch is not None:
-            n_row, n_col = self.n_row, self.n_col
-            self.amax_launch(x, scratch_buffer(dev, 1 + n_row + n_col), row_computed if n_row else col_computed,
-                             col_computed if n_col else row_computed, self.m, self.k, n_row, n_col)
+            launch_amax(self.amax_launch, x, row_computed, col_computed, self.n_row, self.n_col)
         if self.shared:
             col_computed = row_computed
         row_amax = col_amax = None

@@ -278,8 +278,10 @@ _STREAM_COUNTERS: dict = {}
 def stream_counters(device: torch.device, size: int) -> torch.Tensor:
     """Per-tile arrival counters of the stream kernel's split-K reduction, one zeroed buffer per (device,
     stream), kept between calls: the kernel sets every counter it used back to 0, so no memset runs per
-    call. Kernels on one stream run in order, so they never share counters concurrently. (CUDA graphs
-    captured on one stream share its buffer: do not replay them concurrently on different streams.)"""
+    call. Kernels on one stream run in order, so they never share counters concurrently. Under stream
+    capture the graph gets zeroed counters of its own (a memset node), as the amax pass's scratch does."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(max(size, 1), dtype=torch.int32, device=device)  # see amax.scratch_buffer
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _STREAM_COUNTERS.get(key)

@@ -62,13 +62,20 @@ def amax_kernel(
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, STEPS_M: tl.constexpr = 1,
     FINAL_BLOCK: tl.constexpr = 1024, TABLE_E6: tl.constexpr = 0.0, SOFT_BF16: tl.constexpr = False,
+    DIRECT: tl.constexpr = False,
 ):
     """Folds max |x| of STEPS_M tiles (consecutive along M) into the scratch accumulators, then
     ``finalize_amax`` (TABLE_E6 > 0: per-token outputs as (3, N) tables for the cast). Per-tensor and
     per-column maxima are carried across the steps in registers, so one program issues one atomic per
-    output (same-address atomics serialize in L2)."""
-    row_amax_ptr = scratch_ptr + 1
-    col_amax_ptr = scratch_ptr + 1 + N_ROW
+    output (same-address atomics serialize in L2). DIRECT (per-token modes only): the outputs, zeroed
+    by the caller and passed as int32, are the accumulators; no scratch, no finalize (whose serial copy
+    of N_ROW + N_COL values would be the pass's tail for long vectors)."""
+    if DIRECT:
+        row_amax_ptr = row_out_ptr
+        col_amax_ptr = col_out_ptr
+    else:
+        row_amax_ptr = scratch_ptr + 1
+        col_amax_ptr = scratch_ptr + 1 + N_ROW
     pid_m, pid_k, cols, col_ok = program_columns(K, BLOCK_K)
     # maxima are carried elementwise across the steps and reduced once at the end (a reduction along
     # M crosses warps through shared memory)
@@ -107,7 +114,8 @@ def amax_kernel(
         c = tl.max(t_rht, axis=0)
         c = tl.where(c > 0x7F800000, 0x7FC00000, c)
         tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok, sem="relaxed")
-    finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK, TABLE_E6)
+    if not DIRECT:
+        finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK, TABLE_E6)
 
 
 _SCRATCH: dict = {}
@@ -115,9 +123,12 @@ _SCRATCH: dict = {}
 
 def scratch_buffer(device: torch.device, size: int) -> torch.Tensor:
     """The amax scratch (int32, zero at rest) of ``device`` and its current stream, at least ``size``
-    entries. Launches on one stream run in order, so they never share it concurrently (CUDA graphs
-    captured on one stream share its buffer: do not replay them concurrently on different streams).
-    A buffer that a larger one replaces stays referenced, since a captured graph may still use it."""
+    entries, kept between calls. Launches on one stream run in order, so they never share it
+    concurrently. Under stream capture the graph gets a zeroed scratch of its own (a memset node): a
+    cached buffer first allocated in a graph's memory pool would outlive the graph, which Inductor's
+    CUDA graphs (torch.compile mode="reduce-overhead") refuse, and graphs never share one."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(size, dtype=torch.int32, device=device)
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     key = (device, stream)
     buffers = _SCRATCH.get(key)
@@ -132,5 +143,11 @@ def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int) -> Non
     this shape and modes): x (M, K), the fp32 outputs (an absent one: None) of n_row / n_col amaxes
     ((3, n) tables with TABLE_E6)."""
     m, k = x.shape
+    if amax_launch.meta.get("DIRECT"):  # the zeroed outputs are the accumulators (int32 views)
+        row_bits = row_out.view(torch.int32) if n_row else None
+        col_bits = col_out.view(torch.int32) if n_col else None
+        any_bits = row_bits if row_bits is not None else col_bits
+        amax_launch(x, any_bits, row_bits if n_row else any_bits, col_bits if n_col else any_bits, m, k, n_row, n_col)
+        return
     scratch = scratch_buffer(x.device, 1 + n_row + n_col)
     amax_launch(x, scratch, row_out if n_row else col_out, col_out if n_col else row_out, m, k, n_row, n_col)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ...layout import cdiv, next_power_of_2
 from ..launch import interpreting
-from .amax import AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AMAX_TENSOR_RHT
+from .amax import AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AMAX_TENSOR_RHT
 
 # (BLOCK_M, BLOCK_K, num_warps) of the amax passes: per tensor, with a per-token output, post-RHT
 AMAX_TILE = (64, 128, 8)
@@ -62,18 +62,26 @@ def amax_steps(m: int, block_m: int, *, per_token: bool) -> int:
     return max(1, min(1 if per_token else 4, cdiv(m, block_m)))
 
 
+def amax_direct(row_mode: int, col_mode: int, table_e6: float) -> bool:
+    """Whether the amax pass accumulates straight into its (zeroed) outputs: every output it computes is
+    per token and not written as tables (the scratch's finalize copy would be a serial tail)."""
+    return (not table_e6 and row_mode in (AMAX_NONE, AMAX_PER_TOKEN)
+            and col_mode in (AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT) and (row_mode, col_mode) != (AMAX_NONE,) * 2)
+
+
 def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, *, table_e6: float = 0.0,
               block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
     """Constexprs and num_warps of ``amax_kernel`` for the amax modes of the two outputs (table_e6 > 0:
-    per-token outputs written as the cast's (3, N) tables, for E = table_e6 / 6)."""
+    per-token outputs written as the cast's (3, N) tables, for E = table_e6 / 6; DIRECT: see
+    :func:`amax_direct`)."""
     rht = col_mode == AMAX_TENSOR_RHT
     per_token = AMAX_PER_TOKEN in (row_mode, col_mode) or col_mode == AMAX_PER_TOKEN_RHT
     bm, bk, warps = amax_tile(m, k, rht=rht, per_token=per_token, block_m=block_m, block_k=block_k,
                               num_warps=num_warps)
     return dict(ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode),
                 RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not interpreting(),
-                STEPS_M=amax_steps(m, bm, per_token=per_token), TABLE_E6=table_e6, num_warps=warps,
-                enable_fp_fusion=False)
+                STEPS_M=amax_steps(m, bm, per_token=per_token), TABLE_E6=table_e6,
+                DIRECT=amax_direct(row_mode, col_mode, table_e6), num_warps=warps, enable_fp_fusion=False)
 
 
 # Per-token tables written by the amax pass's last program (TABLE_E6) instead of a launch of
