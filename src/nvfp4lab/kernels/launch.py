@@ -33,7 +33,8 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover - older Triton: hooks live on CompiledKernel
     _knobs = None
 
-__all__ = ["EagerCustomOp", "Launch", "aligned", "arg_key", "custom_op", "interpreting", "launch", "tracing"]
+__all__ = ["EagerCustomOp", "Launch", "aligned", "arg_key", "custom_op", "interpreting", "kept_zeros", "launch",
+           "tracing"]
 
 # Triton reads TRITON_INTERPRET when a kernel is defined (at import), so this module reads it then too
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -95,6 +96,26 @@ def custom_op(name: str, *, mutates_args: Iterable[str] = ()):
         return EagerCustomOp(name, fn, mutates_args)
 
     return wrap
+
+
+# ------------------------------------------------------------------------------ kept buffers
+_SIDE_STREAMS: dict = {}
+
+
+def kept_zeros(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer that a cache keeps between calls (kernels that leave it zero again): allocated
+    on a side stream, so outside any memory pool that takes the current stream's allocations
+    (Inductor's CUDA graphs route their warm-up runs' allocations to the graphs' pool, and refuse a
+    tensor born there that outlives them), and zeroed on the current stream."""
+    if device.type != "cuda":
+        return torch.zeros(size, dtype=dtype, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side = _SIDE_STREAMS.get(index)
+    if side is None:
+        side = _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+    with torch.cuda.stream(side):
+        buf = torch.empty(size, dtype=dtype, device=device)
+    return buf.zero_()
 
 
 # --------------------------------------------------------------------------------------- launches

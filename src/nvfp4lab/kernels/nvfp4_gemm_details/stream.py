@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ...layout import cdiv, roundup
 from ..formats import e4m3_decode
-from ..launch import launch
+from ..launch import kept_zeros, launch
 from ..swizzle import swizzle_offset
 from . import opt_flags
 from .common import epilogue, words
@@ -286,7 +286,7 @@ def stream_counters(device: torch.device, size: int) -> torch.Tensor:
     key = (str(device), stream)
     buf = _STREAM_COUNTERS.get(key)
     if buf is None or buf.numel() < size:
-        buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+        buf = kept_zeros(max(size, 1024), torch.int32, device)
         _STREAM_COUNTERS[key] = buf
     return buf
 
