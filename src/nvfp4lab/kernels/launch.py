@@ -23,6 +23,7 @@ Proton profiler), every launch takes Triton's path.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Callable, Iterable
 
 import torch
@@ -33,7 +34,7 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover - older Triton: hooks live on CompiledKernel
     _knobs = None
 
-__all__ = ["EagerCustomOp", "Launch", "aligned", "arg_key", "custom_op", "interpreting", "kept_zeros", "launch",
+__all__ = ["EagerCustomOp", "Launch", "aligned", "arg_key", "custom_op", "interpreting", "keep_buffers", "launch",
            "tracing"]
 
 # Triton reads TRITON_INTERPRET when a kernel is defined (at import), so this module reads it then too
@@ -73,12 +74,20 @@ class EagerCustomOp:
             raise ValueError(f"custom ops of this package live in the nvfp4lab namespace, got {name!r}")
         schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
         _LIBRARY.define(op_name + schema)
-        _LIBRARY.impl(op_name, impl, "CompositeExplicitAutograd")
+        _LIBRARY.impl(op_name, self._dispatched, "CompositeExplicitAutograd")
         self.name = name
         self.impl = impl
         self.op = getattr(getattr(torch.ops, namespace), op_name).default
         self.__doc__ = impl.__doc__
         self.__name__ = impl.__name__
+
+    def _dispatched(self, *args, **kwargs):
+        """The implementation as the dispatcher calls it (see :func:`keep_buffers`)."""
+        _DISPATCH.depth = getattr(_DISPATCH, "depth", 0) + 1
+        try:
+            return self.impl(*args, **kwargs)
+        finally:
+            _DISPATCH.depth -= 1
 
     def register_fake(self, fn: Callable) -> Callable:
         torch.library.register_fake(self.name, fn, lib=_LIBRARY)
@@ -99,23 +108,18 @@ def custom_op(name: str, *, mutates_args: Iterable[str] = ()):
 
 
 # ------------------------------------------------------------------------------ kept buffers
-_SIDE_STREAMS: dict = {}
+_DISPATCH = threading.local()
 
 
-def kept_zeros(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed buffer that a cache keeps between calls (kernels that leave it zero again): allocated
-    on a side stream, so outside any memory pool that takes the current stream's allocations
-    (Inductor's CUDA graphs route their warm-up runs' allocations to the graphs' pool, and refuse a
-    tensor born there that outlives them), and zeroed on the current stream."""
-    if device.type != "cuda":
-        return torch.zeros(size, dtype=dtype, device=device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    side = _SIDE_STREAMS.get(index)
-    if side is None:
-        side = _SIDE_STREAMS[index] = torch.cuda.Stream(index)
-    with torch.cuda.stream(side):
-        buf = torch.empty(size, dtype=dtype, device=device)
-    return buf.zero_()
+def keep_buffers(device: torch.device) -> bool:
+    """Whether a kernel family may keep a zeroed buffer between calls (the amax scratch, the stream
+    GEMM's counters): not under stream capture (the graph gets buffers of its own) and not inside a
+    custom op called through the dispatcher (a compiled graph's call: Inductor's CUDA graphs route
+    every allocation of their runs to the graphs' pool and refuse a tensor born there that outlives
+    them)."""
+    if getattr(_DISPATCH, "depth", 0):
+        return False
+    return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 
 
 # --------------------------------------------------------------------------------------- launches

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ...layout import cdiv, roundup
 from ..formats import e4m3_decode
-from ..launch import kept_zeros, launch
+from ..launch import keep_buffers, launch
 from ..swizzle import swizzle_offset
 from . import opt_flags
 from .common import epilogue, words
@@ -278,15 +278,15 @@ _STREAM_COUNTERS: dict = {}
 def stream_counters(device: torch.device, size: int) -> torch.Tensor:
     """Per-tile arrival counters of the stream kernel's split-K reduction, one zeroed buffer per (device,
     stream), kept between calls: the kernel sets every counter it used back to 0, so no memset runs per
-    call. Kernels on one stream run in order, so they never share counters concurrently. Under stream
-    capture the graph gets zeroed counters of its own (a memset node), as the amax pass's scratch does."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(max(size, 1), dtype=torch.int32, device=device)  # see amax.scratch_buffer
+    call. Kernels on one stream run in order, so they never share counters concurrently. Where a buffer
+    must not outlive the call (``launch.keep_buffers``) the call gets zeroed counters of its own."""
+    if not keep_buffers(device):
+        return torch.zeros(max(size, 1), dtype=torch.int32, device=device)  # see launch.keep_buffers
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _STREAM_COUNTERS.get(key)
     if buf is None or buf.numel() < size:
-        buf = kept_zeros(max(size, 1024), torch.int32, device)
+        buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
         _STREAM_COUNTERS[key] = buf
     return buf
 

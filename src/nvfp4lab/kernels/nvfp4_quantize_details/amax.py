@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import kept_zeros
+from ..launch import keep_buffers
 from .common import ONE_SIXTH, abs_bits, global_scales, in_normal_range, load_rows, program_columns
 from .rht import finish16_bits, rht_rows_fp32, rht_tile
 
@@ -125,18 +125,17 @@ _SCRATCH: dict = {}
 def scratch_buffer(device: torch.device, size: int) -> torch.Tensor:
     """The amax scratch (int32, zero at rest) of ``device`` and its current stream, at least ``size``
     entries, kept between calls. Launches on one stream run in order, so they never share it
-    concurrently. Under stream capture the graph gets a zeroed scratch of its own (a memset node): a
-    cached buffer first allocated in a graph's memory pool would outlive the graph, which Inductor's
-    CUDA graphs (torch.compile mode="reduce-overhead") refuse, and graphs never share one (the cached
-    one is allocated outside their pool: ``kept_zeros``)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    concurrently. Where a buffer must not outlive the call (:func:`~nvfp4lab.kernels.launch.keep_buffers`:
+    stream capture, a compiled graph's call) the call gets a zeroed scratch of its own (a memset).
+    """
+    if not keep_buffers(device):
         return torch.zeros(size, dtype=torch.int32, device=device)
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     key = (device, stream)
     buffers = _SCRATCH.get(key)
     if buffers is None or buffers[-1].numel() < size:
         buffers = _SCRATCH.setdefault(key, [])
-        buffers.append(kept_zeros(max(size, 4096), torch.int32, device))
+        buffers.append(torch.zeros(max(size, 4096), dtype=torch.int32, device=device))
     return buffers[-1]
 
 
