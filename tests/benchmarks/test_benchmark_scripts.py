@@ -45,7 +45,7 @@ def test_linear_benchmark_moe_smoke_run(tmp_path):
     for row in rows[1:]:
         top, totals = row["breakdown"]["top"], row["breakdown"]["totals"]
         assert len(top) == 4 and all(ms > 0 for _, _, ms in top)
-        assert set(totals) == {"quantize", "GEMM", "other"} and totals["GEMM"] > 0
+        assert set(totals) == {"quantize", "operands", "epilogue", "GEMM", "other"} and totals["GEMM"] > 0
         assert f"MoE 8x 224->64, 256 tok / {row['preset']}: kernel ms per kind" in proc.stdout
 
 

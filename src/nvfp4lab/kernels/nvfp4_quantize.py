@@ -219,6 +219,22 @@ def amax_modes(config: NVFP4QuantConfig, amax, columnwise_amax) -> tuple[int, in
     return row_mode, col_mode
 
 
+def _output_amaxes(config, amax, columnwise_amax, row_computed, col_computed) -> tuple:
+    """The (row, column) outer amaxes the container keeps: a copy of the caller's where given, else the
+    amax pass's (``col_computed`` None: the caller's per-tensor ``amax`` serves both copies)."""
+    row_amax = col_amax = None
+    if config.rowwise:
+        row_amax = amax.clone() if amax is not None else row_computed
+    if config.columnwise:
+        if columnwise_amax is not None:
+            col_amax = columnwise_amax.clone()
+        elif col_computed is None:
+            col_amax = amax.clone()
+        else:
+            col_amax = col_computed
+    return row_amax, col_amax
+
+
 class _EagerPlan:
     """What the config, shape, dtype and device of an eager (untraced) quantize fix: which amaxes the
     amax pass computes and its launch, the outputs' shapes, and the cast's launches (per SR seed
@@ -284,18 +300,8 @@ class _EagerPlan:
             col_computed = make(self.col_amax_shape, dtype=torch.float32, device=dev)
         if self.amax_launch is not None:
             launch_amax(self.amax_launch, x, row_computed, col_computed, self.n_row, self.n_col)
-        if self.shared:
-            col_computed = row_computed
-        row_amax = col_amax = None
-        if self.rowwise:
-            row_amax = amax.clone() if amax is not None else row_computed
-        if self.columnwise:
-            if columnwise_amax is not None:
-                col_amax = columnwise_amax.clone()
-            elif col_computed is None:  # the supplied per-tensor amax serves both outputs
-                col_amax = amax.clone()
-            else:
-                col_amax = col_computed
+        row_amax, col_amax = _output_amaxes(self.config, amax, columnwise_amax, row_computed,
+                                            row_computed if self.shared else col_computed)
         seed_tensor, seed_int = None, 0
         if self.config.stochastic_rounding:
             if seed is not None:
@@ -379,19 +385,8 @@ def quantize(
         col_mode = AMAX_NONE
     rht_mask = config.rht_sign_mask if config.rht else 0
     row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps)
-    if shared:
-        col_computed = row_computed
-
-    row_amax = col_amax = None
-    if config.rowwise:
-        row_amax = amax.clone() if amax is not None else row_computed
-    if config.columnwise:
-        if columnwise_amax is not None:
-            col_amax = columnwise_amax.clone()
-        elif col_mode == AMAX_NONE and not shared:
-            col_amax = amax.clone()
-        else:
-            col_amax = col_computed
+    row_amax, col_amax = _output_amaxes(config, amax, columnwise_amax, row_computed,
+                                        row_computed if shared else (col_computed if col_mode != AMAX_NONE else None))
 
     seed_tensor, seed_int = None, 0
     if config.stochastic_rounding:
