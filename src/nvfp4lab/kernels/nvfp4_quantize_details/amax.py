@@ -5,7 +5,9 @@ Each program folds max |x| of STEPS_M tiles (consecutive along M) by ``atomic_ma
 accumulators of a scratch buffer (|x| >= 0, so int order is float order; NaN bits beat inf as
 torch.amax's NaN). The last program to finish (a ticket counter in the same buffer) moves the maxima
 into the fp32 outputs and sets the accumulators and the counter back to 0 (``finalize_amax``), so the
-scratch is zero between launches and no memset runs per call: one launch for the whole pass.
+scratch is zero between launches and no memset runs per call: one launch for the whole pass. Per-token
+passes whose outputs are plain vectors (no tables) accumulate straight into those outputs, zeroed by
+the caller (DIRECT): a serial copy of thousands of maxima by one program would be the pass's tail.
 
 The value atomics are relaxed (the default acq_rel ordering puts a memory barrier around each one, and
 the per-token pass issues one per row and column); each program orders them before its ticket with a
