@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import nvfp4lab  # noqa: E402
 from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe  # noqa: E402
-from nvfp4lab.functional.linear import _qgemm, _quantize  # noqa: E402
+from nvfp4lab.functional.linear import quantized_gemm, quantize_tensor  # noqa: E402
 
 PRESETS = {
     "te_default": NVFP4Recipe.te_default(),
@@ -171,18 +171,18 @@ def split_quantize_gemm(recipe, xs, weights, dys, backend, time_ms, warmup, iter
     def quantize_all():
         out = []
         for x, w, dy in zip(xs, weights, dys):
-            out.append((_quantize(recipe, "input", x, rowwise=True, columnwise=True, backend=backend),
-                        _quantize(recipe, "weight", w, rowwise=True, columnwise=True, backend=backend),
-                        _quantize(recipe, "grad", dy, rowwise=True, columnwise=True, backend=backend)))
+            out.append((quantize_tensor(recipe, "input", x, rowwise=True, columnwise=True, backend=backend),
+                        quantize_tensor(recipe, "weight", w, rowwise=True, columnwise=True, backend=backend),
+                        quantize_tensor(recipe, "grad", dy, rowwise=True, columnwise=True, backend=backend)))
         return out
 
     quantized = quantize_all()
 
     def gemm_all():
         for qx, qw, qdy in quantized:
-            _qgemm(qx, "rowwise", qw, "rowwise", out_dtype=torch.bfloat16, backend=backend)
-            _qgemm(qdy, "rowwise", qw, "columnwise", out_dtype=torch.bfloat16, backend=backend)
-            _qgemm(qdy, "columnwise", qx, "columnwise", out_dtype=torch.bfloat16, backend=backend)
+            quantized_gemm(qx, "rowwise", qw, "rowwise", out_dtype=torch.bfloat16, backend=backend)
+            quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=torch.bfloat16, backend=backend)
+            quantized_gemm(qdy, "columnwise", qx, "columnwise", out_dtype=torch.bfloat16, backend=backend)
 
     return time_ms(quantize_all, warmup, iters), time_ms(gemm_all, warmup, iters)
 

@@ -157,7 +157,7 @@ def main():
         def _always(abs_bits):
             return True
 
-        mk._all_finite = _always
+        mk.all_finite = _always
     for name in a.cases:
         tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
         fn, grid, args, kwargs, elements = CASES[name](m, k, tile)

@@ -243,7 +243,7 @@ def test_unchecked_device_offsets_never_write_outside_the_outputs(name, offsets)
     """Device offsets are not read on the host (a sync): offsets that are not the splits' (0..M,
     nondecreasing) give unspecified bytes, but every kernel write stays inside the output buffers. The
     cast writes here into views of guarded buffers whose guard bytes must come back untouched."""
-    from nvfp4lab.kernels.grouped_quantize import _split_steps
+    from nvfp4lab.kernels.grouped_quantize import split_steps_of
     from nvfp4lab.kernels.nvfp4_quantize_details.cast import FOUR_OVER_SIX_CODES, launch_cast
 
     m, k = 64, 32
@@ -260,6 +260,6 @@ def test_unchecked_device_offsets_never_write_outside_the_outputs(name, offsets)
                                                                              (k * m // 16,)])]
     launch_cast(x, outputs, row_amax, col_amax, None, 0, True, True, config.block == "16x16", config.per_token, -1,
                 FOUR_OVER_SIX_CODES[config.four_over_six], config.e4m3_max, False, "compact", offsets=offs, num_splits=n,
-                split_steps=_split_steps(n), group_split=group_split)
+                split_steps=split_steps_of(n), group_split=group_split)
     for buf in buffers:
         assert (buf[:guard] == 0xA5).all() and (buf[-guard:] == 0xA5).all()

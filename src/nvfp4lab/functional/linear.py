@@ -107,7 +107,9 @@ def _tensor_config_cached(recipe, tensor: str, rowwise: bool, columnwise: bool):
     return recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise)
 
 
-def _quantize(recipe, tensor: str, x2: torch.Tensor, *, rowwise: bool, columnwise: bool, backend) -> QuantizedTensor:
+def quantize_tensor(recipe, tensor: str, x2: torch.Tensor, *, rowwise: bool, columnwise: bool, backend) -> QuantizedTensor:
+    """``x2`` quantized with the recipe's config for ``tensor`` ("input", "weight" or "grad") and the
+    asked copies: what a layer's passes quantize (the recipe's NVFP4 or MXFP8 op)."""
     config = _tensor_config(recipe, tensor, rowwise, columnwise)
     if isinstance(recipe, MXFP8Recipe):
         return ops.quantize_mxfp8(x2, config=config, backend=backend)
@@ -127,7 +129,7 @@ def _gemm_matrix(t: MXFP8Tensor, copy: str, backend) -> torch.Tensor:
     return _dequantize(t, "columnwise", torch.float32, backend).t()
 
 
-def _qgemm(a: QuantizedTensor, a_copy: str, b: QuantizedTensor, b_copy: str, *, out_dtype, bias=None, backend=None):
+def quantized_gemm(a: QuantizedTensor, a_copy: str, b: QuantizedTensor, b_copy: str, *, out_dtype, bias=None, backend=None):
     """A @ B^T where A (B) is the GEMM-orientation matrix of the named copy of a (b): the rowwise copy
     of an (M, K) tensor is x itself, the columnwise copy is x^T."""
     if isinstance(a, MXFP8Tensor):
@@ -148,7 +150,7 @@ def quantize_weight(weight: torch.Tensor, recipe=None, *, columnwise: bool = Tru
     _check_float("weight", weight)
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
-    return _quantize(recipe, "weight", weight, rowwise=True, columnwise=columnwise, backend=backend)
+    return quantize_tensor(recipe, "weight", weight, rowwise=True, columnwise=columnwise, backend=backend)
 
 
 # ------------------------------------------------------------------- saving quantized copies
@@ -187,10 +189,10 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     w_columnwise = mode == "quantized" and need_dgrad
     m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
     meta["m_pad"] = m_pad
-    qx = _quantize(recipe, "input", _pad_rows(x2, m_pad), rowwise=True, columnwise=x_columnwise, backend=backend)
+    qx = quantize_tensor(recipe, "input", _pad_rows(x2, m_pad), rowwise=True, columnwise=x_columnwise, backend=backend)
     if qweight is None or (w_columnwise and qweight.columnwise_data is None):
         qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
-    y = _qgemm(qx, "rowwise", qweight, "rowwise", out_dtype=cdtype, bias=bias, backend=backend)
+    y = quantized_gemm(qx, "rowwise", qweight, "rowwise", out_dtype=cdtype, bias=bias, backend=backend)
     if m_pad != m:
         y = y[:m]
     if mode == "quantized":
@@ -224,11 +226,11 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
         qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
         if need_dgrad or need_wgrad:
             rows = meta["m_pad"] if need_wgrad else m
-            qdy = _quantize(recipe, "grad", _pad_rows(dy2, rows), rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
+            qdy = quantize_tensor(recipe, "grad", _pad_rows(dy2, rows), rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
             if need_dgrad:
-                dx = _qgemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
+                dx = quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
             if need_wgrad:
-                dw = _qgemm(qdy, "columnwise", qx, "columnwise", out_dtype=meta["w_dtype"], backend=backend)
+                dw = quantized_gemm(qdy, "columnwise", qx, "columnwise", out_dtype=meta["w_dtype"], backend=backend)
         return dx, dw, db
     if mode == "dequantized":
         qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])

@@ -173,7 +173,7 @@ def _grouped_amax_kernel(
                 tl.store(group_split_ptr + rows // 16, split.to(tl.int32), mask=row_ok & (rows % 16 == 0))
 
 
-def _split_steps(num_splits: int) -> int:
+def split_steps_of(num_splits: int) -> int:
     return max(0, (num_splits - 1).bit_length())
 
 
@@ -204,7 +204,7 @@ def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, co
     bm, bk, warps = opt_flags.amax_tile(m, k, rht=col_mode == G_SPLIT_RHT, per_token=per_token, block_m=block_m,
                                         block_k=block_k, num_warps=num_warps)
     meta = dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk,
-                DOT_BF16=not opt_flags.interpreting(), SPLIT_STEPS=_split_steps(n),
+                DOT_BF16=not opt_flags.interpreting(), SPLIT_STEPS=split_steps_of(n),
                 STEPS_M=opt_flags.amax_steps(m, bm, per_token=per_token), num_warps=warps)
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
     col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
@@ -255,7 +255,7 @@ def nvfp4_grouped_quantize_cast(
         return row_data, row_scale, col_data, col_scale
     launch_cast(x, (row_data, row_scale, col_data, col_scale), row_amax, col_amax, seed_tensor, seed, rowwise,
                 columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-                "compact", offsets=offsets, num_splits=n, split_steps=_split_steps(n), group_split=group_split,
+                "compact", offsets=offsets, num_splits=n, split_steps=split_steps_of(n), group_split=group_split,
                 block_m=block_m, block_k=block_k, num_warps=num_warps, pr3045=pr3045)
     return row_data, row_scale, col_data, col_scale
 

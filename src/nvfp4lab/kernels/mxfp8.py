@@ -150,7 +150,7 @@ def _block_scale(amax, max_rcp, FINITE: tl.constexpr):
 
 
 @triton.jit
-def _all_finite(abs_bits):
+def all_finite(abs_bits):
     """Whether every |x| bit pattern given is below inf's (so none is inf or NaN)."""
     return tl.max(abs_bits) < 0x7F800000
 
@@ -274,7 +274,7 @@ def _mxfp8_quantize_kernel(
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                 col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
                                 BLOCK_ROWS, BLOCK_COLS, LOCAL_I64, EVEN, HW_CAST, False, PACK)
-        elif _all_finite(col_amax.to(tl.int32, bitcast=True)):
+        elif all_finite(col_amax.to(tl.int32, bitcast=True)):
             _quantize_tile_body(x, col_amax, offs, mask, r, c, r_ok, c_ok, row0, col0, rows, cols, row_data_ptr,
                                 row_scale_ptr, col_data_ptr, col_scale_ptr, row_scale_stride, row_scale_tiles,
                                 col_scale_stride, col_scale_tiles, max_rcp, ROWWISE, COLWISE, E5M2, SWIZZLED,
