@@ -50,10 +50,11 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0):
     steps = split_steps or None
     explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
     if opt_flags.use_cast16(cfg.four_over_six):
-        meta = opt_flags.cast16_meta(8192, rowwise, columnwise, block_2d, cfg.per_token,
+        meta = opt_flags.cast16_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
                                      cfg.rht_sign_mask if cfg.rht else -1, cfg.e4m3_max, cfg.stochastic_rounding,
-                                     cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps, **explicit)
-        fn, bm, bk = cast16.cast16_kernel, 16, meta["BLOCK_K"]
+                                     cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps,
+                                     block_m=tile[0] if tile else 0, **explicit)
+        fn, bm, bk = cast16.cast16_kernel, 16 * meta["GROUPS"], meta["BLOCK_K"]
     else:
         meta = opt_flags.four_over_six_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
                                             FOUR_OVER_SIX_CODES[cfg.four_over_six], cfg.e4m3_max, cfg.scale_layout,

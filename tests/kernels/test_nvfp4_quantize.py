@@ -103,7 +103,10 @@ for _block in ("1x16", "16x16"):
             CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True,
                                                                  columnwise=True)
 
-CASES = dict(QUANTIZE_CASES, **{"48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, TILE_16X32)})
+# 32x32x1: cast16_kernel with two 16-row groups per program (every recipe; the defaults give four
+# only to plain columnwise casts), the last program's second group outside the 48 rows
+CASES = dict(QUANTIZE_CASES, **{"48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, TILE_16X32),
+                                "48x80-bf16-tiles32x32": ((48, 80), torch.bfloat16, dict(block_m=32, block_k=32, num_warps=1))})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -873,9 +876,10 @@ for name, kwargs in json.loads(sys.argv[1]).items():
                 sides += [(True, False), (False, True)]
             for rowwise, columnwise in sides:
                 meta16 = opt_flags.constexprs(opt_flags.cast16_meta(
-                    8192, rowwise, columnwise, block_2d, cfg.per_token, mask, cfg.e4m3_max, cfg.stochastic_rounding,
+                    8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, mask, cfg.e4m3_max, cfg.stochastic_rounding,
                     cfg.stochastic_rounding, cfg.scale_layout, pr3045=cfg.numerics == "te_pr3045"))
                 frontend(cast16_kernel, sig, meta16, 1)
+                frontend(cast16_kernel, sig, dict(meta16, GROUPS=4), 1)
                 frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
         else:
             meta = opt_flags.constexprs(opt_flags.four_over_six_meta(

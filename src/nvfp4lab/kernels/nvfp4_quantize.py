@@ -7,9 +7,9 @@ Passes over x (M, K), each a ``torch.library`` custom op with a fake implementat
    column (K,), per tensor of the bf16 RHT output, or per column of PR 3045's fp32 RHT output
    (``nvfp4_quantize_details.amax``).
 2. ``nvfp4_quantize_cast``, one read of x for both outputs (``nvfp4_quantize_details.cast``):
-   * ``cast16_kernel`` (every recipe without 4over6): one 16-row group x 128 columns per one-warp
-     program; per-token recipes first compute their global scales once per row and column
-     (``pt_scales_kernel``); RHT in registers; stochastic rounding from Philox.
+   * ``cast16_kernel`` (every recipe without 4over6): 16-row groups x 128 columns per one-warp
+     program (four groups in a row when a plain columnwise output is written); per-token recipes
+     first compute their global scales once per row and column (``pt_scales_kernel``); RHT in registers; stochastic rounding from Philox.
    * ``four_over_six_kernel`` (4over6 recipes, which take neither RHT nor SR): [BLOCK_M, BLOCK_K] tiles.
    Row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch (``opt_flags``).
 
@@ -366,7 +366,8 @@ def quantize(
     Stochastic rounding uses ``seed`` (an int) when given, else a seed drawn from ``generator``
     (``nvfp4_quantize_details.cast.draw_seed``: on the device when the call may be replayed or traced).
     block_m, block_k, num_warps: the tile of every kernel of this call (0: opt_flags' choice;
-    ``cast16_kernel`` takes BLOCK_K and num_warps, its BLOCK_M is 16); any tile gives the same bits.
+    ``cast16_kernel`` takes BLOCK_K, num_warps and block_m / 16 groups of 16 rows, 1, 2 or 4); any
+    tile gives the same bits.
     poison: fill the outputs with 0xFF before the kernels write them (tests).
 
     Traced calls (torch.compile, fake tensors) go through the custom ops; eager calls run the same

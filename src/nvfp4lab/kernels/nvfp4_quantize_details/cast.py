@@ -111,9 +111,9 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     steps = []
     for row_side, col_side in sides:
         if opt_flags.use_cast16(four_over_six):
-            meta = opt_flags.cast16_meta(k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
+            meta = opt_flags.cast16_meta(m, k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
                                          stochastic_rounding, seed_from_ptr, scale_layout, split_steps=split_steps,
-                                         **tile, pr3045=pr3045)
+                                         block_m=block_m, **tile, pr3045=pr3045)
             meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
             tables = None
             n_row = m if per_token and row_side else 0

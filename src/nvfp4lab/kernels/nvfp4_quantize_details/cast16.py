@@ -1,14 +1,16 @@
-"""The NVFP4 cast of every recipe without 4over6: ``cast16_kernel``, one 16-row group x BLOCK_K columns
-per program, both outputs from one read of x.
+"""The NVFP4 cast of every recipe without 4over6: ``cast16_kernel``, GROUPS 16-row groups x BLOCK_K
+columns per program, one after the other (``_cast16_group``), both outputs from one read of x.
 
-Layout: one 16-row group x 128 columns per one-warp program, laid out so that each thread holds 8 rows
+Layout: 16-row groups x 128 columns per one-warp program, each laid out so that each thread holds 8 rows
 of 8 columns, i.e. half of a rowwise and half of a columnwise block, each packing one word of each;
 the cheaper encoders ``e2m1_scale_encode`` and ``_scale_and_factor_fast``, because on Hopper (no E2M1
 convert) the instruction count per element bounds the kernel (``tools/sass_stats.py`` counts them
 without a GPU). Per-token casts load their global scales from ``pt_scales_kernel``'s tables. RHT
 recipes (1x16 blocks) transform the columnwise side in registers (``rht16_cast16``). Stochastic
 rounding: :mod:`.stochastic_rounding`. PR3045 (per-token only): PR 3045's numerics, S_enc from the
-floored amax and enc = S_enc / s (0 for a zero scale), and its fp32 RHT.
+floored amax and enc = S_enc / s (0 for a zero scale), and its fp32 RHT. Columnwise stores: a
+program of 4 groups writes 32 contiguous bytes (a whole sector) into each column's row of the (K, M/2)
+output instead of 8-byte pieces, which is what bounded the plain columnwise casts.
 """
 import triton
 import triton.language as tl
@@ -98,6 +100,7 @@ def cast16_kernel(
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
     REUSE_2D: tl.constexpr = False, PR3045: tl.constexpr = False, SOFT_BF16: tl.constexpr = False,
+    GROUPS: tl.constexpr = 1,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only on the columnwise side, 1x16 blocks: ``rht16_cast16``).
@@ -116,12 +119,58 @@ def cast16_kernel(
     Layout: with bf16 input, BLOCK_K = 128 and one warp, each thread loads 16 bytes of 8 of the 16
     rows (see ``r16``): a rowwise block spans two threads, and so does a columnwise block, each thread
     packing one of its two words (one shuffle per block amax; scale math duplicated in the pair).
+    GROUPS (1, 2 or 4; 1 when GROUPED): consecutive 16-row groups per program, cast one after the other;
+    their columnwise words and scales are stored together, so that each column's row of the (K, M/2)
+    output gets 8 * GROUPS contiguous bytes from one program instead of 8-byte pieces.
     """
-    KB: tl.constexpr = BLOCK_K // 16
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
-    g = (pid // n_k).to(tl.int64)  # 16-row group = columnwise block index along M
+    g0 = (pid // n_k).to(tl.int64) * GROUPS  # first 16-row group = columnwise block index along M
     pid_k = pid % n_k
+    if GROUPS == 1:
+        _cast16_group(
+            x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K,
+            offsets_ptr, group_split_ptr, num_splits, g0, pid_k, ROWWISE, COLWISE, BLOCK_2D, PER_TOKEN, E6, SR, SEED_FROM_PTR,
+            LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, True)
+    else:
+        # a runtime loop (not unrolled), so that only one group's tile is live at a time; each group's
+        # columnwise words and scales go into their slots of the per-column rows stored below
+        slot = tl.arange(0, 2 * GROUPS)
+        words = tl.zeros([BLOCK_K, 2 * GROUPS], tl.int32)
+        scales = tl.zeros([BLOCK_K, GROUPS], tl.int32)
+        for j in tl.range(0, GROUPS, loop_unroll_factor=1):
+            w, s = _cast16_group(
+                x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M,
+                K, offsets_ptr, group_split_ptr, num_splits, g0 + j, pid_k, ROWWISE, COLWISE, BLOCK_2D, PER_TOKEN, E6, SR,
+                SEED_FROM_PTR, LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, False)
+            if COLWISE:
+                w_lo, w_hi = tl.split(tl.trans(w))  # [BLOCK_K] each: rows 0-7, rows 8-15
+                words = tl.where(slot[None, :] == 2 * j, w_lo[:, None], words)
+                words = tl.where(slot[None, :] == 2 * j + 1, w_hi[:, None], words)
+                scales = tl.where(tl.arange(0, GROUPS)[None, :] == j, s[:, None], scales)
+        if COLWISE:
+            m_blocks = M // 16
+            cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+            groups = g0 + tl.arange(0, GROUPS)
+            ok = (cols < K)[:, None] & (g0 + slot // 2 < m_blocks)[None, :]
+            tl.store(col_data_ptr + (cols * m_blocks + g0)[:, None] * 2 + slot[None, :], words, mask=ok)
+            csoff = scale_offsets(cols[:, None], groups[None, :], m_blocks, LAYOUT)
+            tl.store(col_scale_ptr + csoff, scales.to(tl.uint8), mask=(cols < K)[:, None] & (groups < m_blocks)[None, :])
+
+
+@triton.jit
+def _cast16_group(
+    x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K, offsets_ptr, group_split_ptr, num_splits, g, pid_k,
+    ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
+    E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT_STEPS: tl.constexpr, RHT: tl.constexpr, RHT_MASK: tl.constexpr,
+    REUSE_2D: tl.constexpr, PR3045: tl.constexpr, SOFT_BF16: tl.constexpr, STORE_COLS: tl.constexpr,
+):
+    """The 16-row group g, columns tile pid_k, of ``cast16_kernel``: stores its rowwise blocks and, with
+    STORE_COLS, its columnwise ones; returns the columnwise words [2, BLOCK_K] (word h = rows 8h..8h+7)
+    and scale codes [BLOCK_K] (zeros without COLWISE)."""
+    KB: tl.constexpr = BLOCK_K // 16
     # tile row i holds row 8 * (i % 2) + i // 2 of the group: with bf16 (16-byte loads of 8 columns,
     # 16 threads along a 128-column tile) the two threads that share a column hold rows 0-7 and 8-15,
     # i.e. exactly one packed word of its columnwise block each
@@ -289,13 +338,17 @@ def cast16_kernel(
                 col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
             col_words = tl.sum(tl.reshape(col_codes_x, [8, 2, BLOCK_K]) << shift, axis=0)
             col_scale = col_scale_x
-        cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
-        if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
-            cok = cok & (blk2 >= 0) & (blk2 < m_blocks * K)
-        tl.store(col_data_ptr + blk2[None, :] * 2 + tl.arange(0, 2)[:, None], col_words, mask=cok[None, :])
-        if GROUPED:
-            csoff = blk2  # compact
-        else:
-            csoff = scale_offsets(cols, g, m_blocks, LAYOUT)
-        tl.store(col_scale_ptr + csoff, col_scale.to(tl.uint8), mask=cok)
-
+        if STORE_COLS:
+            cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
+            if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
+                cok = cok & (blk2 >= 0) & (blk2 < m_blocks * K)
+            tl.store(col_data_ptr + blk2[None, :] * 2 + tl.arange(0, 2)[:, None], col_words, mask=cok[None, :])
+            if GROUPED:
+                csoff = blk2  # compact
+            else:
+                csoff = scale_offsets(cols, g, m_blocks, LAYOUT)
+            tl.store(col_scale_ptr + csoff, col_scale.to(tl.uint8), mask=cok)
+    else:
+        col_words = tl.zeros([2, BLOCK_K], tl.int32)
+        col_scale = tl.zeros([BLOCK_K], tl.int32)
+    return col_words, col_scale

@@ -20,8 +20,9 @@ AMAX_PER_TOKEN_TILE = (32, 64, 2)
 AMAX_RHT_TILE = (32, 128, 4)
 RHT_MAX_BLOCK_M = 64  # the block-diagonal RHT dot costs BLOCK_M MACs per element
 FOUR_OVER_SIX_TILE = (16, 128, 4)
-# cast16_kernel: BLOCK_M is always 16 (one 16-row group)
-CAST16_BLOCK_K, CAST16_WARPS = 128, 1
+# cast16_kernel: 16-row groups per program of casts with a plain columnwise output (see cast16_tile),
+# BLOCK_K, num_warps
+CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
 CAST16_ROW_MAXNREG = 128
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
@@ -125,10 +126,24 @@ def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, 
     return (stochastic_rounding or rht) and not block_2d and m * k >= SPLIT_CAST_MIN_ELEMENTS
 
 
-def cast16_tile(k: int, *, block_k: int = 0, num_warps: int = 0) -> tuple[int, int]:
-    """(BLOCK_K, num_warps) of ``cast16_kernel``."""
+def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, rht: bool, sr: bool, grouped: bool = False,
+                block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> tuple[int, int, int]:
+    """(GROUPS, BLOCK_K, num_warps) of ``cast16_kernel``.
+
+    GROUPS (16-row groups per program; block_m / 16 rounded down to 1, 2 or 4 when given): 4 for casts
+    with a columnwise output, whose (K, M/2) rows then get 32-byte pieces (a full sector) per program;
+    1 for rowwise-only casts (nothing to gain), for per-token, RHT and SR casts (bound by instructions:
+    more groups per program did not make them faster), and for grouped casts (a split may end inside
+    four groups). At most the 16-row groups of m, rounded up to a power of 2."""
     bk = block_k or CAST16_BLOCK_K
-    return max(16, min(bk, next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
+    if grouped:
+        groups = 1
+    elif block_m:
+        groups = 4 if block_m >= 64 else (2 if block_m >= 32 else 1)
+    else:
+        groups = CAST16_COL_GROUPS if columnwise and not (per_token or rht or sr) else 1
+    groups = min(groups, next_power_of_2(max(cdiv(m, 16), 1)))
+    return groups, max(16, min(bk, next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
 
 
 def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
@@ -142,14 +157,17 @@ def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
     return {"maxnreg": cap} if cap and not interpreting() else {}
 
 
-def cast16_meta(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, rht_sign_mask: int,
+def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, rht_sign_mask: int,
                 e4m3_max: float, stochastic_rounding: bool, seed_from_ptr: bool, scale_layout: str, *,
-                split_steps: int | None = None, block_k: int = 0, num_warps: int = 0, pr3045: bool = False) -> dict:
+                split_steps: int | None = None, block_m: int = 0, block_k: int = 0, num_warps: int = 0,
+                pr3045: bool = False) -> dict:
     """Constexprs, num_warps and launch options of ``cast16_kernel`` (rht_sign_mask < 0: no RHT;
     split_steps: the grouped cast, 2^split_steps >= its number of splits; pr3045: PR 3045's numerics).
     REUSE_2D (16x16 row+col, per tensor, no SR): the columnwise copy takes the rowwise codes when both
     outer amaxes are equal."""
-    bk, warps = cast16_tile(k, block_k=block_k, num_warps=num_warps)
+    groups, bk, warps = cast16_tile(m, k, columnwise=columnwise, per_token=per_token, rht=rht_sign_mask >= 0,
+                                    sr=stochastic_rounding, grouped=split_steps is not None, block_m=block_m,
+                                    block_k=block_k, num_warps=num_warps)
     meta = dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
         SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_K=bk,
@@ -157,7 +175,7 @@ def cast16_meta(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_tok
         RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
         REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
                   and rht_sign_mask < 0),
-        PR3045=pr3045,
+        PR3045=pr3045, GROUPS=groups,
         num_warps=warps, enable_fp_fusion=False,
     )
     meta.update(cast16_launch_options(rowwise, columnwise))
@@ -165,7 +183,7 @@ def cast16_meta(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_tok
 
 
 def cast16_grid(m: int, k: int, meta: dict) -> tuple[int]:
-    return (cdiv(m, 16) * cdiv(k, meta["BLOCK_K"]),)
+    return (cdiv(cdiv(m, 16), meta["GROUPS"]) * cdiv(k, meta["BLOCK_K"]),)
 
 
 def four_over_six_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
