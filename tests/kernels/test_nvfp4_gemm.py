@@ -363,8 +363,9 @@ def test_grouped_list_of_activations_quantized():
     ("token", "expert", 2, torch.float32), ("tensor", "row", 1, torch.bfloat16), ("token", "one", 0, torch.float16)])
 def test_grouped_dequant_mm_host_splits(amax_a, b_amax, bias_dim, out_dtype):
     """With host split sizes, a dequant_mm config runs one cuBLAS-style GEMM per expert on the expanded
-    operands and the epilogue per expert: equal to the per-expert definition for every amax / bias mode,
-    zero-size experts (first, middle and last) and a partial expansion tile (K = 96)."""
+    operands and one epilogue over all rows (experts straddling its row tiles): equal to the per-expert
+    definition for every amax / bias mode, zero-size experts (first, middle and last) and a partial
+    expansion tile (K = 96)."""
     gen = torch.Generator().manual_seed(31)
     sizes, n, k = [0, 21, 0, 40, 7, 0], 24, 96
     e = len(sizes)

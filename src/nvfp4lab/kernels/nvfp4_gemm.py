@@ -82,7 +82,7 @@ def _launch(
     inv_e = gemm_inv(e_max_a, e_max_b)
     config = opt_flags.resolve_config(config, m, n, k, num_experts, grouped, splits is not None, device)
     if grouped and config.dequant_mm:  # host split sizes: per-expert cuBLAS GEMMs on expanded operands
-        return dequant_mm.grouped_gemm(a, b, bias, out, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
+        return dequant_mm.grouped_gemm(a, b, bias, out, offs, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
                                        config, decode, pr3045=bool(pr3045))
     flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
                  ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(device),
