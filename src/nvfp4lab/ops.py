@@ -59,6 +59,8 @@ def _env_backend() -> Optional[str]:
 
 
 def resolve_backend(backend: Optional[str], device: torch.device) -> str:
+    if backend == "triton" and _TRITON_ERROR is None:  # the common explicit choice, checked first
+        return backend
     if backend is None:
         backend = _env_backend()
     if backend is None:
@@ -469,9 +471,11 @@ def nvfp4_gemm(
             raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
         if t.rowwise_data is None:
             raise ValueError(f"{name} has no rowwise copy: nvfp4_gemm reads rowwise data (quantize with rowwise=True)")
-    if a.k != b.k:
-        raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
-    _check_same_numerics(a, b)
+    k = a.k
+    if k != b.k:
+        raise ValueError(f"a and b must share K (the contraction dim), got a K={k}, b K={b.k}")
+    if a.config.numerics != b.config.numerics:
+        _check_same_numerics(a, b)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, n = a.m, b.m
@@ -480,8 +484,9 @@ def nvfp4_gemm(
         _check_tensor("bias", bias)
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
-    out_dtype = _check_out(out, accumulate, m, n, out_dtype)
-    if m == 0 or n == 0 or a.k == 0:
+    if out is not None or accumulate:
+        out_dtype = _check_out(out, accumulate, m, n, out_dtype)
+    if m == 0 or n == 0 or k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
         if bias is not None:
             result = result + bias.float()

@@ -720,3 +720,33 @@ def test_gpu_cuda_graph_and_compile():
     assert_equal(out, want)
     compiled = torch.compile(lambda x, y: G.nvfp4_gemm(x, y, out_dtype=torch.bfloat16), fullgraph=True)
     assert_equal(compiled(a, b), want)
+
+
+@pytest.mark.parametrize("a_kind, b_kind, bias_dtype, out_dtype", [
+    (("tensor", "compact", 448.0), ("tensor", "swizzled", 448.0), None, torch.bfloat16),
+    (("token", "swizzled", 256.0), ("token", "padded", 448.0), torch.bfloat16, torch.float32),
+    (("tensor", "padded", 448.0), ("token", "compact", 256.0), torch.float32, torch.float16),
+])
+def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtype):
+    """An eager GEMM without ``out`` runs through a cached plan (G._EagerGemm): bit-equal to the generic
+    launcher (G.run) for every amax kind, scale layout, E, bias and output dtype, on the first call
+    (plan built) and the second (plan reused), and with a 2-D amax (reshaped per call). A misaligned
+    operand takes the generic path (its plan would specialize on alignment)."""
+    gen = torch.Generator().manual_seed(41)
+    a = exact_operand(48, 128, gen, amax=a_kind[0], layout=a_kind[1], e4m3_max=a_kind[2])
+    b = exact_operand(40, 128, gen, amax=b_kind[0], layout=b_kind[1], e4m3_max=b_kind[2])
+    bias = None if bias_dtype is None else torch.randn(40, generator=gen).to(bias_dtype)
+    want = poisoned((48, 40), out_dtype, "cpu")
+    G.run(a, b, want, bias=bias)
+    G._EAGER_GEMMS.clear()
+    for _ in range(2):
+        assert_equal(G.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias), want)
+    assert len(G._EAGER_GEMMS) == 1 and next(iter(G._EAGER_GEMMS.values())).launch is not None
+    a2 = dataclasses.replace(a, rowwise_amax=a.rowwise_amax.reshape(-1, 1))
+    assert_equal(G.nvfp4_gemm(a2, b, out_dtype=out_dtype, bias=bias), want)
+    shifted = torch.empty(a.rowwise_data.numel() + 1, dtype=torch.uint8)[1:].view(a.rowwise_data.shape)
+    shifted.copy_(a.rowwise_data)
+    a3 = dataclasses.replace(a, rowwise_data=shifted)
+    before = len(G._EAGER_GEMMS)
+    assert_equal(G.nvfp4_gemm(a3, b, out_dtype=out_dtype, bias=bias), want)
+    assert len(G._EAGER_GEMMS) == before
