@@ -730,8 +730,8 @@ def test_gpu_cuda_graph_and_compile():
 def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtype):
     """An eager GEMM without ``out`` runs through a cached plan (G._EagerGemm): bit-equal to the generic
     launcher (G.run) for every amax kind, scale layout, E, bias and output dtype, on the first call
-    (plan built) and the second (plan reused), and with a 2-D amax (reshaped per call). A misaligned
-    operand takes the generic path (its plan would specialize on alignment)."""
+    (plan built) and the second (plan reused), with a 2-D amax (reshaped per call) and with misaligned
+    data and amax (a plan of their own: Triton specializes pointers on alignment)."""
     gen = torch.Generator().manual_seed(41)
     a = exact_operand(48, 128, gen, amax=a_kind[0], layout=a_kind[1], e4m3_max=a_kind[2])
     b = exact_operand(40, 128, gen, amax=b_kind[0], layout=b_kind[1], e4m3_max=b_kind[2])
@@ -746,7 +746,9 @@ def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtyp
     assert_equal(G.nvfp4_gemm(a2, b, out_dtype=out_dtype, bias=bias), want)
     shifted = torch.empty(a.rowwise_data.numel() + 1, dtype=torch.uint8)[1:].view(a.rowwise_data.shape)
     shifted.copy_(a.rowwise_data)
-    a3 = dataclasses.replace(a, rowwise_data=shifted)
-    before = len(G._EAGER_GEMMS)
-    assert_equal(G.nvfp4_gemm(a3, b, out_dtype=out_dtype, bias=bias), want)
-    assert len(G._EAGER_GEMMS) == before
+    b_amax = torch.cat([torch.zeros(1), b.rowwise_amax])[1:]
+    a3, b3 = dataclasses.replace(a, rowwise_data=shifted), dataclasses.replace(b, rowwise_amax=b_amax)
+    plans = len(G._EAGER_GEMMS)
+    for _ in range(2):
+        assert_equal(G.nvfp4_gemm(a3, b3, out_dtype=out_dtype, bias=bias), want)
+    assert len(G._EAGER_GEMMS) == plans + 1

@@ -199,14 +199,14 @@ def operand_args(t):
 # ------------------------------------------------------------------------------ eager plans
 class _EagerGemm:
     """What an eager dense GEMM without ``out`` is fixed by its key (:func:`_eager_gemm`: both operands'
-    shapes, layouts, strides, amax kinds and E, the bias kind, the output dtype, the device, all
-    pointers 16-byte aligned): the fused kernel's launch and its scalar arguments, so that a call only
+    shapes, layouts, strides, amax kinds and E, the bias kind, the output dtype, the device, each
+    pointer's 16-byte alignment): the fused kernel's launch and its scalar arguments, so that a call only
     allocates the output and launches. ``launch`` is None where the call takes another path (stream,
     dequant_mm, B pre-decoded, an operand needing a copy): then :func:`_launch` runs it."""
 
     __slots__ = ("launch", "out_shape", "a_flat", "b_flat", "a_amax_fix", "b_amax_fix", "tail")
 
-    def __init__(self, a, b, bias, out_dtype, pr3045: bool):
+    def __init__(self, a, b, bias, out_dtype, pr3045: bool, aligned_ptrs: tuple):
         self.launch = None
         ad, asc, aam = a.rowwise_data, a.rowwise_scale, a.rowwise_amax
         bd, bsc, bam = b.rowwise_data, b.rowwise_scale, b.rowwise_amax
@@ -229,7 +229,9 @@ class _EagerGemm:
                   (bias if bias is not None else a_op.amax).dtype, out_dtype, a_op.amax.dtype)
         self.tail = (m, n, k, ad.stride(0), a_op.scale_stride, a_op.cols4, bd.stride(0), b_op.scale_stride, b_op.cols4,
                      n, 1, 1, gemm_inv(a.e4m3_max, b.e4m3_max), fused.TAB_LO)
-        spec = (device, *[(dtype, True) for dtype in dtypes], self.tail[3:11])  # fused.gemm's key for these
+        # fused.gemm's key for these tensors (the output is new, so aligned; offs is a's amax)
+        alignment = (*aligned_ptrs[:6], aligned_ptrs[6] if bias is not None else aligned_ptrs[2], True, aligned_ptrs[2])
+        spec = (device, *zip(dtypes, alignment), self.tail[3:11])
         self.launch = fused.gemm_launch(m, n, k, 1, False, config, decode, tuple(flags.items()), a_op.swizzled,
                                         b_op.swizzled, spec)
         self.out_shape = (m, n)
@@ -247,12 +249,10 @@ def _eager_gemm(a, b, bias, out_dtype, pr3045: bool):
     another path (then the caller runs the generic one)."""
     ad, asc, aam = a.rowwise_data, a.rowwise_scale, a.rowwise_amax
     bd, bsc, bam = b.rowwise_data, b.rowwise_scale, b.rowwise_amax
-    ptrs = ad.data_ptr() | asc.data_ptr() | aam.data_ptr() | bd.data_ptr() | bsc.data_ptr() | bam.data_ptr()
-    if bias is not None:
-        ptrs |= bias.data_ptr()
-    if ptrs & 15:  # Triton specializes on alignment: the plans hold aligned operands only
-        return None
-    key = (a.shape, b.shape, a.config.scale_layout, b.config.scale_layout, a.config.e4m3_max, b.config.e4m3_max,
+    # Triton specializes each pointer on its 16-byte alignment (split views of a bulk amax are not aligned)
+    aligned_ptrs = (ad.data_ptr() & 15 == 0, asc.data_ptr() & 15 == 0, aam.data_ptr() & 15 == 0, bd.data_ptr() & 15 == 0,
+                    bsc.data_ptr() & 15 == 0, bam.data_ptr() & 15 == 0, bias is None or bias.data_ptr() & 15 == 0)
+    key = (aligned_ptrs, a.shape, b.shape, a.config.scale_layout, b.config.scale_layout, a.config.e4m3_max, b.config.e4m3_max,
            pr3045, out_dtype, ad.device, ad.dtype, ad.stride(), asc.dtype, asc.shape, asc.stride(), aam.dtype, aam.shape,
            bd.dtype, bd.stride(), bsc.dtype, bsc.shape, bsc.stride(), bam.dtype, bam.shape,
            None if bias is None else (bias.dtype, bias.shape, bias.stride()))
@@ -260,7 +260,7 @@ def _eager_gemm(a, b, bias, out_dtype, pr3045: bool):
     if plan is None:
         if len(_EAGER_GEMMS) >= 4096:
             _EAGER_GEMMS.clear()
-        plan = _EAGER_GEMMS[key] = _EagerGemm(a, b, bias, out_dtype, pr3045)
+        plan = _EAGER_GEMMS[key] = _EagerGemm(a, b, bias, out_dtype, pr3045, aligned_ptrs)
     launch = plan.launch
     if launch is None:
         return None
