@@ -189,16 +189,19 @@ def quantize_nvfp4(
                            stochastic_rounding, scale_layout))
     x2 = flatten_2d("x", x)
     m, k = x2.shape
-    _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
-    if config.columnwise or config.block == "16x16":
+    if k % 16:
+        _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
+    if m % 16 and (config.columnwise or config.block == "16x16"):
         _check_multiple("M (product of x's leading dims)", m, 16, "columnwise and 16x16 outputs block 16 rows")
-    check_seed(seed)
-    if seed is not None and generator is not None:
-        raise ValueError("seed and generator: pass one of them, not both")
-    per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
-    amax = _check_amax("amax", amax, (m,) if per_vector else (1,), x.device)
-    col_expected = (k,) if per_vector else (1,)
-    columnwise_amax = _check_amax("columnwise_amax", columnwise_amax, col_expected, x.device)
+    if seed is not None:
+        check_seed(seed)
+        if generator is not None:
+            raise ValueError("seed and generator: pass one of them, not both")
+    if amax is not None or columnwise_amax is not None:
+        per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
+        amax = _check_amax("amax", amax, (m,) if per_vector else (1,), x.device)
+        col_expected = (k,) if per_vector else (1,)
+        columnwise_amax = _check_amax("columnwise_amax", columnwise_amax, col_expected, x.device)
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
         out = nvfp4_quantize.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, seed=seed, generator=generator)
