@@ -727,11 +727,15 @@ def test_gpu_cuda_graph_and_compile():
     (("token", "swizzled", 256.0), ("token", "padded", 448.0), torch.bfloat16, torch.float32),
     (("tensor", "padded", 448.0), ("token", "compact", 256.0), torch.float32, torch.float16),
 ])
-def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtype):
+@pytest.mark.parametrize("path", ["fused", "dequant_mm"])
+def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtype, path, monkeypatch):
     """An eager GEMM without ``out`` runs through a cached plan (G._EagerGemm): bit-equal to the generic
     launcher (G.run) for every amax kind, scale layout, E, bias and output dtype, on the first call
     (plan built) and the second (plan reused), with a 2-D amax (reshaped per call) and with misaligned
-    data and amax (a plan of their own: Triton specializes pointers on alignment)."""
+    data and amax (a plan of their own: Triton specializes pointers on alignment); on the fused kernel's
+    path (the interpreter's choice) and on the dequant_mm path (the GPU's for large problems)."""
+    if path == "dequant_mm":
+        monkeypatch.setattr(opt_flags, "choose_config", lambda *args, **kwargs: G.GemmConfig(32, 32, 64, dequant_mm=True))
     gen = torch.Generator().manual_seed(41)
     a = exact_operand(48, 128, gen, amax=a_kind[0], layout=a_kind[1], e4m3_max=a_kind[2])
     b = exact_operand(40, 128, gen, amax=b_kind[0], layout=b_kind[1], e4m3_max=b_kind[2])
@@ -741,7 +745,9 @@ def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtyp
     G._EAGER_GEMMS.clear()
     for _ in range(2):
         assert_equal(G.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias), want)
-    assert len(G._EAGER_GEMMS) == 1 and next(iter(G._EAGER_GEMMS.values())).launch is not None
+    plan = next(iter(G._EAGER_GEMMS.values()))
+    assert len(G._EAGER_GEMMS) == 1 and (plan.launch is not None) == (path == "fused")
+    assert (plan.dequant is not None) == (path == "dequant_mm")
     a2 = dataclasses.replace(a, rowwise_amax=a.rowwise_amax.reshape(-1, 1))
     assert_equal(G.nvfp4_gemm(a2, b, out_dtype=out_dtype, bias=bias), want)
     shifted = torch.empty(a.rowwise_data.numel() + 1, dtype=torch.uint8)[1:].view(a.rowwise_data.shape)

@@ -202,12 +202,13 @@ class _EagerGemm:
     shapes, layouts, strides, amax kinds and E, the bias kind, the output dtype, the device, each
     pointer's 16-byte alignment): the fused kernel's launch and its scalar arguments, so that a call only
     allocates the output and launches. ``launch`` is None where the call takes another path (stream,
-    dequant_mm, B pre-decoded, an operand needing a copy): then :func:`_launch` runs it."""
+    B pre-decoded, an operand needing a copy): then :func:`_launch` runs it. On the dequant_mm path
+    (``dequant``) the plan holds _launch's choices and the call prepares the operands."""
 
-    __slots__ = ("launch", "out_shape", "a_flat", "b_flat", "a_amax_fix", "b_amax_fix", "tail")
+    __slots__ = ("launch", "dequant", "out_shape", "a_flat", "b_flat", "a_amax_fix", "b_amax_fix", "tail")
 
     def __init__(self, a, b, bias, out_dtype, pr3045: bool, aligned_ptrs: tuple):
-        self.launch = None
+        self.launch = self.dequant = None
         ad, asc, aam = a.rowwise_data, a.rowwise_scale, a.rowwise_amax
         bd, bsc, bam = b.rowwise_data, b.rowwise_scale, b.rowwise_amax
         m, n, k, device = ad.shape[0], bd.shape[0], a.k, ad.device
@@ -218,13 +219,17 @@ class _EagerGemm:
         if any(not op.swizzled and op.scale is not raw for op, raw in ((a_op, asc), (b_op, bsc))):
             return  # a strided scale matrix is copied per call
         config = opt_flags.resolve_config(None, m, n, k, 1, False, False, device)
-        if config.stream or config.dequant_mm or config.b_predecode:
+        if config.stream or config.b_predecode:
             return
-        decode = opt_flags.fused_decode(opt_flags.default_decode(device), config)
         b_mode = 0 if b_op.amax.numel() == 1 else (2 if b_op.amax.numel() == n and n != 1 else 1)  # as _launch's
         bias_mode = 0 if bias is None else 1
         flags = dict(A_AMAX_ROWS=a_op.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode, ACCUMULATE=False,
                      OUT_BF16=out_dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(device), EPI_PR3045=bool(pr3045))
+        self.out_shape = (m, n)
+        if config.dequant_mm:  # _launch's choices, made once; the operands are prepared per call
+            self.dequant = (config, opt_flags.default_decode(device), flags, gemm_inv(a.e4m3_max, b.e4m3_max), m, n, k)
+            return
+        decode = opt_flags.fused_decode(opt_flags.default_decode(device), config)
         dtypes = (ad.dtype, a_op.scale.dtype, a_op.amax.dtype, bd.dtype, b_op.scale.dtype, b_op.amax.dtype,
                   (bias if bias is not None else a_op.amax).dtype, out_dtype, a_op.amax.dtype)
         self.tail = (m, n, k, ad.stride(0), a_op.scale_stride, a_op.cols4, bd.stride(0), b_op.scale_stride, b_op.cols4,
@@ -234,7 +239,6 @@ class _EagerGemm:
         spec = (device, *zip(dtypes, alignment), self.tail[3:11])
         self.launch = fused.gemm_launch(m, n, k, 1, False, config, decode, tuple(flags.items()), a_op.swizzled,
                                         b_op.swizzled, spec)
-        self.out_shape = (m, n)
         self.a_flat = a_op.swizzled and asc.dim() != 1
         self.b_flat = b_op.swizzled and bsc.dim() != 1
         self.a_amax_fix = aam.dim() != 1 or aam.dtype != torch.float32
@@ -263,7 +267,14 @@ def _eager_gemm(a, b, bias, out_dtype, pr3045: bool):
         plan = _EAGER_GEMMS[key] = _EagerGemm(a, b, bias, out_dtype, pr3045, aligned_ptrs)
     launch = plan.launch
     if launch is None:
-        return None
+        if plan.dequant is None:
+            return None
+        config, decode, flags, inv_e, m, n, k = plan.dequant
+        out = torch.empty(plan.out_shape, dtype=out_dtype, device=ad.device)
+        a_op = operand(ad, asc, a.config.scale_layout, aam, k)
+        b_op = operand(bd, bsc, b.config.scale_layout, bam, k)
+        return dequant_mm.gemm(a_op, b_op, bias if bias is not None else a_op.amax, out, flags, m, n, k, inv_e, config,
+                               decode)
     out = torch.empty(plan.out_shape, dtype=out_dtype, device=ad.device)
     if plan.a_flat:
         asc = asc.reshape(-1)
