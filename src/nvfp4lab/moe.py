@@ -50,25 +50,35 @@ def _use_kernel(backend: Optional[str], scale: torch.Tensor) -> bool:
     return backend == "triton"
 
 
-def _compact_rowwise_scales(t: NVFP4Tensor, backend: Optional[str]) -> torch.Tensor:
-    """t's rowwise scales as a compact (M, K/16) matrix. Swizzled scales go through the Triton
-    unswizzle kernel with the triton backend (one launch; the reference's gather builds its int64
-    offsets in five full-size elementwise passes and about 20 launches)."""
-    if t.scale_layout == "swizzled" and t.rowwise_scale.numel() > 0 and _use_kernel(backend, t.rowwise_scale):
+def _compact_scales(scale: torch.Tensor, layout: str, m: int, k16: int, backend: Optional[str]) -> torch.Tensor:
+    """An (m, k16) matrix of rowwise scales in ``layout`` as a compact matrix. Swizzled scales go
+    through the Triton unswizzle kernel with the triton backend (one launch; the reference's gather
+    builds its int64 offsets in five full-size elementwise passes and about 20 launches)."""
+    if layout == "swizzled" and scale.numel() > 0 and _use_kernel(backend, scale):
         from .kernels import swizzle as swizzle_kernels
 
-        return swizzle_kernels.unswizzle_scales(t.rowwise_scale, t.m, t.k // 16)
-    return compact_scales(t.rowwise_scale, t.scale_layout, t.m, t.k // 16)
+        return swizzle_kernels.unswizzle_scales(scale, m, k16)
+    return compact_scales(scale, layout, m, k16)
+
+
+def _concat_scales(ts, backend: Optional[str]) -> torch.Tensor:
+    """The tensors' rowwise scales, compact and stacked along rows ((sum M, K/16)). Swizzled buffers
+    whose row counts are all multiples of 128 hold whole 128-row bands, so their concatenation is the
+    swizzled buffer of the stacked matrix: one unswizzle for all of them instead of one per tensor."""
+    k16 = ts[0].k // 16
+    if len(ts) > 1 and all(t.scale_layout == "swizzled" and t.m % 128 == 0 for t in ts):
+        bands = torch.cat([t.rowwise_scale.reshape(t.m, -1) for t in ts])
+        return _compact_scales(bands, "swizzled", bands.shape[0], k16, backend)
+    return torch.cat([_compact_scales(t.rowwise_scale, t.scale_layout, t.m, k16, backend) for t in ts])
 
 
 def _concat_rows(ts, amax: torch.Tensor, shape, per_token: bool, backend: Optional[str]) -> NVFP4Tensor:
     t0 = ts[0]
-    scales = [_compact_rowwise_scales(t, backend) for t in ts]
     config = replace(t0.config, scale_layout="compact", columnwise=False, rowwise=True)
     if per_token:
         config = replace(config, per_token=True, rht=False, block="1x16")
     return NVFP4Tensor.from_parts(torch.Size(shape), t0.dtype, config,
-                                  rowwise=(torch.cat([t.rowwise_data for t in ts]), torch.cat(scales), amax))
+                                  rowwise=(torch.cat([t.rowwise_data for t in ts]), _concat_scales(ts, backend), amax))
 
 
 def concat_tokens(tensors: Sequence[NVFP4Tensor], *, backend: Optional[str] = None) -> tuple[NVFP4Tensor, torch.Tensor]:

@@ -59,6 +59,8 @@ def _env_backend() -> Optional[str]:
 
 
 def resolve_backend(backend: Optional[str], device: torch.device) -> str:
+    if backend == "triton" and _TRITON_ERROR is None:  # the common explicit choice, checked first
+        return backend
     if backend is None:
         backend = _env_backend()
     if backend is None:
@@ -187,16 +189,19 @@ def quantize_nvfp4(
                            stochastic_rounding, scale_layout))
     x2 = flatten_2d("x", x)
     m, k = x2.shape
-    _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
-    if config.columnwise or config.block == "16x16":
+    if k % 16:
+        _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
+    if m % 16 and (config.columnwise or config.block == "16x16"):
         _check_multiple("M (product of x's leading dims)", m, 16, "columnwise and 16x16 outputs block 16 rows")
-    check_seed(seed)
-    if seed is not None and generator is not None:
-        raise ValueError("seed and generator: pass one of them, not both")
-    per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
-    amax = _check_amax("amax", amax, (m,) if per_vector else (1,), x.device)
-    col_expected = (k,) if per_vector else (1,)
-    columnwise_amax = _check_amax("columnwise_amax", columnwise_amax, col_expected, x.device)
+    if seed is not None:
+        check_seed(seed)
+        if generator is not None:
+            raise ValueError("seed and generator: pass one of them, not both")
+    if amax is not None or columnwise_amax is not None:
+        per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
+        amax = _check_amax("amax", amax, (m,) if per_vector else (1,), x.device)
+        col_expected = (k,) if per_vector else (1,)
+        columnwise_amax = _check_amax("columnwise_amax", columnwise_amax, col_expected, x.device)
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
         out = nvfp4_quantize.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, seed=seed, generator=generator)
@@ -469,9 +474,11 @@ def nvfp4_gemm(
             raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
         if t.rowwise_data is None:
             raise ValueError(f"{name} has no rowwise copy: nvfp4_gemm reads rowwise data (quantize with rowwise=True)")
-    if a.k != b.k:
-        raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
-    _check_same_numerics(a, b)
+    k = a.k
+    if k != b.k:
+        raise ValueError(f"a and b must share K (the contraction dim), got a K={k}, b K={b.k}")
+    if a.config.numerics != b.config.numerics:
+        _check_same_numerics(a, b)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, n = a.m, b.m
@@ -480,8 +487,9 @@ def nvfp4_gemm(
         _check_tensor("bias", bias)
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
-    out_dtype = _check_out(out, accumulate, m, n, out_dtype)
-    if m == 0 or n == 0 or a.k == 0:
+    if out is not None or accumulate:
+        out_dtype = _check_out(out, accumulate, m, n, out_dtype)
+    if m == 0 or n == 0 or k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
         if bias is not None:
             result = result + bias.float()

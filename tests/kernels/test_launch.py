@@ -110,9 +110,65 @@ def test_dequantize_gemm_host_path(count, name, call, max_launches):
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     q = nvfp4lab.quantize_nvfp4(x, backend="triton")
     w = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), backend="triton")
-    launches, _, custom_ops = count(lambda: call(q, w))
+    launches, torch_ops, custom_ops = count(lambda: call(q, w))
     assert _total(custom_ops) == 0, custom_ops
     assert 1 <= len(launches) <= max_launches, launches
+    assert dict(torch_ops) == {"empty": 1}, torch_ops  # the output only
+
+
+def test_gemm_eager_plan_skips_the_op_wrapper(count, monkeypatch):
+    """An eager nvfp4_gemm without out launches from its cached plan: the custom op's Python wrapper
+    (and the generic launcher behind it) is not called."""
+    from nvfp4lab.kernels import nvfp4_gemm as G
+
+    q = nvfp4lab.quantize_nvfp4(torch.randn(32, 64, dtype=torch.bfloat16), backend="triton")
+    w = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), backend="triton")
+    wrapped = []
+    real = G._gemm_op.impl
+    monkeypatch.setattr(G._gemm_op, "impl", lambda *args: wrapped.append(1) or real(*args))
+    launches, _, _ = count(lambda: nvfp4lab.nvfp4_gemm(q, w, backend="triton"))
+    assert launches == ["nvfp4_gemm_kernel"] and wrapped == []
+
+
+def test_grouped_dequant_gemm_one_epilogue(count):
+    """The grouped GEMM with host split sizes on the expand + matmul path: one expansion and one
+    epilogue launch whatever the number of experts, one matmul per non-empty expert."""
+    from nvfp4lab import moe
+    from nvfp4lab.kernels import nvfp4_gemm as G
+
+    sizes = [16, 0, 24, 8, 16]
+    a = nvfp4lab.quantize_nvfp4(torch.randn(sum(sizes), 64), backend="triton", per_token=True)
+    b = moe.stack_weights([nvfp4lab.quantize_nvfp4(torch.randn(32, 64), backend="triton") for _ in sizes])
+    offs = torch.tensor(sizes).cumsum(0)
+    out = torch.empty(sum(sizes), 32, dtype=torch.bfloat16)
+    launches, torch_ops, _ = count(lambda: G.run(a, b, out, offs=offs, num_experts=len(sizes), splits=sizes,
+                                                 config=G.GemmConfig(32, 32, 64, dequant_mm=True)))
+    assert Counter(launches) == {"expand_kernel": 1, "grouped_epilogue_kernel": 1}, launches
+    assert torch_ops["mm"] == 4, torch_ops
+
+
+def test_grouped_linear_step_host_path(count):
+    """One training step of nvfp4lab.GroupedLinear (4 experts, te_default, Triton backend, an SGD step
+    so that the weights are quantized again): no dispatch; launches: per-expert weight amax + cast (8),
+    the two stacked weight copies' scales unswizzled in one launch each (2), grouped amax + cast of x
+    and dy (4), fprop and dgrad grouped GEMMs (2), 4 per-expert wgrad GEMMs; bounded torch ops."""
+    torch.manual_seed(0)
+    layer = nvfp4lab.GroupedLinear(4, 128, 128, bias=False, dtype=torch.bfloat16, backend="triton")
+    x = torch.randn(64, 128, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 128, dtype=torch.bfloat16)
+    splits = [16, 8, 24, 16]
+    opt = torch.optim.SGD(layer.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        layer(x, splits).backward(dy)
+        opt.step()
+
+    launches, torch_ops, custom_ops = count(step)
+    assert _total(custom_ops) == 0, custom_ops
+    assert Counter(launches)["_unswizzle_kernel"] == 2, Counter(launches)
+    assert len(launches) <= 20, Counter(launches)
+    assert _total(torch_ops) <= 80, torch_ops
 
 
 def test_linear_step_host_path(count):

@@ -363,8 +363,9 @@ def test_grouped_list_of_activations_quantized():
     ("token", "expert", 2, torch.float32), ("tensor", "row", 1, torch.bfloat16), ("token", "one", 0, torch.float16)])
 def test_grouped_dequant_mm_host_splits(amax_a, b_amax, bias_dim, out_dtype):
     """With host split sizes, a dequant_mm config runs one cuBLAS-style GEMM per expert on the expanded
-    operands and the epilogue per expert: equal to the per-expert definition for every amax / bias mode,
-    zero-size experts (first, middle and last) and a partial expansion tile (K = 96)."""
+    operands and one epilogue over all rows (experts straddling its row tiles): equal to the per-expert
+    definition for every amax / bias mode, zero-size experts (first, middle and last) and a partial
+    expansion tile (K = 96)."""
     gen = torch.Generator().manual_seed(31)
     sizes, n, k = [0, 21, 0, 40, 7, 0], 24, 96
     e = len(sizes)
@@ -719,3 +720,41 @@ def test_gpu_cuda_graph_and_compile():
     assert_equal(out, want)
     compiled = torch.compile(lambda x, y: G.nvfp4_gemm(x, y, out_dtype=torch.bfloat16), fullgraph=True)
     assert_equal(compiled(a, b), want)
+
+
+@pytest.mark.parametrize("a_kind, b_kind, bias_dtype, out_dtype", [
+    (("tensor", "compact", 448.0), ("tensor", "swizzled", 448.0), None, torch.bfloat16),
+    (("token", "swizzled", 256.0), ("token", "padded", 448.0), torch.bfloat16, torch.float32),
+    (("tensor", "padded", 448.0), ("token", "compact", 256.0), torch.float32, torch.float16),
+])
+@pytest.mark.parametrize("path", ["fused", "dequant_mm"])
+def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtype, path, monkeypatch):
+    """An eager GEMM without ``out`` runs through a cached plan (G._EagerGemm): bit-equal to the generic
+    launcher (G.run) for every amax kind, scale layout, E, bias and output dtype, on the first call
+    (plan built) and the second (plan reused), with a 2-D amax (reshaped per call) and with misaligned
+    data and amax (a plan of their own: Triton specializes pointers on alignment); on the fused kernel's
+    path (the interpreter's choice) and on the dequant_mm path (the GPU's for large problems)."""
+    if path == "dequant_mm":
+        monkeypatch.setattr(opt_flags, "choose_config", lambda *args, **kwargs: G.GemmConfig(32, 32, 64, dequant_mm=True))
+    gen = torch.Generator().manual_seed(41)
+    a = exact_operand(48, 128, gen, amax=a_kind[0], layout=a_kind[1], e4m3_max=a_kind[2])
+    b = exact_operand(40, 128, gen, amax=b_kind[0], layout=b_kind[1], e4m3_max=b_kind[2])
+    bias = None if bias_dtype is None else torch.randn(40, generator=gen).to(bias_dtype)
+    want = poisoned((48, 40), out_dtype, "cpu")
+    G.run(a, b, want, bias=bias)
+    G._EAGER_GEMMS.clear()
+    for _ in range(2):
+        assert_equal(G.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias), want)
+    plan = next(iter(G._EAGER_GEMMS.values()))
+    assert len(G._EAGER_GEMMS) == 1 and (plan.launch is not None) == (path == "fused")
+    assert (plan.dequant is not None) == (path == "dequant_mm")
+    a2 = dataclasses.replace(a, rowwise_amax=a.rowwise_amax.reshape(-1, 1))
+    assert_equal(G.nvfp4_gemm(a2, b, out_dtype=out_dtype, bias=bias), want)
+    shifted = torch.empty(a.rowwise_data.numel() + 1, dtype=torch.uint8)[1:].view(a.rowwise_data.shape)
+    shifted.copy_(a.rowwise_data)
+    b_amax = torch.cat([torch.zeros(1), b.rowwise_amax])[1:]
+    a3, b3 = dataclasses.replace(a, rowwise_data=shifted), dataclasses.replace(b, rowwise_amax=b_amax)
+    plans = len(G._EAGER_GEMMS)
+    for _ in range(2):
+        assert_equal(G.nvfp4_gemm(a3, b3, out_dtype=out_dtype, bias=bias), want)
+    assert len(G._EAGER_GEMMS) == plans + 1

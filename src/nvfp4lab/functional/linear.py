@@ -251,15 +251,17 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
 # (every split with its own amax, as the per-expert path) and one grouped GEMM against the stacked
 # expert weights; wgrad stays a per-expert GEMM on the columnwise split views (each contracts over its
 # own token count). Every split is quantized and multiplied exactly as by the per-expert loop.
-def stack_grouped_weights(quantized_weights: Sequence[NVFP4Tensor], *, columnwise: bool = True) -> tuple:
+def stack_grouped_weights(quantized_weights: Sequence[NVFP4Tensor], *, columnwise: bool = True,
+                          backend: Optional[str] = None) -> tuple:
     """Per-expert quantized weights (from :func:`quantize_weight`) -> (rowwise stack (E, N, K), columnwise
-    stack (E, K, N) or None) for :func:`grouped_linear`'s ``stacked_weights`` (modules cache it)."""
-    rowwise = moe.stack_weights(list(quantized_weights))
+    stack (E, K, N) or None) for :func:`grouped_linear`'s ``stacked_weights`` (modules cache it).
+    ``backend`` unswizzles the scales (as :func:`nvfp4lab.moe.stack_weights`'s)."""
+    rowwise = moe.stack_weights(list(quantized_weights), backend=backend)
     col = None
     if columnwise:
         if any(q.columnwise_data is None for q in quantized_weights):
             raise ValueError("columnwise=True needs quantized weights with a columnwise copy")
-        col = moe.stack_weights([transposed_operand(q) for q in quantized_weights])
+        col = moe.stack_weights([transposed_operand(q) for q in quantized_weights], backend=backend)
     return rowwise, col
 
 
@@ -400,7 +402,7 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
     if stacked is None or (need_dgrad and stacked[1] is None):
         if qweights is None or (need_dgrad and any(q.columnwise_data is None for q in qweights)):
             qweights = [quantize_weight(w, recipe, columnwise=need_dgrad, backend=backend) for w in weights]
-        stacked = stack_grouped_weights(qweights, columnwise=need_dgrad)
+        stacked = stack_grouped_weights(qweights, columnwise=need_dgrad, backend=backend)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
     y = ops.nvfp4_grouped_gemm(_token_operand(qx), stacked[0], qx.split_offsets[1:], out_dtype=cdtype, bias=bias,
                                backend=backend, m_splits=list(sizes))

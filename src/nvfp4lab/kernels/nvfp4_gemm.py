@@ -49,7 +49,7 @@ from typing import List, Optional
 import torch
 
 from .formats import soft_bf16_loads
-from .launch import custom_op
+from .launch import custom_op, tracing
 from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
 from .nvfp4_gemm_details.common import gemm_inv, operand
 from .nvfp4_gemm_details.opt_flags import GemmConfig
@@ -82,7 +82,7 @@ def _launch(
     inv_e = gemm_inv(e_max_a, e_max_b)
     config = opt_flags.resolve_config(config, m, n, k, num_experts, grouped, splits is not None, device)
     if grouped and config.dequant_mm:  # host split sizes: per-expert cuBLAS GEMMs on expanded operands
-        return dequant_mm.grouped_gemm(a, b, bias, out, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
+        return dequant_mm.grouped_gemm(a, b, bias, out, offs, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
                                        config, decode, pr3045=bool(pr3045))
     flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
                  ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(device),
@@ -196,12 +196,110 @@ def operand_args(t):
     return (t.rowwise_data, t.rowwise_scale, t.rowwise_amax, t.scale_layout, float(t.e4m3_max))
 
 
+# ------------------------------------------------------------------------------ eager plans
+class _EagerGemm:
+    """What an eager dense GEMM without ``out`` is fixed by its key (:func:`_eager_gemm`: both operands'
+    shapes, layouts, strides, amax kinds and E, the bias kind, the output dtype, the device, each
+    pointer's 16-byte alignment): the fused kernel's launch and its scalar arguments, so that a call only
+    allocates the output and launches. ``launch`` is None where the call takes another path (stream,
+    B pre-decoded, an operand needing a copy): then :func:`_launch` runs it. On the dequant_mm path
+    (``dequant``) the plan holds _launch's choices and the call prepares the operands."""
+
+    __slots__ = ("launch", "dequant", "out_shape", "a_flat", "b_flat", "a_amax_fix", "b_amax_fix", "tail")
+
+    def __init__(self, a, b, bias, out_dtype, pr3045: bool, aligned_ptrs: tuple):
+        self.launch = self.dequant = None
+        ad, asc, aam = a.rowwise_data, a.rowwise_scale, a.rowwise_amax
+        bd, bsc, bam = b.rowwise_data, b.rowwise_scale, b.rowwise_amax
+        m, n, k, device = ad.shape[0], bd.shape[0], a.k, ad.device
+        if m * n * k == 0 or ad.stride(-1) != 1 or bd.stride(-1) != 1 or (bias is not None and not bias.is_contiguous()):
+            return
+        a_op = operand(ad, asc, a.scale_layout, aam, k)
+        b_op = operand(bd, bsc, b.scale_layout, bam, k)
+        if any(not op.swizzled and op.scale is not raw for op, raw in ((a_op, asc), (b_op, bsc))):
+            return  # a strided scale matrix is copied per call
+        config = opt_flags.resolve_config(None, m, n, k, 1, False, False, device)
+        if config.stream or config.b_predecode:
+            return
+        b_mode = 0 if b_op.amax.numel() == 1 else (2 if b_op.amax.numel() == n and n != 1 else 1)  # as _launch's
+        bias_mode = 0 if bias is None else 1
+        flags = dict(A_AMAX_ROWS=a_op.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode, ACCUMULATE=False,
+                     OUT_BF16=out_dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(device), EPI_PR3045=bool(pr3045))
+        self.out_shape = (m, n)
+        if config.dequant_mm:  # _launch's choices, made once; the operands are prepared per call
+            self.dequant = (config, opt_flags.default_decode(device), flags, gemm_inv(a.e4m3_max, b.e4m3_max), m, n, k)
+            return
+        decode = opt_flags.fused_decode(opt_flags.default_decode(device), config)
+        dtypes = (ad.dtype, a_op.scale.dtype, a_op.amax.dtype, bd.dtype, b_op.scale.dtype, b_op.amax.dtype,
+                  (bias if bias is not None else a_op.amax).dtype, out_dtype, a_op.amax.dtype)
+        self.tail = (m, n, k, ad.stride(0), a_op.scale_stride, a_op.cols4, bd.stride(0), b_op.scale_stride, b_op.cols4,
+                     n, 1, 1, gemm_inv(a.e4m3_max, b.e4m3_max), fused.TAB_LO)
+        # fused.gemm's key for these tensors (the output is new, so aligned; offs is a's amax)
+        alignment = (*aligned_ptrs[:6], aligned_ptrs[6] if bias is not None else aligned_ptrs[2], True, aligned_ptrs[2])
+        spec = (device, *zip(dtypes, alignment), self.tail[3:11])
+        self.launch = fused.gemm_launch(m, n, k, 1, False, config, decode, tuple(flags.items()), a_op.swizzled,
+                                        b_op.swizzled, spec)
+        self.a_flat = a_op.swizzled and asc.dim() != 1
+        self.b_flat = b_op.swizzled and bsc.dim() != 1
+        self.a_amax_fix = aam.dim() != 1 or aam.dtype != torch.float32
+        self.b_amax_fix = bam.dim() != 1 or bam.dtype != torch.float32
+
+
+_EAGER_GEMMS: dict = {}
+
+
+def _eager_gemm(a, b, bias, out_dtype, pr3045: bool):
+    """``a @ b^T`` into a new tensor through a cached :class:`_EagerGemm`, or None when its key takes
+    another path (then the caller runs the generic one)."""
+    ad, asc, aam = a.rowwise_data, a.rowwise_scale, a.rowwise_amax
+    bd, bsc, bam = b.rowwise_data, b.rowwise_scale, b.rowwise_amax
+    # Triton specializes each pointer on its 16-byte alignment (split views of a bulk amax are not aligned)
+    aligned_ptrs = (ad.data_ptr() & 15 == 0, asc.data_ptr() & 15 == 0, aam.data_ptr() & 15 == 0, bd.data_ptr() & 15 == 0,
+                    bsc.data_ptr() & 15 == 0, bam.data_ptr() & 15 == 0, bias is None or bias.data_ptr() & 15 == 0)
+    key = (aligned_ptrs, a.shape, b.shape, a.config.scale_layout, b.config.scale_layout, a.config.e4m3_max, b.config.e4m3_max,
+           pr3045, out_dtype, ad.device, ad.dtype, ad.stride(), asc.dtype, asc.shape, asc.stride(), aam.dtype, aam.shape,
+           bd.dtype, bd.stride(), bsc.dtype, bsc.shape, bsc.stride(), bam.dtype, bam.shape,
+           None if bias is None else (bias.dtype, bias.shape, bias.stride()))
+    plan = _EAGER_GEMMS.get(key)
+    if plan is None:
+        if len(_EAGER_GEMMS) >= 4096:
+            _EAGER_GEMMS.clear()
+        plan = _EAGER_GEMMS[key] = _EagerGemm(a, b, bias, out_dtype, pr3045, aligned_ptrs)
+    launch = plan.launch
+    if launch is None:
+        if plan.dequant is None:
+            return None
+        config, decode, flags, inv_e, m, n, k = plan.dequant
+        out = torch.empty(plan.out_shape, dtype=out_dtype, device=ad.device)
+        a_op = operand(ad, asc, a.config.scale_layout, aam, k)
+        b_op = operand(bd, bsc, b.config.scale_layout, bam, k)
+        return dequant_mm.gemm(a_op, b_op, bias if bias is not None else a_op.amax, out, flags, m, n, k, inv_e, config,
+                               decode)
+    out = torch.empty(plan.out_shape, dtype=out_dtype, device=ad.device)
+    if plan.a_flat:
+        asc = asc.reshape(-1)
+    if plan.b_flat:
+        bsc = bsc.reshape(-1)
+    if plan.a_amax_fix:
+        aam = aam.reshape(-1).to(torch.float32)
+    if plan.b_amax_fix:
+        bam = bam.reshape(-1).to(torch.float32)
+    launch(ad, asc, aam, bd, bsc, bam, bias if bias is not None else aam, out, aam, *plan.tail)
+    return out
+
+
 # ------------------------------------------------------------------------------ Python wrappers
 def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulate=False):
     """``a @ b^T`` of two NVFP4Tensors' rowwise copies (checked by :func:`nvfp4lab.ops.nvfp4_gemm`,
-    which also handles M, N or K == 0). Writes ``out`` in place when given."""
+    which also handles M, N or K == 0). Writes ``out`` in place when given. Eager (untraced) calls
+    without ``out`` run through a plan cached per operand kinds (:class:`_EagerGemm`)."""
     if out is None:
-        return _gemm_op(*operand_args(a), *operand_args(b), bias, a.k, out_dtype, _pr3045(a, b))
+        pr3045 = _pr3045(a, b)
+        if not tracing(a.rowwise_data):
+            result = _eager_gemm(a, b, bias, out_dtype, pr3045)
+            if result is not None:
+                return result
+        return _gemm_op(*operand_args(a), *operand_args(b), bias, a.k, out_dtype, pr3045)
     _gemm_out_op(*operand_args(a), *operand_args(b), bias, a.k, out, bool(accumulate), _pr3045(a, b))
     return out
 

@@ -300,8 +300,12 @@ class _EagerPlan:
             col_computed = make(self.col_amax_shape, dtype=torch.float32, device=dev)
         if self.amax_launch is not None:
             launch_amax(self.amax_launch, x, row_computed, col_computed, self.n_row, self.n_col)
-        row_amax, col_amax = _output_amaxes(self.config, amax, columnwise_amax, row_computed,
-                                            row_computed if self.shared else col_computed)
+        if amax is None and columnwise_amax is None:  # the amax pass's (what _output_amaxes returns then)
+            row_amax = row_computed if self.rowwise else None
+            col_amax = (row_computed if self.shared else col_computed) if self.columnwise else None
+        else:
+            row_amax, col_amax = _output_amaxes(self.config, amax, columnwise_amax, row_computed,
+                                                row_computed if self.shared else col_computed)
         seed_tensor, seed_int = None, 0
         if self.config.stochastic_rounding:
             if seed is not None:
@@ -315,20 +319,19 @@ class _EagerPlan:
                 outputs.append(None)
             elif i & 1 and self.zero_scales[i >> 1]:
                 outputs.append(torch.zeros(shape, dtype=torch.uint8, device=dev))
-            else:
+            elif poison:
                 outputs.append(uninitialized(shape, dev, poison))
+            else:
+                outputs.append(torch.empty(shape, dtype=torch.uint8, device=dev))
         if not self.empty:
             run_cast(self._steps(x, seed_tensor, seed_int, block_m, block_k, num_warps), x, outputs, row_amax,
                      col_amax, seed_tensor, seed_int, tables=self.tables)
         if self.tables:  # the amaxes are the tables' first rows
             row_amax = row_amax[0] if row_amax is not None else None
             col_amax = col_amax[0] if col_amax is not None else None
-        row_data, row_scale, col_data, col_scale = outputs
-        return NVFP4Tensor.from_parts(
-            x.shape, x.dtype, self.config,
-            rowwise=(row_data, row_scale, row_amax) if self.rowwise else None,
-            columnwise=(col_data, col_scale, col_amax) if self.columnwise else None,
-        )
+        row_data, row_scale, col_data, col_scale = outputs  # None where the config asks for no such copy
+        # the container directly: the plan makes exactly the copies the config asks for (from_parts' check)
+        return NVFP4Tensor(x.shape, x.dtype, self.config, row_data, row_scale, row_amax, col_data, col_scale, col_amax)
 
 
 _EAGER_PLANS: dict = {}

@@ -245,7 +245,7 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
         if (entry is not None and len(entry[0]) == len(quantized) and all(a is b for a, b in zip(entry[0], quantized))
                 and (entry[1][1] is not None or not need_columnwise)):
             return entry[1]
-        stacked = F.stack_grouped_weights(quantized, columnwise=need_columnwise)
+        stacked = F.stack_grouped_weights(quantized, columnwise=need_columnwise, backend=self.backend)
         self._quantized_weights["stacked"] = (tuple(quantized), stacked)
         return stacked
 

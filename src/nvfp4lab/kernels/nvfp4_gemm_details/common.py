@@ -88,26 +88,37 @@ def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax
         amax_b = tl.load(b_amax_ptr + expert + tl.zeros((BLOCK_N,), dtype=tl.int32))
     else:
         amax_b = tl.load(b_amax_ptr + tl.zeros((BLOCK_N,), dtype=tl.int32))
-    if EPI_PR3045:
-        res = ((acc * amax_a[:, None]) * amax_b[None, :]) * inv_e
+    if BIAS_MODE == 1:
+        bias = to_f32(tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
+    elif BIAS_MODE == 2:
+        bias = to_f32(tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
     else:
-        a2 = amax_a[:, None]
-        b2 = amax_b[None, :]
+        bias = 0.0
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n.to(tl.int64)[None, :] * stride_on
+    omask = mask_m[:, None] & mask_n[None, :]
+    finish(acc, amax_a[:, None], amax_b[None, :], bias, out_ptrs, omask, inv_e, BIAS_MODE != 0, ACCUMULATE, OUT_BF16,
+           SOFT_BF16, EPI_PR3045)
+
+
+@triton.jit
+def finish(acc, a2, b2, bias, out_ptrs, omask, inv_e, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+           OUT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, EPI_PR3045: tl.constexpr):
+    """The epilogue's arithmetic and store, once the operands are loaded: ``a2`` (BLOCK_M, 1) and ``b2``
+    ((1 or BLOCK_M), BLOCK_N) amaxes, ``bias`` fp32 broadcastable to the tile (read when HAS_BIAS)."""
+    if EPI_PR3045:
+        res = ((acc * a2) * b2) * inv_e
+    else:
         prod = a2 * b2
         res = acc * (prod * inv_e)
         overflow = (tl.abs(prod) == float("inf")) & (tl.abs(a2) < float("inf")) & (tl.abs(b2) < float("inf"))
         rescaled = ((acc * (((a2 * 5.421010862427522e-20) * (b2 * 5.421010862427522e-20)) * inv_e))
                     * 1.8446744073709552e19) * 1.8446744073709552e19  # 2^-64 each, then 2^64 twice (exact)
         res = tl.where(overflow, rescaled, res)
-    if BIAS_MODE == 1:
-        res = res + to_f32(tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
-    elif BIAS_MODE == 2:
-        res = res + to_f32(tl.load(bias_ptr + expert * N + offs_n, mask=mask_n, other=0.0), SOFT_BF16)[None, :]
-    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n.to(tl.int64)[None, :] * stride_on
-    omask = mask_m[:, None] & mask_n[None, :]
+    if HAS_BIAS:
+        res = res + bias
     if ACCUMULATE:
         res = res + to_f32(tl.load(out_ptrs, mask=omask, other=0.0), SOFT_BF16)
     if OUT_BF16:
         tl.store(out_ptrs, f32_to_bf16_rne(res), mask=omask)
     else:
-        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
+        tl.store(out_ptrs, res.to(out_ptrs.dtype.element_ty), mask=omask)

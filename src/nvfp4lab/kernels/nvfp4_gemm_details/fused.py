@@ -333,7 +333,7 @@ def expand(a, k: int, block_k: int, decode: int, b=None) -> tuple:
 
 
 @functools.lru_cache(maxsize=4096)
-def _gemm_launch(m: int, n: int, k: int, num_experts: int, grouped: bool, config, decode: int, flags: tuple,
+def gemm_launch(m: int, n: int, k: int, num_experts: int, grouped: bool, config, decode: int, flags: tuple,
                  a_swizzled: bool, b_swizzled: bool, spec) -> Launch:
     """The fused kernel's launch for one problem; ``spec``: its tensors' device, dtypes, alignment and
     strides (part of the cache key only)."""
@@ -365,6 +365,6 @@ def gemm(a, b, bias, out, offs, flags: dict, m: int, n: int, k: int, num_experts
             a.data.stride(0), a.scale_stride, a.cols4, b_stride, b.scale_stride, b.cols4,
             out.stride(0), out.stride(1), num_experts, inv_e, TAB_LO)
     spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:9]], args[12:20])
-    _gemm_launch(m, n, k, num_experts, grouped, config, decode, tuple(flags.items()), a.swizzled, b.swizzled,
+    gemm_launch(m, n, k, num_experts, grouped, config, decode, tuple(flags.items()), a.swizzled, b.swizzled,
                  spec)(*args)
     return out
