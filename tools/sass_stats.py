@@ -23,10 +23,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig  # noqa: E402
 from nvfp4lab.kernels.nvfp4_quantize import FOUR_OVER_SIX_CODES  # noqa: E402
-from nvfp4lab.kernels.nvfp4_quantize_details import cast16, four_over_six, opt_flags, pt_scales  # noqa: E402
+from nvfp4lab.kernels.nvfp4_quantize_details import cast16, cast_row, four_over_six, opt_flags, pt_scales  # noqa: E402
 
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
+    "row-cast16": dict(rowwise=True, columnwise=False),  # the rowwise cast as cast16_kernel runs it (not cast_row)
     "rowcol": dict(rowwise=True, columnwise=True),
     "col": dict(rowwise=False, columnwise=True),
     "2d": dict(rowwise=True, columnwise=True, block="16x16"),
@@ -40,16 +41,22 @@ MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch op
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_cast(kwargs, tile=None, side=None, split_steps=0):
+def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     """Compile the recipe's cast kernel for sm_90; ``tile`` (BM, BK, WARPS) as ``quantize``'s explicit tile,
-    ``side`` "row" or "col" for a one-output launch."""
+    ``side`` "row" or "col" for a one-output launch; ``allow_row``: the launcher's choice of
+    ``cast_row_kernel`` where it applies (else ``cast16_kernel``)."""
     cfg = NVFP4QuantConfig(**kwargs)
     rowwise = cfg.rowwise if side is None else side == "row"
     columnwise = cfg.columnwise if side is None else side == "col"
     block_2d = cfg.block == "16x16"
     steps = split_steps or None
     explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
-    if opt_flags.use_cast16(cfg.four_over_six):
+    if allow_row and opt_flags.use_cast_row(8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
+                                            cfg.stochastic_rounding, steps is not None, False, True, True):
+        meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, block_m=tile[0] if tile else 0, **explicit)
+        meta["HW"] = True
+        fn, bm, bk = cast_row.cast_row_kernel, meta["BLOCK_M"], meta["KB"] * 16
+    elif opt_flags.use_cast16(cfg.four_over_six):
         meta = opt_flags.cast16_meta(8192, rowwise, columnwise, block_2d, cfg.per_token,
                                      cfg.rht_sign_mask if cfg.rht else -1, cfg.e4m3_max, cfg.stochastic_rounding,
                                      cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps, **explicit)
@@ -60,7 +67,8 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0):
                                             split_steps=steps, block_m=tile[0] if tile else 0, **explicit)
         fn, bm, bk = four_over_six.four_over_six_kernel, meta["BLOCK_M"], meta["BLOCK_K"]
     warps = meta["num_warps"]
-    pointers = dict(x_ptr="*bf16", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
+    pointers = dict(x_ptr="*i32" if fn is cast_row.cast_row_kernel else "*bf16", data_ptr="*i32", scale_ptr="*u8",
+                    table_ptr="*fp32", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
                     row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64",
                     group_split_ptr="*i32")
     scalars = dict(seed_value="i64", M="i32", K="i32", num_splits="i32")
@@ -125,7 +133,7 @@ def main():
         pt_scales.normal_range_pt = _always  # per token: the tables' range flag
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:
-        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped)
+        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=name != "row-cast16")
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))
