@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
-from ..formats import e2m1_scale_encode, e4m3_decode, e4m3_encode_fast
+from ..formats import e4m3_decode, e4m3_encode_fast
 from .common import ONE_SIXTH, encode_factor, global_scales, scale_offsets
 
 TABLE_ENTRIES = 132  # 128 encode factors, fl(S_enc * fl(1/6)), padding to 16 bytes
@@ -77,12 +77,57 @@ def _e4m3_code(v, HW: tl.constexpr):
 
 
 @triton.jit
-def _half_bytes(w, enc):
-    """[.., 4] int32 words (8 bf16) -> [.., 4] bytes of their E2M1 codes scaled by enc [.., 1]
-    (element 2j the low nibble)."""
-    lo = e2m1_scale_encode((w << 16).to(tl.float32, bitcast=True), enc)
-    hi = e2m1_scale_encode((w & -65536).to(tl.float32, bitcast=True), enc)
-    return lo + (hi << 4)
+def _code_top(x, enc):
+    """The E2M1 code of fl(x * enc) (not NaN) in bits 31..28 of the result (bits below: garbage):
+    ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade), its code
+    (sb + (sb >> 22)) mod 16 read by one multiply, sb * (2^28 + 2^6) (the low product term never
+    carries into the top nibble: sb * 2^28 has zeros below it), and the sign bit added in the same
+    multiply-add: v < 0, i.e. bit 31 of both bits(v) and bits(v) - 1 (-0.0 gets code 0, as the
+    reference; integer ops, which the compiler does not turn into packed predicate masks)."""
+    v = x * enc
+    a = tl.minimum(tl.abs(v), 6.0)
+    binade = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    sb = tl.fma(binade, 5242883.0, a).to(tl.int32, bitcast=True)
+    vb = v.to(tl.int32, bitcast=True)
+    return sb * 268435520 + (vb & (vb - 1) & -2147483648)  # 2^28 + 2^6
+
+
+@triton.jit
+def _push(acc, t, HW: tl.constexpr):
+    """acc << 4 with the top nibble of t below: one funnel shift (shf.l) on the GPU."""
+    if HW:
+        out = tl.inline_asm_elementwise("shf.l.wrap.b32 $0, $2, $1, 4;", "=r,r,r", [acc, t], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    else:
+        out = (acc << 4) | ((t >> 28) & 15)
+    return out
+
+
+@triton.jit
+def _push_word(acc, w, enc, HW: tl.constexpr):
+    """Push the codes of the two bf16 of int32 word w (high element first: packing runs from the last
+    element of an output word down to its first, which ends in the low nibble)."""
+    acc = _push(acc, _code_top((w & -65536).to(tl.float32, bitcast=True), enc), HW)
+    return _push(acc, _code_top((w << 16).to(tl.float32, bitcast=True), enc), HW)
+
+
+@triton.jit
+def _split4(w):
+    """[A, B, 4] -> its four [A, B] slices (in-thread: no data movement)."""
+    a, b = tl.split(tl.reshape(w, [w.shape[0], w.shape[1], 2, 2]))  # a: j = 0, 2; b: j = 1, 3
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _pack8(w, enc, HW: tl.constexpr):
+    """[A, B, 4] int32 words (8 bf16) -> [A, B] int32 word of their 8 E2M1 codes of fl(x * enc)."""
+    w0, w1, w2, w3 = _split4(w)
+    acc = _push_word(tl.zeros_like(w0), w3, enc, HW)
+    acc = _push_word(acc, w2, enc, HW)
+    acc = _push_word(acc, w1, enc, HW)
+    return _push_word(acc, w0, enc, HW)
 
 
 @triton.jit
@@ -112,9 +157,8 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
     scale = _e4m3_code(bamax * s_enc_sixth, HW)
     enc = tl.load(table_ptr + (scale & 0x7F))  # [BM, KB]
 
-    shift = j * 8
-    word0 = tl.sum(_half_bytes(w0, enc[:, :, None]) << shift, axis=2)
-    word1 = tl.sum(_half_bytes(w1, enc[:, :, None]) << shift, axis=2)
+    word0 = _pack8(w0, enc, HW)
+    word1 = _pack8(w1, enc, HW)
     nan_block = enc != enc
     words = tl.join(tl.where(nan_block, 0, word0), tl.where(nan_block, 0, word1))  # [BM, KB, 2]
     out = rows[:, None] * (k_blocks * 2) + blks[None, :] * 2
