@@ -17,9 +17,10 @@ this kernel does the per-block work once per 16 elements and in a few instructio
 * The block amax on packed bf16 magnitudes: x is read as int32 words of two bf16, ``w & 0x7FFF7FFF``,
   folded by an unsigned 16x2 max (``max.u16x2``, one instruction per word on sm_90; integer halves
   under the interpreter). bf16 magnitude order is integer order, NaN above inf (torch.amax's NaN).
-* The E2M1 codes by ``e2m1_scale_encode`` (one FFMA rounds onto the grid of the value's binade), the
-  bf16 values unpacked from the words by one shift or mask each (exact, subnormals included), and the
-  byte of two codes put together by one shift-add.
+* The E2M1 codes by ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade)
+  with the code and sign read into the top nibble by one multiply-add (``_code_top``), packed by one
+  funnel shift per code (``shf.l``; shifts and ORs under the interpreter); the bf16 values unpacked
+  from the words by one shift or mask each (exact, subnormals included).
 
 Blocks whose factor is NaN (a NaN element, or a NaN outer amax) get code 0 everywhere, as the
 reference (x * NaN encodes as 0).
