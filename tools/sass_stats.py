@@ -28,6 +28,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import cast16, cast_row, four_over_
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
     "row-cast16": dict(rowwise=True, columnwise=False),  # the rowwise cast as cast16_kernel runs it (not cast_row)
+    "pertoken-row": dict(rowwise=True, columnwise=False, per_token=True),
     "rowcol": dict(rowwise=True, columnwise=True),
     "col": dict(rowwise=False, columnwise=True),
     "2d": dict(rowwise=True, columnwise=True, block="16x16"),
@@ -53,7 +54,8 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
     if allow_row and opt_flags.use_cast_row(8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
                                             cfg.stochastic_rounding, steps is not None, False, True, True):
-        meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, block_m=tile[0] if tile else 0, **explicit)
+        meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, cfg.per_token, cfg.e4m3_max,
+                                       block_m=tile[0] if tile else 0, **explicit)
         meta["HW"] = True
         fn, bm, bk = cast_row.cast_row_kernel, meta["BLOCK_M"], meta["KB"] * 16
     elif opt_flags.use_cast16(cfg.four_over_six):

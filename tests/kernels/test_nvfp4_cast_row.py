@@ -9,6 +9,8 @@ from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast_row as cast_row_module
+from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
+from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
 from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_factor_table_kernel
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
@@ -27,13 +29,20 @@ def launches(monkeypatch):
     return record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
 
 
-def assert_rowwise_same(launches, x, config, context="", device=DEV, tile=None, amax=None):
+def assert_rowwise_same(launches, x, config, context="", device=DEV, tile=None, amax=None, nan_sign=False):
     """The rowwise data, scales and amax of the kernels (outputs poisoned first; ``tile``: an explicit
-    tile) equal the reference's, and the cast ran as ``cast_row_kernel``."""
+    tile) equal the reference's, and the cast ran as ``cast_row_kernel``. ``nan_sign``: a NaN scale
+    reads 0x7F or 0xFF and a NaN amax any NaN (the sign and payload of a NaN per-token amax are
+    unspecified: torch's CPU reductions and the kernels' differ)."""
     before = len(launches)
     got = kq.quantize(x.to(device), config, poison=True, amax=None if amax is None else amax.to(device), **(tile or {}))
     assert len(launches) == before + 1, f"{context}: cast_row_kernel did not run"
     want = ref_nvfp4.quantize(x.cpu(), config, amax=amax)
+    if nan_sign:
+        assert bool(torch.isnan(want.rowwise_amax).any()), f"{context}: the input gives no NaN amax"
+        want.rowwise_scale = torch.where(want.rowwise_scale == 0xFF, 0x7F, want.rowwise_scale).to(torch.uint8)
+        nan_both = torch.isnan(want.rowwise_amax) & torch.isnan(got.rowwise_amax.cpu())
+        want.rowwise_amax = torch.where(nan_both, got.rowwise_amax.cpu(), want.rowwise_amax)
     for field in ("rowwise_data", "rowwise_scale", "rowwise_amax"):
         a, b = getattr(got, field).cpu(), getattr(want, field)
         assert a.shape == b.shape and a.dtype == b.dtype, (context, field, a.shape, b.shape)
@@ -94,7 +103,8 @@ def scale_code_input():
     (dict(rowwise=True, rht=True), torch.bfloat16, True),  # RHT touches only columnwise outputs
     (dict(rowwise=True, scale_layout="swizzled"), torch.bfloat16, True),
     (dict(rowwise=True), torch.float32, False),
-    (dict(rowwise=True, per_token=True), torch.bfloat16, False),
+    (dict(rowwise=True, per_token=True), torch.bfloat16, True),
+    (dict(rowwise=True, per_token=True, numerics="te_pr3045"), torch.bfloat16, False),
     (dict(rowwise=True, stochastic_rounding=True), torch.bfloat16, False),
     (dict(rowwise=True, columnwise=True), torch.bfloat16, False),
     (dict(rowwise=True, block="16x16"), torch.bfloat16, False),
@@ -194,6 +204,66 @@ def test_empty_input():
         assert out.rowwise_data.shape == (shape[0], shape[1] // 2)
 
 
+# ---------------------------------------------------------------------------------- per token
+PT_ROW = NVFP4QuantConfig(rowwise=True, per_token=True)
+
+
+def pertoken_extreme_input():
+    """bf16 (64, 80) whose row amaxes leave the normal range in the second 16-row group only (fast and
+    EXACT tiles in one launch): a zero row, tiny (below 2^-100), subnormal and huge rows, inf, a row
+    at bf16 max, amaxes exactly 2^-100 and 2^100 (fast path)."""
+    g = torch.Generator().manual_seed(71)
+    x = torch.randn(64, 80, generator=g) * 10.0 ** (torch.rand(64, 1, generator=g) * 2 - 1)
+    x[17] = 0.0
+    x[18] *= 1e-35
+    x[19] *= 1e35
+    x[20] = x[20] / x[20].abs().max() * 1e-39  # bf16 subnormals
+    x[21, 4] = float("inf")
+    x[22] *= 2.0**-100 / x[22].abs().max()
+    x[23] *= 2.0**100 / x[23].abs().max()
+    x[24] = x[24] / x[24].abs().max() * 3.3895e38
+    x[25, 1] = -0.0
+    return x.bfloat16()
+
+
+@pytest.mark.parametrize("shape,tile", [((48, 80), {}), ((37, 80), TILE_16X32), ((128, 512), {})])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_pertoken_matches_reference(shape, tile, layout, launches):
+    config = NVFP4QuantConfig(rowwise=True, per_token=True, scale_layout=layout)
+    assert_rowwise_same(launches, normal_input(shape, seed=shape[0] + 7), config, f"per token {shape} {tile} {layout}",
+                        tile=tile)
+
+
+def test_pertoken_extreme_rows(launches):
+    assert_rowwise_same(launches, pertoken_extreme_input(), PT_ROW, "per token extremes")
+    assert_rowwise_same(launches, pertoken_extreme_input(), PT_ROW, "per token extremes, masked tiles", tile=TILE_16X32)
+    x = pertoken_extreme_input()
+    x[40, 7] = float("nan")
+    want = assert_rowwise_same(launches, x, PT_ROW, "per token NaN row", nan_sign=True)
+    assert (want.rowwise_scale[40] == 0x7F).all() and (want.rowwise_scale[39] != 0x7F).all()
+
+
+@pytest.mark.parametrize("special", [0.0, 1e-35, 3e-41, 1e35, float("inf"), float("nan")])
+def test_pertoken_provided_amaxes(special, launches):
+    """Given row amaxes (the tables come from pt_scales_kernel), one of them special."""
+    x = normal_input((48, 80), seed=73)
+    amax = x.float().abs().amax(dim=1) * 2
+    amax[20] = special
+    assert_rowwise_same(launches, x, PT_ROW, f"per token amax {special}", amax=amax, nan_sign=special != special)
+
+
+def test_pertoken_long_vectors(launches, monkeypatch):
+    """Past opt_flags.AMAX_TABLES_MAX_ENTRIES rows the amax pass writes plain amaxes and pt_scales_kernel
+    the tables: the same bits."""
+    tables = record_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
+    x = normal_input((opt_flags.AMAX_TABLES_MAX_ENTRIES + 16, 32), seed=74)
+    got = kq.quantize(x.to(DEV), PT_ROW, poison=True)
+    want = ref_nvfp4.quantize(x, PT_ROW)
+    assert_same_bits(got.rowwise_data.cpu(), want.rowwise_data)
+    assert_same_bits(got.rowwise_scale.cpu(), want.rowwise_scale)
+    assert len(launches) == 1 and len(tables) == 1
+
+
 # ---------------------------------------------------------------------------------- GPU (inline PTX)
 @pytest.mark.gpu
 def test_gpu_inline_ptx_matches_reference(launches):
@@ -207,6 +277,8 @@ def test_gpu_inline_ptx_matches_reference(launches):
     for amax in (0.0, float("inf"), float("nan"), 3e-41, 1e-31, 1e35):
         assert_rowwise_same(launches, normal_input((64, 256), seed=5), ROW, f"gpu amax {amax}", device="cuda",
                             amax=torch.tensor([amax]))
+    assert_rowwise_same(launches, pertoken_extreme_input(), PT_ROW, "gpu per token extremes", device="cuda")
+    assert_rowwise_same(launches, normal_input((1000, 4096), seed=8), PT_ROW, "gpu per token random", device="cuda")
     for layout in ("compact", "swizzled"):
         config = NVFP4QuantConfig(rowwise=True, scale_layout=layout)
         assert_rowwise_same(launches, normal_input((1000, 4096), seed=6), config, f"gpu random {layout}", device="cuda")

@@ -112,9 +112,14 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     steps = []
     if opt_flags.use_cast_row(k, rowwise, columnwise, block_2d, per_token, four_over_six, stochastic_rounding, grouped,
                               pr3045, spec[1] == torch.bfloat16, spec[2]):
-        meta = opt_flags.cast_row_meta(m, k, scale_layout, block_m=block_m, **tile)
-        table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
-        return (CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False, 0, 0),)
+        meta = opt_flags.cast_row_meta(m, k, scale_layout, per_token, e4m3_max, block_m=block_m, **tile)
+        if per_token:  # the per-row tables (n_row = m marks them)
+            tables_meta = opt_flags.pt_scales_meta(meta["E6"])
+            table = Launch(pt_scales_kernel, pt_scales_grid(m, 0, tables_meta), tables_meta)
+        else:
+            table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
+        return (CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False,
+                         m if per_token else 0, 0),)
     for row_side, col_side in sides:
         if opt_flags.use_cast16(four_over_six):
             meta = opt_flags.cast16_meta(k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
@@ -159,9 +164,12 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
     m, k = x.shape
     any_out = next(o for o in outputs if o is not None)
     for step in steps:
-        if step.cast.kernel is cast_row_kernel:  # x and the data as int32 words, the table from the amax
-            step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1],
-                      row_factor_table(step.tables, row_amax), m, k)
+        if step.cast.kernel is cast_row_kernel:  # x and the data as int32 words, the tables from the amax
+            if not step.n_row:
+                table = row_factor_table(step.tables, row_amax)
+            else:
+                table = row_amax if tables else pt_scales_tables(step.tables, row_amax, step.n_row, None, 0)[0]
+            step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table, m, k)
             continue
         row_in = row_amax if step.rowwise else None
         col_in = col_amax if step.columnwise else None

@@ -1,5 +1,6 @@
-"""The rowwise-only NVFP4 cast of per-tensor 1x16 bf16 recipes without stochastic rounding:
-``cast_row_kernel``, fed by ``row_factor_table_kernel``'s 128-entry table of encode factors.
+"""The rowwise-only NVFP4 cast of 1x16 bf16 recipes without stochastic rounding: ``cast_row_kernel``,
+fed by ``row_factor_table_kernel``'s 128-entry table of encode factors (per tensor) or by the per-row
+tables of ``pt_scales_kernel`` (per token, TE main's numerics).
 
 On Hopper (no E2M1 convert) the rowwise cast is bound by instructions per element, not by memory;
 this kernel does the per-block work once per 16 elements and in a few instructions:
@@ -22,6 +23,10 @@ this kernel does the per-block work once per 16 elements and in a few instructio
   funnel shift per code (``shf.l``; shifts and ORs under the interpreter); the bf16 values unpacked
   from the words by one shift or mask each (exact, subnormals included).
 
+Per token the factor depends on the row's S_dec too, so there is one correctly rounded division per
+block (16 elements) instead of the table read, and tiles with a row amax outside the normal range
+recompute S_enc, S_dec and the factor in fp64 from the amax, as ``cast16_kernel``.
+
 Blocks whose factor is NaN (a NaN element, or a NaN outer amax) get code 0 everywhere, as the
 reference (x * NaN encodes as 0).
 
@@ -38,6 +43,7 @@ import triton.language as tl
 from ...layout import cdiv
 from ..formats import e4m3_decode, e4m3_encode_fast
 from .common import ONE_SIXTH, encode_factor, global_scales, scale_offsets
+from .pt_scales import pt_table_load
 
 TABLE_ENTRIES = 132  # 128 encode factors, fl(S_enc * fl(1/6)), padding to 16 bytes
 
@@ -133,10 +139,14 @@ def _pack8(w, enc, HW: tl.constexpr):
 
 @triton.jit
 def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
-                    LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr):
+                    LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
+                    PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0):
     """Rowwise codes and scales of BLOCK_M rows x KB 16-column blocks (see the module docstring).
     x_ptr: x as int32 words; data_ptr: the rowwise data as int32 words; table_ptr: the
-    ``row_factor_table_kernel`` table; HW: inline PTX (GPU) instead of the integer formulas."""
+    ``row_factor_table_kernel`` table, or with PER_TOKEN the (3, M) per-row tables of
+    ``pt_scales_kernel`` (then one correctly rounded division per block, and tiles with a row amax
+    outside the normal range recompute in fp64 from the amax, as ``cast16_kernel``); HW: inline PTX
+    (GPU) instead of the integer formulas."""
     pid = tl.program_id(0)
     k_blocks = K // 16
     n_k = tl.cdiv(k_blocks, KB)
@@ -154,9 +164,22 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
     mag = _umax16x2(a, b, HW)  # [BM, KB]: both halves' maxima
     bamax = tl.maximum(mag << 16, mag & -65536).to(tl.float32, bitcast=True)
 
-    s_enc_sixth = tl.load(table_ptr + 128)
-    scale = _e4m3_code(bamax * s_enc_sixth, HW)
-    enc = tl.load(table_ptr + (scale & 0x7F))  # [BM, KB]
+    if PER_TOKEN:
+        row_ok = rows < M
+        s_enc_sixth, s_dec, normal = pt_table_load(table_ptr, rows, M, row_ok)
+        if normal:
+            scale = _e4m3_code(bamax * s_enc_sixth[:, None], HW)
+            enc = encode_factor(e4m3_decode(scale & 0x7F), s_dec[:, None], False)
+        else:  # fp64 divisions from the amax (new names: see cast16_kernel)
+            outer = tl.load(table_ptr + rows, mask=row_ok, other=0.0)[:, None]
+            s_enc_x, s_dec_x = global_scales(outer, E6, True)
+            scale_x = _e4m3_code(bamax * (s_enc_x * ONE_SIXTH), HW)
+            enc = encode_factor(e4m3_decode(scale_x & 0x7F), s_dec_x, True)
+            scale = scale_x
+    else:
+        s_enc_sixth = tl.load(table_ptr + 128)
+        scale = _e4m3_code(bamax * s_enc_sixth, HW)
+        enc = tl.load(table_ptr + (scale & 0x7F))  # [BM, KB]
 
     word0 = _pack8(w0, enc, HW)
     word1 = _pack8(w1, enc, HW)
