@@ -1,12 +1,13 @@
 """Static SASS statistics of a quantize cast kernel built for sm_90 on this machine (no GPU needed).
 
 Prints registers, spills, instruction count per thread and per element, and an opcode histogram, for
-the cast kernel of each named recipe (``cast16_kernel``, or ``four_over_six_kernel`` for 4over6) as the
+the cast kernel of each named recipe (``cast16_kernel``, ``cast_row_kernel`` for rowwise-only bf16 casts
+without SR, or ``four_over_six_kernel`` for 4over6; ``--cast16`` for cast16_kernel instead of cast_row) as the
 launcher builds it (one launch for rowwise and columnwise, ``--side`` for one output) at its default
 tile (or ``--tile``). Instruction count per element is the one number that bounds these kernels on
 Hopper (see kernels/nvfp4_quantize.py).
 
-    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR]
+    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR] [--cast16]
     (MAXNREG=128: try a register cap)
 """
 import argparse
@@ -27,7 +28,6 @@ from nvfp4lab.kernels.nvfp4_quantize_details import cast16, cast_row, four_over_
 
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
-    "row-cast16": dict(rowwise=True, columnwise=False),  # the rowwise cast as cast16_kernel runs it (not cast_row)
     "pertoken-row": dict(rowwise=True, columnwise=False, per_token=True),
     "rowcol": dict(rowwise=True, columnwise=True),
     "col": dict(rowwise=False, columnwise=True),
@@ -122,6 +122,8 @@ def main():
                    help="one output only (the two launches of a split row+col cast)")
     p.add_argument("--grouped", type=int, default=0, metavar="STEPS",
                    help="the grouped (MoE) cast with 2^STEPS splits (kernels/grouped_quantize.py)")
+    p.add_argument("--cast16", action="store_true",
+                   help="cast16_kernel also for the rowwise-only casts the launcher gives cast_row_kernel")
     p.add_argument("--normal-only", action="store_true",
                    help="compile only the normal-range path (what runs on ordinary data): drops the EXACT branch")
     a = p.parse_args()
@@ -135,7 +137,7 @@ def main():
         pt_scales.normal_range_pt = _always  # per token: the tables' range flag
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:
-        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=name != "row-cast16")
+        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=not a.cast16)
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))
