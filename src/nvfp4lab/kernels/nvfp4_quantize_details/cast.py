@@ -83,7 +83,8 @@ def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
 
 class CastStep(NamedTuple):
     """One launch of a cast: the cast kernel, preceded for per-token casts by the launch that fills the
-    (3, n) global-scale tables of its row (n_row) and / or column (n_col) amaxes."""
+    (3, n) global-scale tables of its row (n_row) and / or column (n_col) amaxes (for the per-tensor
+    ``cast_row_kernel``: the launch of its factor table, n_row = 0)."""
     cast: Launch
     tables: Optional[Launch]
     rowwise: bool
@@ -96,8 +97,9 @@ class CastStep(NamedTuple):
 def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
               stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
               pr3045, spec) -> tuple:
-    """The launches (:class:`CastStep`) of a cast: ``cast16_kernel`` (per-token tables first) or
-    ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
+    """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts of
+    ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast16_kernel`` (per-token
+    tables first) or ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
     the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
     caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`).
     ``pr3045``: PR 3045's numerics (per-token casts)."""
