@@ -13,11 +13,13 @@ For each recipe and shape (bf16 x of M x K) it reports, all medians of ``triton.
 Usage (from the repo root):  PYTHONPATH=src python benchmarks/quantize.py [--quick] [--out FILE]
 ``--quick`` runs 8192x8192 only, ``--shapes MxK,...`` the given shapes (to split the sweep across runs);
 ``--out`` writes .json or .md; ``--tile BMxBKxWARPS`` gives every kernel that tile (the explicit
-block_m / block_k / num_warps of ``quantize``; ``cast16_kernel`` takes BK, WARPS and BM / 16 row groups);
+block_m / block_k / num_warps of ``quantize``; ``cast16_kernel`` takes BK, WARPS and BM / 16 row groups;
+``cast_row_kernel``, the rowwise-only bf16 cast, all three);
 ``--no-baseline`` skips the torch.compile reference; ``--tile-sweep [LIST]`` times every recipe at
 8192x8192 for each tile of LIST (default: a grid of common tiles) instead of the sweep, to pick the
 defaults of ``nvfp4_quantize_details.opt_flags``. Per-token cast_us includes the small
-``pt_scales_kernel`` launch, which runs inside the cast op. The table is printed last.
+``pt_scales_kernel`` launch, which runs inside the cast op, and per-tensor rowwise-only bf16 cast_us
+the one-program ``row_factor_table_kernel`` launch. The table is printed last.
 """
 from __future__ import annotations
 

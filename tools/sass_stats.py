@@ -1,12 +1,13 @@
 """Static SASS statistics of a quantize cast kernel built for sm_90 on this machine (no GPU needed).
 
 Prints registers, spills, instruction count per thread and per element, and an opcode histogram, for
-the cast kernel of each named recipe (``cast16_kernel``, or ``four_over_six_kernel`` for 4over6) as the
+the cast kernel of each named recipe (``cast16_kernel``, ``cast_row_kernel`` for rowwise-only bf16 casts
+without SR, or ``four_over_six_kernel`` for 4over6; ``--cast16`` for cast16_kernel instead of cast_row) as the
 launcher builds it (one launch for rowwise and columnwise, ``--side`` for one output) at its default
 tile (or ``--tile``). Instruction count per element is the one number that bounds these kernels on
 Hopper (see kernels/nvfp4_quantize.py).
 
-    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR]
+    TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR] [--cast16]
     (MAXNREG=128: try a register cap)
 """
 import argparse
@@ -23,10 +24,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig  # noqa: E402
 from nvfp4lab.kernels.nvfp4_quantize import FOUR_OVER_SIX_CODES  # noqa: E402
-from nvfp4lab.kernels.nvfp4_quantize_details import cast16, four_over_six, opt_flags, pt_scales  # noqa: E402
+from nvfp4lab.kernels.nvfp4_quantize_details import cast16, cast_row, four_over_six, opt_flags, pt_scales  # noqa: E402
 
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
+    "pertoken-row": dict(rowwise=True, columnwise=False, per_token=True),
     "rowcol": dict(rowwise=True, columnwise=True),
     "col": dict(rowwise=False, columnwise=True),
     "2d": dict(rowwise=True, columnwise=True, block="16x16"),
@@ -40,16 +42,23 @@ MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch op
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_cast(kwargs, tile=None, side=None, split_steps=0):
+def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     """Compile the recipe's cast kernel for sm_90; ``tile`` (BM, BK, WARPS) as ``quantize``'s explicit tile,
-    ``side`` "row" or "col" for a one-output launch."""
+    ``side`` "row" or "col" for a one-output launch; ``allow_row``: the launcher's choice of
+    ``cast_row_kernel`` where it applies (else ``cast16_kernel``)."""
     cfg = NVFP4QuantConfig(**kwargs)
     rowwise = cfg.rowwise if side is None else side == "row"
     columnwise = cfg.columnwise if side is None else side == "col"
     block_2d = cfg.block == "16x16"
     steps = split_steps or None
     explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
-    if opt_flags.use_cast16(cfg.four_over_six):
+    if allow_row and opt_flags.use_cast_row(8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
+                                            cfg.stochastic_rounding, steps is not None, False, True, True):
+        meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, cfg.per_token, cfg.e4m3_max,
+                                       block_m=tile[0] if tile else 0, **explicit)
+        meta["HW"] = True
+        fn, bm, bk = cast_row.cast_row_kernel, meta["BLOCK_M"], meta["KB"] * 16
+    elif opt_flags.use_cast16(cfg.four_over_six):
         meta = opt_flags.cast16_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
                                      cfg.rht_sign_mask if cfg.rht else -1, cfg.e4m3_max, cfg.stochastic_rounding,
                                      cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps,
@@ -61,7 +70,8 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0):
                                             split_steps=steps, block_m=tile[0] if tile else 0, **explicit)
         fn, bm, bk = four_over_six.four_over_six_kernel, meta["BLOCK_M"], meta["BLOCK_K"]
     warps = meta["num_warps"]
-    pointers = dict(x_ptr="*bf16", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
+    pointers = dict(x_ptr="*i32" if fn is cast_row.cast_row_kernel else "*bf16", data_ptr="*i32", scale_ptr="*u8",
+                    table_ptr="*fp32", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
                     row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64",
                     group_split_ptr="*i32")
     scalars = dict(seed_value="i64", M="i32", K="i32", num_splits="i32")
@@ -113,6 +123,8 @@ def main():
                    help="one output only (the two launches of a split row+col cast)")
     p.add_argument("--grouped", type=int, default=0, metavar="STEPS",
                    help="the grouped (MoE) cast with 2^STEPS splits (kernels/grouped_quantize.py)")
+    p.add_argument("--cast16", action="store_true",
+                   help="cast16_kernel also for the rowwise-only casts the launcher gives cast_row_kernel")
     p.add_argument("--normal-only", action="store_true",
                    help="compile only the normal-range path (what runs on ordinary data): drops the EXACT branch")
     a = p.parse_args()
@@ -126,7 +138,7 @@ def main():
         pt_scales.normal_range_pt = _always  # per token: the tables' range flag
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:
-        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped)
+        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=not a.cast16)
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))

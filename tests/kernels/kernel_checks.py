@@ -48,10 +48,11 @@ def forbid_launches(monkeypatch, module, *kernel_names: str) -> None:
         _wrap_launches(monkeypatch, module, name, fail)
 
 
-def record_launches(monkeypatch, module, kernel_name: str) -> list:
+def record_launches(monkeypatch, module, kernel_name: str, calls: list | None = None) -> list:
     """Let the named kernel of ``module`` run as usual for this test, recording each launch's constexprs
-    and launch options (num_warps, ...) in the returned list: which path the launcher chose."""
-    calls: list = []
+    and launch options (num_warps, ...) in the returned list (``calls``: append to that list instead,
+    e.g. one list for two kernels): which path the launcher chose."""
+    calls = [] if calls is None else calls
     _wrap_launches(monkeypatch, module, kernel_name, calls.append)
     return calls
 

@@ -20,6 +20,7 @@ from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels.formats import e2m1_decode, e2m1_encode, e2m1_encode_fast, e2m1_scale_encode, to_f32
 from nvfp4lab.kernels.nvfp4_quantize_details import amax as amax_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
+from nvfp4lab.kernels.nvfp4_quantize_details import cast_row as cast_row_module
 from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_six_module
 from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
 from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import dequant_4over6_fast, seq_sum16, tree_sum16
@@ -651,8 +652,10 @@ TILE_32X1 = dict(block_k=32, num_warps=1)  # 48 x 80: 3 x 3 cast programs, the l
 
 def _record_pt_launches(monkeypatch):
     """(cast launches, table launches): the tables come from the amax pass when it computes every
-    per-token amax of the call, else from pt_scales_kernel (one launch before each cast launch)."""
+    per-token amax of the call, else from pt_scales_kernel (one launch before each cast launch). Cast
+    launches: ``cast16_kernel``'s and ``cast_row_kernel``'s (rowwise-only bf16 casts)."""
     casts = record_launches(monkeypatch, cast16_module, "cast16_kernel")
+    record_launches(monkeypatch, cast_row_module, "cast_row_kernel", casts)
     tables = record_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
     amax_tables = record_launches(monkeypatch, amax_module, "amax_kernel")
     return casts, (tables, amax_tables)

@@ -11,6 +11,9 @@ Passes over x (M, K), each a ``torch.library`` custom op with a fake implementat
      program (four groups in a row when a plain columnwise output is written); per-token recipes
      first compute their global scales once per row and column (``pt_scales_kernel``); RHT in registers; stochastic rounding from Philox.
    * ``four_over_six_kernel`` (4over6 recipes, which take neither RHT nor SR): [BLOCK_M, BLOCK_K] tiles.
+   * ``cast_row_kernel`` (rowwise-only per-tensor 1x16 bf16 casts without SR): whole blocks per thread,
+     the encode factors of the 128 E4M3 scale codes from a per-tensor table (``row_factor_table_kernel``,
+     fp64 divisions, so no EXACT path), the block scale by the GPU's E4M3 convert (``cast_row``).
    Row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch (``opt_flags``).
 
 Kernel choices (tiles, warps, register caps, launch splits) are in ``nvfp4_quantize_details.opt_flags``;

@@ -7,6 +7,8 @@ module per kernel, each exporting public names:
 * ``amax``: ``amax_kernel`` (outer amaxes) and its launcher;
 * ``pt_scales``: ``pt_scales_kernel`` (per-token global-scale tables) and its launcher;
 * ``cast16``: ``cast16_kernel``, the cast of every recipe without 4over6, and its launcher;
+* ``cast_row``: ``cast_row_kernel``, the rowwise-only per-tensor 1x16 bf16 cast without SR, its
+  per-tensor factor table ``row_factor_table_kernel`` and their launcher;
 * ``four_over_six``: ``four_over_six_kernel``, the 4over6 cast, and its launcher;
 * ``opt_flags``: every launch choice (tiles, warps, register cap, amax steps, kernel and launch split);
 * ``cast``: the cast pass (output buffers, kernel choice, tables, seed).

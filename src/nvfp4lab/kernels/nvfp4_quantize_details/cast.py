@@ -12,6 +12,7 @@ from ..formats import soft_bf16_loads
 from ..launch import Launch, aligned, arg_key, tracing
 from . import opt_flags
 from .cast16 import cast16_kernel
+from .cast_row import cast_row_grid, cast_row_kernel, row_factor_table, row_factor_table_kernel
 from .four_over_six import four_over_six_kernel
 from .pt_scales import pt_scales_grid, pt_scales_kernel, pt_scales_tables
 
@@ -82,7 +83,8 @@ def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
 
 class CastStep(NamedTuple):
     """One launch of a cast: the cast kernel, preceded for per-token casts by the launch that fills the
-    (3, n) global-scale tables of its row (n_row) and / or column (n_col) amaxes."""
+    (3, n) global-scale tables of its row (n_row) and / or column (n_col) amaxes (for the per-tensor
+    ``cast_row_kernel``: the launch of its factor table, n_row = 0)."""
     cast: Launch
     tables: Optional[Launch]
     rowwise: bool
@@ -95,8 +97,9 @@ class CastStep(NamedTuple):
 def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
               stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
               pr3045, spec) -> tuple:
-    """The launches (:class:`CastStep`) of a cast: ``cast16_kernel`` (per-token tables first) or
-    ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
+    """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts of
+    ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast16_kernel`` (per-token
+    tables first) or ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
     the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
     caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`).
     ``pr3045``: PR 3045's numerics (per-token casts)."""
@@ -109,6 +112,16 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     else:
         sides = ((rowwise, columnwise),)
     steps = []
+    if opt_flags.use_cast_row(k, rowwise, columnwise, block_2d, per_token, four_over_six, stochastic_rounding, grouped,
+                              pr3045, spec[1] == torch.bfloat16, spec[2]):
+        meta = opt_flags.cast_row_meta(m, k, scale_layout, per_token, e4m3_max, block_m=block_m, **tile)
+        if per_token:  # the per-row tables (n_row = m marks them)
+            tables_meta = opt_flags.pt_scales_meta(meta["E6"])
+            table = Launch(pt_scales_kernel, pt_scales_grid(m, 0, tables_meta), tables_meta)
+        else:
+            table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
+        return (CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False,
+                         m if per_token else 0, 0),)
     for row_side, col_side in sides:
         if opt_flags.use_cast16(four_over_six):
             meta = opt_flags.cast16_meta(m, k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
@@ -153,6 +166,13 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
     m, k = x.shape
     any_out = next(o for o in outputs if o is not None)
     for step in steps:
+        if step.cast.kernel is cast_row_kernel:  # x and the data as int32 words, the tables from the amax
+            if not step.n_row:
+                table = row_factor_table(step.tables, row_amax)
+            else:
+                table = row_amax if tables else pt_scales_tables(step.tables, row_amax, step.n_row, None, 0)[0]
+            step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table, m, k)
+            continue
         row_in = row_amax if step.rowwise else None
         col_in = col_amax if step.columnwise else None
         if step.tables is not None and not tables:

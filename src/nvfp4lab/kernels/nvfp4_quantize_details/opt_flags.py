@@ -25,6 +25,8 @@ FOUR_OVER_SIX_TILE = (16, 128, 4)
 CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
 CAST16_ROW_MAXNREG = 128
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
+# cast_row_kernel: (BLOCK_M rows, KB 16-column blocks, num_warps)
+CAST_ROW_TILE = (16, 32, 4)
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
 LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
@@ -200,6 +202,30 @@ def four_over_six_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d
 
 def four_over_six_grid(m: int, k: int, meta: dict) -> tuple[int]:
     return (cdiv(m, meta["BLOCK_M"]) * cdiv(k, meta["BLOCK_K"]),)
+
+
+def use_cast_row(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
+                 stochastic_rounding: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool) -> bool:
+    """Whether a cast runs ``cast_row_kernel`` (cast_row.py): the rowwise-only 1x16 cast (per tensor, or
+    per token with TE main's numerics) of bf16 input without SR (RHT only touches columnwise outputs),
+    x 16-byte aligned (read as int32 words), K % 16 == 0. Everything else runs ``cast16_kernel`` /
+    ``four_over_six_kernel``."""
+    return (rowwise and not columnwise and not block_2d and not four_over_six
+            and not stochastic_rounding and not grouped and not pr3045 and dtype_bf16 and x_aligned and k % 16 == 0)
+
+
+def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: float, *, block_m: int = 0,
+                  block_k: int = 0, num_warps: int = 0) -> dict:
+    """Constexprs and num_warps of ``cast_row_kernel`` (block_k: the tile's columns, KB = block_k / 16)."""
+    bm, bk, warps = fit_tile(m, k, (CAST_ROW_TILE[0], CAST_ROW_TILE[1] * 16, CAST_ROW_TILE[2]), block_m=block_m,
+                             block_k=block_k, num_warps=num_warps)
+    return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, KB=bk // 16, HW=not interpreting(), PER_TOKEN=per_token,
+                E6=6.0 * e4m3_max, num_warps=warps, enable_fp_fusion=False)
+
+
+def row_factor_table_meta(e4m3_max: float) -> dict:
+    """Constexprs and num_warps of ``row_factor_table_kernel`` (one program of 128 lanes)."""
+    return dict(E6=6.0 * e4m3_max, num_warps=4, enable_fp_fusion=False)
 
 
 def pt_scales_meta(e6: float, pr3045: bool = False) -> dict:

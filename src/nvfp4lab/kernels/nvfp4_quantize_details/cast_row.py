@@ -1,0 +1,202 @@
+"""The rowwise-only NVFP4 cast of 1x16 bf16 recipes without stochastic rounding: ``cast_row_kernel``,
+fed by ``row_factor_table_kernel``'s 128-entry table of encode factors (per tensor) or by the per-row
+tables of ``pt_scales_kernel`` (per token, TE main's numerics).
+
+On Hopper (no E2M1 convert) the rowwise cast is bound by instructions per element, not by memory;
+this kernel does the per-block work once per 16 elements and in a few instructions:
+
+* The encode factor enc = min(fl(1 / fl(s * S_dec)), FLT_MAX) depends only on the block scale's E4M3
+  code s (128 codes, 0x7F the NaN) and the tensor's S_dec, so ``row_factor_table_kernel`` (one
+  program, 128 lanes, once per cast) writes all of them, plus fl(S_enc * fl(1/6)) at entry 128; the
+  cast reads one table entry per block (an L1-resident gather) instead of dividing per block. The
+  table divides in fp64 (rounded once: exact for every outer amax, subnormal or huge ones too), so
+  the cast has no EXACT path: one code path for every amax (0, inf and NaN included).
+* The block scale e4m3(min(bamax * fl(S_enc * fl(1/6)), FLT_MAX)) by Hopper's own
+  ``cvt.rn.satfinite.e4m3x2.f32`` (inline PTX; satfinite maps inf to 448 like the clamp); under the
+  interpreter by the integer encoder ``e4m3_encode_fast``, same bits. A NaN product gives 0x7F (with
+  its sign bit, as ``e4m3_encode``).
+* The block amax on packed bf16 magnitudes: x is read as int32 words of two bf16, ``w & 0x7FFF7FFF``,
+  folded by an unsigned 16x2 max (``max.u16x2``, one instruction per word on sm_90; integer halves
+  under the interpreter). bf16 magnitude order is integer order, NaN above inf (torch.amax's NaN).
+* The E2M1 codes by ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade)
+  with the code and sign read into the top nibble by one multiply-add (``_code_top``), packed by one
+  funnel shift per code (``shf.l``; shifts and ORs under the interpreter); the bf16 values unpacked
+  from the words by one shift or mask each (exact, subnormals included).
+
+Per token the factor depends on the row's S_dec too, so there is one correctly rounded division per
+block (16 elements) instead of the table read, and tiles with a row amax outside the normal range
+recompute S_enc, S_dec and the factor in fp64 from the amax, as ``cast16_kernel``.
+
+Blocks whose factor is NaN (a NaN element, or a NaN outer amax) get code 0 everywhere, as the
+reference (x * NaN encodes as 0).
+
+Layout: x (M, K) bf16 contiguous, K % 16 == 0, read as (M, K / 2) int32; rowwise data (M, K / 2)
+uint8 written as (M, K / 8) int32; scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``).
+A program covers BLOCK_M rows x KB blocks of 16 columns; each thread owns whole blocks: the two halves
+of a block are two [BLOCK_M, KB, 4] int32 loads of one layout (16 bytes each, the same thread), so the
+block amax, scale and table read need no shuffle, and its two output words are one 8-byte store.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ...layout import cdiv
+from ..formats import e4m3_decode, e4m3_encode_fast
+from .common import ONE_SIXTH, encode_factor, global_scales, scale_offsets
+from .pt_scales import pt_table_load
+
+TABLE_ENTRIES = 132  # 128 encode factors, fl(S_enc * fl(1/6)), padding to 16 bytes
+
+
+@triton.jit
+def row_factor_table_kernel(amax_ptr, table_ptr, E6: tl.constexpr):
+    """table[c] = min(fl(1 / fl(e4m3(c) * S_dec)), FLT_MAX) for E4M3 codes c = 0..127 (NaN for 0x7F),
+    table[128] = fl(S_enc * fl(1/6)), of the per-tensor amax at amax_ptr (spec 3.1); fp64 divisions
+    rounded once (correctly rounded for every amax). One program."""
+    codes = tl.arange(0, 128)
+    outer = tl.load(amax_ptr + tl.zeros_like(codes))
+    s_enc, s_dec = global_scales(outer, E6, True)
+    tl.store(table_ptr + codes, encode_factor(e4m3_decode(codes), s_dec, True))
+    tl.store(table_ptr + 128 + codes, s_enc * ONE_SIXTH, mask=codes == 0)
+
+
+@triton.jit
+def _umax16x2(a, b, HW: tl.constexpr):
+    """Per 16-bit half unsigned max of two int32 words whose halves are < 2^15."""
+    if HW:
+        out = tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    else:
+        out = tl.maximum(a & -65536, b & -65536) | tl.maximum(a & 0xFFFF, b & 0xFFFF)
+    return out
+
+
+@triton.jit
+def _e4m3_code(v, HW: tl.constexpr):
+    """E4M3 bits (int32 0..255) of v >= 0 (or NaN), saturating: e4m3_encode(min(v, FLT_MAX))."""
+    if HW:
+        code = tl.inline_asm_elementwise(
+            "{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, $1, $1; cvt.u32.u16 $0, t; }",
+            "=r,f", [v], dtype=tl.int32, is_pure=True, pack=1) & 0xFF
+    else:
+        code = e4m3_encode_fast(v, 448.0) & 0xFF
+    return tl.where(v != v, 0x7F | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80), code)
+
+
+@triton.jit
+def _code_top(x, enc):
+    """The E2M1 code of fl(x * enc) (not NaN) in bits 31..28 of the result (bits below: garbage):
+    ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade), its code
+    (sb + (sb >> 22)) mod 16 read by one multiply, sb * (2^28 + 2^6) (the low product term never
+    carries into the top nibble: sb * 2^28 has zeros below it), and the sign bit added in the same
+    multiply-add: v < 0, i.e. bit 31 of both bits(v) and bits(v) - 1 (-0.0 gets code 0, as the
+    reference; integer ops, which the compiler does not turn into packed predicate masks)."""
+    v = x * enc
+    a = tl.minimum(tl.abs(v), 6.0)
+    binade = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    sb = tl.fma(binade, 5242883.0, a).to(tl.int32, bitcast=True)
+    vb = v.to(tl.int32, bitcast=True)
+    return sb * 268435520 + (vb & (vb - 1) & -2147483648)  # 2^28 + 2^6
+
+
+@triton.jit
+def _push(acc, t, HW: tl.constexpr):
+    """acc << 4 with the top nibble of t below: one funnel shift (shf.l) on the GPU."""
+    if HW:
+        out = tl.inline_asm_elementwise("shf.l.wrap.b32 $0, $2, $1, 4;", "=r,r,r", [acc, t], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    else:
+        out = (acc << 4) | ((t >> 28) & 15)
+    return out
+
+
+@triton.jit
+def _push_word(acc, w, enc, HW: tl.constexpr):
+    """Push the codes of the two bf16 of int32 word w (high element first: packing runs from the last
+    element of an output word down to its first, which ends in the low nibble)."""
+    acc = _push(acc, _code_top((w & -65536).to(tl.float32, bitcast=True), enc), HW)
+    return _push(acc, _code_top((w << 16).to(tl.float32, bitcast=True), enc), HW)
+
+
+@triton.jit
+def _split4(w):
+    """[A, B, 4] -> its four [A, B] slices (in-thread: no data movement)."""
+    a, b = tl.split(tl.reshape(w, [w.shape[0], w.shape[1], 2, 2]))  # a: j = 0, 2; b: j = 1, 3
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _pack8(w, enc, HW: tl.constexpr):
+    """[A, B, 4] int32 words (8 bf16) -> [A, B] int32 word of their 8 E2M1 codes of fl(x * enc)."""
+    w0, w1, w2, w3 = _split4(w)
+    acc = _push_word(tl.zeros_like(w0), w3, enc, HW)
+    acc = _push_word(acc, w2, enc, HW)
+    acc = _push_word(acc, w1, enc, HW)
+    return _push_word(acc, w0, enc, HW)
+
+
+@triton.jit
+def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
+                    LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
+                    PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0):
+    """Rowwise codes and scales of BLOCK_M rows x KB 16-column blocks (see the module docstring).
+    x_ptr: x as int32 words; data_ptr: the rowwise data as int32 words; table_ptr: the
+    ``row_factor_table_kernel`` table, or with PER_TOKEN the (3, M) per-row tables of
+    ``pt_scales_kernel`` (then one correctly rounded division per block, and tiles with a row amax
+    outside the normal range recompute in fp64 from the amax, as ``cast16_kernel``); HW: inline PTX
+    (GPU) instead of the integer formulas."""
+    pid = tl.program_id(0)
+    k_blocks = K // 16
+    n_k = tl.cdiv(k_blocks, KB)
+    rows = ((pid // n_k) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    blks = (pid % n_k) * KB + tl.arange(0, KB)
+    ok = (rows < M)[:, None] & (blks < k_blocks)[None, :]
+    word = rows[:, None] * (k_blocks * 8) + blks[None, :] * 8  # first int32 word of each block
+    j = tl.arange(0, 4)[None, None, :]
+    w0 = tl.load(x_ptr + word[:, :, None] + j, mask=ok[:, :, None], other=0)
+    w1 = tl.load(x_ptr + word[:, :, None] + (j + 4), mask=ok[:, :, None], other=0)
+
+    mag = _umax16x2(w0 & 0x7FFF7FFF, w1 & 0x7FFF7FFF, HW)  # [BM, KB, 4]
+    a, b = tl.split(tl.reshape(mag, [BLOCK_M, KB, 2, 2]))
+    a, b = tl.split(_umax16x2(a, b, HW))
+    mag = _umax16x2(a, b, HW)  # [BM, KB]: both halves' maxima
+    bamax = tl.maximum(mag << 16, mag & -65536).to(tl.float32, bitcast=True)
+
+    if PER_TOKEN:
+        row_ok = rows < M
+        s_enc_sixth, s_dec, normal = pt_table_load(table_ptr, rows, M, row_ok)
+        if normal:
+            scale = _e4m3_code(bamax * s_enc_sixth[:, None], HW)
+            enc = encode_factor(e4m3_decode(scale & 0x7F), s_dec[:, None], False)
+        else:  # fp64 divisions from the amax (new names: see cast16_kernel)
+            outer = tl.load(table_ptr + rows, mask=row_ok, other=0.0)[:, None]
+            s_enc_x, s_dec_x = global_scales(outer, E6, True)
+            scale_x = _e4m3_code(bamax * (s_enc_x * ONE_SIXTH), HW)
+            enc = encode_factor(e4m3_decode(scale_x & 0x7F), s_dec_x, True)
+            scale = scale_x
+    else:
+        s_enc_sixth = tl.load(table_ptr + 128)
+        scale = _e4m3_code(bamax * s_enc_sixth, HW)
+        enc = tl.load(table_ptr + (scale & 0x7F))  # [BM, KB]
+
+    word0 = _pack8(w0, enc, HW)
+    word1 = _pack8(w1, enc, HW)
+    nan_block = enc != enc
+    words = tl.join(tl.where(nan_block, 0, word0), tl.where(nan_block, 0, word1))  # [BM, KB, 2]
+    out = rows[:, None] * (k_blocks * 2) + blks[None, :] * 2
+    tl.store(data_ptr + out[:, :, None] + tl.arange(0, 2)[None, None, :], words, mask=ok[:, :, None])
+    tl.store(scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), scale.to(tl.uint8), mask=ok)
+
+
+def row_factor_table(table_launch, amax):
+    """The fp32 (TABLE_ENTRIES,) table of ``row_factor_table_kernel`` for the (1,) amax, in one launch
+    of ``table_launch`` (a :class:`~nvfp4lab.kernels.launch.Launch` of it; no host sync)."""
+    table = torch.empty(TABLE_ENTRIES, dtype=torch.float32, device=amax.device)
+    table_launch(amax, table)
+    return table
+
+
+def cast_row_grid(m: int, k: int, meta: dict) -> tuple[int]:
+    return (cdiv(m, meta["BLOCK_M"]) * cdiv(k // 16, meta["KB"]),)

@@ -1,0 +1,287 @@
+"""The rowwise-only per-tensor cast ``cast_row_kernel`` (kernels/nvfp4_quantize_details/cast_row.py): which
+casts take it, and its bits against the reference (masked tiles, scale layouts, special values, every
+E4M3 scale code, extreme outer amaxes), under the interpreter (its integer formulas) and, in the gpu
+tier, on the GPU (its inline PTX)."""
+import pytest
+import torch
+
+from nvfp4lab import NVFP4QuantConfig
+from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
+from nvfp4lab.kernels.nvfp4_quantize_details import cast_row as cast_row_module
+from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
+from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
+from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_factor_table_kernel
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
+
+from .kernel_checks import TILE_16X32, assert_same_bits, record_launches
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ROW = NVFP4QuantConfig(rowwise=True)
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The launches of ``cast_row_kernel`` during the test."""
+    return record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
+
+
+def assert_rowwise_same(launches, x, config, context="", device=DEV, tile=None, amax=None, nan_sign=False):
+    """The rowwise data, scales and amax of the kernels (outputs poisoned first; ``tile``: an explicit
+    tile) equal the reference's, and the cast ran as ``cast_row_kernel``. ``nan_sign``: a NaN scale
+    reads 0x7F or 0xFF and a NaN amax any NaN (the sign and payload of a NaN amax are unspecified:
+    torch's CPU reductions and arithmetic and the GPU's differ)."""
+    before = len(launches)
+    got = kq.quantize(x.to(device), config, poison=True, amax=None if amax is None else amax.to(device), **(tile or {}))
+    assert len(launches) == before + 1, f"{context}: cast_row_kernel did not run"
+    want = ref_nvfp4.quantize(x.cpu(), config, amax=amax)
+    if nan_sign:
+        want.rowwise_scale = torch.where(want.rowwise_scale == 0xFF, 0x7F, want.rowwise_scale).to(torch.uint8)
+        nan_both = torch.isnan(want.rowwise_amax) & torch.isnan(got.rowwise_amax.cpu())
+        want.rowwise_amax = torch.where(nan_both, got.rowwise_amax.cpu(), want.rowwise_amax)
+    for field in ("rowwise_data", "rowwise_scale", "rowwise_amax"):
+        a, b = getattr(got, field).cpu(), getattr(want, field)
+        assert a.shape == b.shape and a.dtype == b.dtype, (context, field, a.shape, b.shape)
+        if a.dtype == torch.float32:
+            a, b = a.view(torch.int32), b.view(torch.int32)
+        if not torch.equal(a, b):
+            bad = (a != b).nonzero()
+            raise AssertionError(f"{context} {field}: {bad.shape[0]} of {a.numel()} differ, first at "
+                                 f"{tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} != {b[tuple(bad[0])].item()}")
+    return want
+
+
+def normal_input(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    m, k = shape
+    x = torch.randn(m, k, generator=g) * 10.0 ** (torch.rand(m, 1, generator=g) * 4 - 2)
+    return x.bfloat16()
+
+
+def special_input(nan: bool = False):
+    """Zeros (rows, blocks, -0.0), bf16 subnormals, a block far below the amax (scale 0), +-inf, values
+    at bf16 max, and (``nan``) a NaN element, in (32, 64)."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))
+    x[3] = 0.0
+    x[4, 16:32] = -0.0
+    x[5, :16] = 1e-30
+    x[6, 32:48] = torch.tensor([1, -32767] * 8, dtype=torch.int16).view(torch.bfloat16).float()  # +-smallest subnormal
+    x[7, 40] = -3e-39
+    x[8, 0] = float("inf")
+    x[9, 17] = float("-inf")
+    if nan:
+        x[10, 50] = float("nan")
+    x[11, :16] = 3.3895e38
+    x[12, 48:] = -3.3895e38
+    return x.bfloat16()
+
+
+def scale_code_input():
+    """Blocks whose scales (with amax 2688: S_enc = 1) take every E4M3 code 0..126: block maxima at 6x
+    each code's value and at 6x the midpoints between neighbouring codes (ties), the rest of the block
+    random below it; (256, 64)."""
+    values = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = (values[:-1] + values[1:]) / 2
+    targets = torch.cat([values, mids, torch.tensor([1e-4, 0.0])]) * 6
+    g = torch.Generator().manual_seed(3)
+    n = targets.numel()
+    blocks = (torch.rand(n, 16, generator=g) * 2 - 1) * targets[:, None]
+    blocks[torch.arange(n), torch.randint(0, 16, (n,), generator=g)] = targets * torch.where(
+        torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    x = torch.zeros(256 * 4, 16)
+    x[:n] = blocks
+    return x.reshape(256, 64).bfloat16()
+
+
+# --------------------------------------------------------------------------------------- dispatch
+@pytest.mark.parametrize("kwargs,dtype,takes_it", [
+    (dict(rowwise=True), torch.bfloat16, True),
+    (dict(rowwise=True, rht=True), torch.bfloat16, True),  # RHT touches only columnwise outputs
+    (dict(rowwise=True, scale_layout="swizzled"), torch.bfloat16, True),
+    (dict(rowwise=True), torch.float32, False),
+    (dict(rowwise=True, per_token=True), torch.bfloat16, True),
+    (dict(rowwise=True, per_token=True, numerics="te_pr3045"), torch.bfloat16, False),
+    (dict(rowwise=True, stochastic_rounding=True), torch.bfloat16, False),
+    (dict(rowwise=True, columnwise=True), torch.bfloat16, False),
+    (dict(rowwise=True, block="16x16"), torch.bfloat16, False),
+    (dict(rowwise=True, four_over_six="mae"), torch.bfloat16, False),
+])
+def test_which_casts_take_cast_row(kwargs, dtype, takes_it, monkeypatch):
+    fast = record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
+    x = normal_input((32, 64), seed=1).to(dtype).to(DEV)
+    kq.quantize(x, NVFP4QuantConfig(**kwargs), poison=True)
+    assert bool(fast) == takes_it
+
+
+def test_misaligned_input_takes_cast16(monkeypatch):
+    """x not 16-byte aligned (a view at an odd offset): not read as int32 words."""
+    fast = record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
+    slow = record_launches(monkeypatch, cast16_module, "cast16_kernel")
+    x = normal_input((1, 32 * 64 + 1), seed=2).flatten()[1:].reshape(32, 64)
+    got = kq.quantize(x.to(DEV), ROW, poison=True)
+    want = ref_nvfp4.quantize(x, ROW)
+    assert_same_bits(got.rowwise_data.cpu(), want.rowwise_data)
+    assert not fast and slow
+
+
+# ---------------------------------------------------------------------------------- bits vs the reference
+@pytest.mark.parametrize("shape,tile", [
+    ((16, 16), {}),
+    ((48, 80), {}),
+    ((37, 80), TILE_16X32),  # masked rows and blocks
+    ((37, 48), dict(block_m=32, block_k=128, num_warps=2)),
+    ((128, 512), {}),
+])
+@pytest.mark.parametrize("layout", ["compact", "padded", "swizzled"])
+def test_matches_reference(shape, tile, layout, launches):
+    config = NVFP4QuantConfig(rowwise=True, scale_layout=layout)
+    assert_rowwise_same(launches, normal_input(shape, seed=shape[0] + shape[1]), config, f"{shape} {tile} {layout}", tile=tile)
+
+
+def test_special_values(launches):
+    want = assert_rowwise_same(launches, special_input(), ROW, "special")
+    # the input exercises what it claims: inf saturating the scale (amax inf: S_enc = 1), a zero scale
+    assert want.rowwise_scale[8, 0] == 0x7E and want.rowwise_scale[5, 0] == 0
+    assert_rowwise_same(launches, special_input(), ROW, "special, masked tiles", tile=TILE_16X32)
+    # a NaN element: with a finite given amax only its block is NaN (scale 0x7F, codes 0); with the
+    # computed (NaN) amax every block is
+    want = assert_rowwise_same(launches, special_input(nan=True), ROW, "NaN block", amax=torch.tensor([1e4]))
+    assert want.rowwise_scale[10, 3] == 0x7F and (want.rowwise_data[10, 24:32] == 0).all()
+    assert (want.rowwise_scale[10, :3] != 0x7F).all()
+    want = assert_rowwise_same(launches, special_input(nan=True), ROW, "NaN amax")
+    assert (want.rowwise_scale == 0x7F).all()
+
+
+def test_every_scale_code(launches):
+    x = scale_code_input()
+    amax = torch.tensor([2688.0])
+    want = assert_rowwise_same(launches, x, ROW, "every scale code", amax=amax)
+    assert set(want.rowwise_scale.flatten().tolist()) >= set(range(127))
+
+
+@pytest.mark.parametrize("amax", [0.0, float("inf"), float("nan"), 1e-38, 3e-41, 1e-31, 1e30, 1e35, FLT_MAX, 448.0])
+def test_provided_amax_outside_the_normal_range(amax, launches):
+    """Outer amaxes 0, inf, NaN, subnormal, tiny, huge: one code path (the table divides in fp64)."""
+    x = normal_input((32, 64), seed=4)
+    assert_rowwise_same(launches, x, ROW, f"amax {amax}", amax=torch.tensor([amax]))
+    assert_rowwise_same(launches, x * 1e-30, ROW, f"amax {amax}, tiny x", amax=torch.tensor([amax]))
+
+
+@pytest.mark.parametrize("amax", [0.0, float("inf"), float("nan"), 3e-41, 1e-31, 2.5, 2688.0, 1e35, FLT_MAX])
+@pytest.mark.parametrize("e4m3_max", [448.0, 256.0])
+def test_factor_table(amax, e4m3_max):
+    """Entries 0..127: min(fl(1 / fl(float(s) * S_dec)), FLT_MAX) of every E4M3 code (NaN for 0x7F), entry
+    128: fl(S_enc * fl(1/6)), as the reference's fp32 torch operations give them."""
+    table = torch.full((TABLE_ENTRIES,), float("nan"), device=DEV)
+    row_factor_table_kernel[(1,)](torch.tensor([amax], device=DEV), table, E6=6.0 * e4m3_max)
+    s_enc = ref_nvfp4.global_encode_scale(torch.tensor(amax), e4m3_max)
+    s_dec = 1.0 / s_enc
+    scale_f = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    want = torch.clamp(1.0 / (scale_f * s_dec), max=FLT_MAX)
+    assert_same_bits(table[:128].cpu(), want, nan_equal=True)
+    assert torch.isnan(table[127]) and torch.isnan(want[127])
+    assert_same_bits(table[128:129].cpu(), (s_enc * torch.tensor(1.0 / 6.0, dtype=torch.float32)).reshape(1),
+                     nan_equal=True)
+
+
+def test_bf16_subnormals(launches):
+    bits = torch.arange(1, 128, dtype=torch.int32)
+    x = torch.cat([bits, bits | 0x8000, torch.zeros(2, dtype=torch.int32)]).to(torch.int16).view(torch.bfloat16)
+    x = x.repeat(33)[: 32 * 256].reshape(32, 256)
+    assert_rowwise_same(launches, x, ROW, "subnormals alone")
+    mixed = x.clone()
+    mixed[::3, ::5] = 1.5
+    assert_rowwise_same(launches, mixed, ROW, "subnormals mixed")
+
+
+def test_empty_input():
+    for shape in ((0, 64), (32, 0)):
+        out = kq.quantize(torch.zeros(shape, dtype=torch.bfloat16, device=DEV), ROW, poison=True)
+        assert out.rowwise_data.shape == (shape[0], shape[1] // 2)
+
+
+# ---------------------------------------------------------------------------------- per token
+PT_ROW = NVFP4QuantConfig(rowwise=True, per_token=True)
+
+
+def pertoken_extreme_input():
+    """bf16 (64, 80) whose row amaxes leave the normal range in the second 16-row group only (fast and
+    EXACT tiles in one launch): a zero row, tiny (below 2^-100), subnormal and huge rows, inf, a row
+    at bf16 max, amaxes exactly 2^-100 and 2^100 (fast path)."""
+    g = torch.Generator().manual_seed(71)
+    x = torch.randn(64, 80, generator=g) * 10.0 ** (torch.rand(64, 1, generator=g) * 2 - 1)
+    x[17] = 0.0
+    x[18] *= 1e-35
+    x[19] *= 1e35
+    x[20] = x[20] / x[20].abs().max() * 1e-39  # bf16 subnormals
+    x[21, 4] = float("inf")
+    x[22] *= 2.0**-100 / x[22].abs().max()
+    x[23] *= 2.0**100 / x[23].abs().max()
+    x[24] = x[24] / x[24].abs().max() * 3.3895e38
+    x[25, 1] = -0.0
+    return x.bfloat16()
+
+
+@pytest.mark.parametrize("shape,tile", [((48, 80), {}), ((37, 80), TILE_16X32), ((128, 512), {})])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_pertoken_matches_reference(shape, tile, layout, launches):
+    config = NVFP4QuantConfig(rowwise=True, per_token=True, scale_layout=layout)
+    assert_rowwise_same(launches, normal_input(shape, seed=shape[0] + 7), config, f"per token {shape} {tile} {layout}",
+                        tile=tile)
+
+
+def test_pertoken_extreme_rows(launches):
+    assert_rowwise_same(launches, pertoken_extreme_input(), PT_ROW, "per token extremes")
+    assert_rowwise_same(launches, pertoken_extreme_input(), PT_ROW, "per token extremes, masked tiles", tile=TILE_16X32)
+    x = pertoken_extreme_input()
+    x[40, 7] = float("nan")
+    want = assert_rowwise_same(launches, x, PT_ROW, "per token NaN row", nan_sign=True)
+    assert torch.isnan(want.rowwise_amax[40]) and not torch.isnan(want.rowwise_amax[39])
+    assert (want.rowwise_scale[40] == 0x7F).all() and (want.rowwise_scale[39] != 0x7F).all()
+
+
+@pytest.mark.parametrize("special", [0.0, 1e-35, 3e-41, 1e35, float("inf"), float("nan")])
+def test_pertoken_provided_amaxes(special, launches):
+    """Given row amaxes (the tables come from pt_scales_kernel), one of them special."""
+    x = normal_input((48, 80), seed=73)
+    amax = x.float().abs().amax(dim=1) * 2
+    amax[20] = special
+    assert_rowwise_same(launches, x, PT_ROW, f"per token amax {special}", amax=amax, nan_sign=special != special)
+
+
+def test_pertoken_long_vectors(launches, monkeypatch):
+    """Past opt_flags.AMAX_TABLES_MAX_ENTRIES rows the amax pass writes plain amaxes and pt_scales_kernel
+    the tables: the same bits."""
+    tables = record_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
+    x = normal_input((opt_flags.AMAX_TABLES_MAX_ENTRIES + 16, 32), seed=74)
+    got = kq.quantize(x.to(DEV), PT_ROW, poison=True)
+    want = ref_nvfp4.quantize(x, PT_ROW)
+    assert_same_bits(got.rowwise_data.cpu(), want.rowwise_data)
+    assert_same_bits(got.rowwise_scale.cpu(), want.rowwise_scale)
+    assert len(launches) == 1 and len(tables) == 1
+
+
+# ---------------------------------------------------------------------------------- GPU (inline PTX)
+@pytest.mark.gpu
+def test_gpu_inline_ptx_matches_reference(launches):
+    """cvt.rn.satfinite.e4m3x2.f32 and max.u16x2 on the GPU: bit for bit against the reference on
+    special values, every scale code, extreme amaxes and a large random tensor (default tile)."""
+    assert_rowwise_same(launches, special_input(), ROW, "gpu special", device="cuda")
+    # (the GPU's NaNs are positive, the CPU reference's may not be: scale 0x7F / 0xFF)
+    assert_rowwise_same(launches, special_input(nan=True), ROW, "gpu NaN block", device="cuda", amax=torch.tensor([1e4]),
+                        nan_sign=True)
+    assert_rowwise_same(launches, special_input(nan=True), ROW, "gpu NaN amax", device="cuda", nan_sign=True)
+    want = assert_rowwise_same(launches, scale_code_input(), ROW, "gpu every scale code", device="cuda", amax=torch.tensor([2688.0]))
+    assert set(want.rowwise_scale.flatten().tolist()) >= set(range(127))
+    for amax in (0.0, float("inf"), float("nan"), 3e-41, 1e-31, 1e35):
+        assert_rowwise_same(launches, normal_input((64, 256), seed=5), ROW, f"gpu amax {amax}", device="cuda",
+                            amax=torch.tensor([amax]))
+    assert_rowwise_same(launches, pertoken_extreme_input(), PT_ROW, "gpu per token extremes", device="cuda")
+    assert_rowwise_same(launches, normal_input((1000, 4096), seed=8), PT_ROW, "gpu per token random", device="cuda")
+    for layout in ("compact", "swizzled"):
+        config = NVFP4QuantConfig(rowwise=True, scale_layout=layout)
+        assert_rowwise_same(launches, normal_input((1000, 4096), seed=6), config, f"gpu random {layout}", device="cuda")
+        assert_rowwise_same(launches, normal_input((37, 80), seed=7), config, f"gpu masked {layout}", device="cuda", tile=TILE_16X32)
