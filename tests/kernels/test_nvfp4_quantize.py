@@ -556,15 +556,13 @@ def test_e2m1_scale_encode_matches_reference():
 @triton.jit
 def _sum_probe_kernel(t_ptr, seq_ptr, tree_ptr, A: tl.constexpr):
     # t: (A, 16, 16) fp32: seq sums of the A * 16 rows of 16 (halves 8 | 8); tree sums of the A groups of 16
-    a = tl.arange(0, A)[:, None, None, None, None]
-    b = tl.arange(0, 4)[None, :, None, None, None]
-    c = tl.arange(0, 4)[None, None, :, None, None]
-    half = tl.arange(0, 2)[None, None, None, :, None]
-    e = tl.arange(0, 8)[None, None, None, None, :]
-    t = tl.load(t_ptr + ((a * 4 + b) * 4 + c) * 16 + half * 8 + e)  # [A, 4, 4, 2, 8]
-    s = tl.sum(tl.where(tl.arange(0, 2)[None, None, None, :] == 1, seq_sum_pair(t, A, 4, 4), 0.0), axis=3)
-    tl.store(seq_ptr + (tl.arange(0, A)[:, None, None] * 4 + tl.arange(0, 4)[None, :, None]) * 4
-             + tl.arange(0, 4)[None, None, :], s)
+    a = tl.arange(0, A)[:, None, None, None]
+    b = tl.arange(0, 16)[None, :, None, None]
+    half = tl.arange(0, 2)[None, None, :, None]
+    e = tl.arange(0, 8)[None, None, None, :]
+    t = tl.load(t_ptr + (a * 16 + b) * 16 + half * 8 + e)  # [A, 16, 2, 8]
+    s = tl.sum(tl.where(tl.arange(0, 2)[None, None, :] == 1, seq_sum_pair(t, A, 16), 0.0), axis=2)
+    tl.store(seq_ptr + tl.arange(0, A)[:, None] * 16 + tl.arange(0, 16)[None, :], s)
     r = tl.load(t_ptr + tl.arange(0, A)[:, None, None] * 256 + tl.arange(0, 2)[None, :, None] * 8
                 + tl.arange(0, 8)[None, None, :])  # [A, 2, 8]: the first 16 terms of each group
     tl.store(tree_ptr + tl.arange(0, A), tree_sum8_pair(r, A))

@@ -5,9 +5,11 @@ nor stochastic rounding (:class:`~nvfp4lab.config.NVFP4QuantConfig` rejects both
 
 Layout: ``cast16_kernel``'s (one warp per 16 x 128 tile, rows permuted so that each thread holds 8 rows
 x 8 columns, i.e. half of a rowwise and half of a columnwise block). Both directions are views of the
-tile as [A, B, C, 2, 8]: blocks (A, B, C), each block's 16 elements as 2 halves (one per thread of a
-pair) of 8 (in one thread), in index order. So a block maximum is an in-thread max and one shuffle, and
-an index-order error sum is 7 in-thread adds, one hand-off of the first half's sum, and 8 adds.
+tile as [A, B, 2, 8, 8]: 8 slices (last axis, in-thread: the thread's 8 rows for rowwise blocks, its 8
+columns for columnwise ones) of blocks (A, B), each block's 16 elements as 2 halves (one per thread of
+a pair) of 8 (in one thread), in index order. So a block maximum is an in-thread max and one shuffle,
+an index-order error sum is 7 in-thread adds, one hand-off of the first half's sum, and 8 adds, and
+the slices are quantized one after the other (few registers live at a time).
 
 Numerics (``ref.nvfp4.quantize_rows``, op for op in fp32; launches pass ``enable_fp_fusion=False``):
 normal-range tiles (``normal_range``) divide per block only: fl(bamax / 6) and the dequantization's
@@ -58,15 +60,22 @@ def dequant_fast(q_mag, v_one, v_three_halves):
     from ``dequant_pair``'s values: q*s is exact and scaling by 2^e commutes with the fp32 roundings
     while every value is normal, so it is 2^e times the value of m; 2^e and m are q_mag's exponent and
     mantissa bits (q_mag = 0 gives 2^e = 0)."""
-    qb = q_mag.to(tl.int32, bitcast=True)
-    pow2 = (qb & 0x7F800000).to(tl.float32, bitcast=True)
-    return pow2 * tl.where((qb & 0x400000) != 0, v_three_halves, v_one)
+    pow2, v_m = _dequant_parts(q_mag, v_one, v_three_halves)
+    return pow2 * v_m
 
 
 @triton.jit
-def _split8(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
-    """[A, B, C, 2, 8] -> its 8 slices [A, B, C, 2] along the last (in-thread) axis, in index order."""
-    t6 = tl.reshape(t, [A, B, C, 2, 2, 2, 2])  # last axes: bits 2, 1, 0 of the index
+def _dequant_parts(q_mag, v_one, v_three_halves):
+    """(2^e, value of m) of ``dequant_fast``: their product is exact."""
+    qb = q_mag.to(tl.int32, bitcast=True)
+    pow2 = (qb & 0x7F800000).to(tl.float32, bitcast=True)
+    return pow2, tl.where((qb & 0x400000) != 0, v_three_halves, v_one)
+
+
+@triton.jit
+def _split8(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    """[A, B, C, D, 8] -> its 8 slices [A, B, C, D] along the last (in-thread) axis, in index order."""
+    t6 = tl.reshape(t, [A, B, C, D, 2, 2, 2])  # last axes: bits 2, 1, 0 of the index
     ev, od = tl.split(t6)  # bit 0
     e0, e1 = tl.split(ev)  # bit 1
     o0, o1 = tl.split(od)
@@ -78,17 +87,46 @@ def _split8(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _first_half(v, half):
-    """[A, B, C, 2] -> [A, B, C, 1]: the half-0 value of each pair (one shuffle; + 0.0 is exact)."""
-    return tl.sum(tl.where(half == 0, v, 0.0), axis=3)[:, :, :, None]
+def _slice(t, i: tl.constexpr, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    """Slice i of [A, B, C, D, 8] along its last axis."""
+    t0, t1, t2, t3, t4, t5, t6, t7 = _split8(t, A, B, C, D)
+    if i == 0:
+        r = t0
+    elif i == 1:
+        r = t1
+    elif i == 2:
+        r = t2
+    elif i == 3:
+        r = t3
+    elif i == 4:
+        r = t4
+    elif i == 5:
+        r = t5
+    elif i == 6:
+        r = t6
+    else:
+        r = t7
+    return r
 
 
 @triton.jit
-def seq_sum_pair(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
-    """[A, B, C, 2, 8] -> [A, B, C, 2]: the fp32 sum of each block's 16 terms in index order
+def _slice3(t, i: tl.constexpr, N: tl.constexpr):
+    """Slice i of [P, Q, N] (N = 8) along its last axis -> [P, Q]; N = 1 (the same for every slice): t."""
+    P: tl.constexpr = t.shape[0]
+    Q: tl.constexpr = t.shape[1]
+    if N == 1:
+        r = tl.reshape(t, [P, Q])
+    else:
+        r = tl.reshape(_slice(tl.reshape(t, [P, Q, 1, 1, 8]), i, P, Q, 1, 1), [P, Q])
+    return r
+
+
+@triton.jit
+def seq_sum_pair(t, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 2, 8] -> [A, B, 2]: the fp32 sum of each block's 16 terms (half, element) in index order
     (((t0 + t1) + t2) + ...) in the half-1 entry (the half-0 entry holds garbage): half 0 sums its 8
-    in-thread terms, hands the sum over, and half 1 continues it with its own 8."""
-    t0, t1, t2, t3, t4, t5, t6, t7 = _split8(t, A, B, C)
+    in-thread terms, hands the sum over (one shuffle; + 0.0 is exact), and half 1 continues it."""
+    t0, t1, t2, t3, t4, t5, t6, t7 = _split8(tl.reshape(t, [A, B, 1, 2, 8]), A, B, 1, 2)
     s = t0 + t1
     s = s + t2
     s = s + t3
@@ -97,7 +135,7 @@ def seq_sum_pair(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
     s = s + t6
     s = s + t7
     half = tl.arange(0, 2)[None, None, None, :]
-    s = _first_half(s, half) + t0
+    s = tl.sum(tl.where(half == 0, s, 0.0), axis=3)[:, :, :, None] + t0
     s = s + t1
     s = s + t2
     s = s + t3
@@ -105,22 +143,14 @@ def seq_sum_pair(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
     s = s + t5
     s = s + t6
     s = s + t7
-    return s
+    return tl.reshape(s, [A, B, 2])
 
 
 @triton.jit
-def _second_half(v, half):
-    """[A, B, C, 2] -> [A, B, C]: the half-1 value of each pair."""
-    return tl.sum(tl.where(half == 1, v, 0.0), axis=3)
-
-
-@triton.jit
-def tree_sum8_pair(r, KB: tl.constexpr):
-    """[KB, 2, 8] -> [KB]: the shuffle-down tree (offsets 8, 4, 2, 1) over the 16 values of each 16x16
-    block (value 8 * h + j at [kb, h, j]) as TE reduces 2D 4over6 errors."""
-    t = tl.sum(r, axis=1)  # t[j] = r[j] + r[j + 8]
+def tree_sum8(t, KB: tl.constexpr):
+    """[KB, 8] -> [KB]: levels 4, 2, 1 of the shuffle-down tree, t[j] + t[j + 4], ... (in-thread)."""
     lo, hi = tl.split(tl.permute(tl.reshape(t, [KB, 2, 4]), (0, 2, 1)))
-    t = lo + hi  # t[j] + t[j + 4]
+    t = lo + hi
     lo, hi = tl.split(tl.permute(tl.reshape(t, [KB, 2, 2]), (0, 2, 1)))
     t = lo + hi
     lo, hi = tl.split(t)
@@ -128,92 +158,146 @@ def tree_sum8_pair(r, KB: tl.constexpr):
 
 
 @triton.jit
-def _candidate(v5, scale, outer, s_dec, E6: tl.constexpr, MSE: tl.constexpr, EXACT: tl.constexpr,
-               A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
-    """One 4over6 candidate of blocks (A, B, C) with E4M3 scale bits ``scale`` [A, B, C]: (packed words
-    [A, B, C, 2] (one per half: code i of a half in bits 4i..4i+3), per-element error terms
-    [A, B, C, 2, 8]). ``outer``, ``s_dec``: broadcastable to [A, B, C].
+def tree_sum8_pair(r, KB: tl.constexpr):
+    """[KB, 2, 8] -> [KB]: the shuffle-down tree (offsets 8, 4, 2, 1) over the 16 values of each 16x16
+    block (value 8 * h + j at [kb, h, j]) as TE reduces 2D 4over6 errors."""
+    return tree_sum8(tl.sum(r, axis=1), KB)  # r[j] + r[j + 8] first
 
-    Normal-range tiles: q*s is exact and scaling by 2^e commutes with the fp32 roundings while every
-    value is normal (outer amax 0 or in [2^-100, 2^100]), so fl(fl(fl(q*s) * amax) / 6E) =
-    2^e * fl(fl(m*s * amax) / 6E) for |q| = 2^e * m, m in {1, 1.5}: two divisions per block. The
-    encoder (``e2m1_scale_encode``'s rounding) also gives |q| exactly, from which 2^e and m are read
-    by bits (|q| = 0 gives 2^e = 0). The sign of the code only flips d, so d = |val| - |x|.
+
+@triton.jit
+def _candidate(xs, scale, outer, s_dec, E6: tl.constexpr, MSE: tl.constexpr, EXACT: tl.constexpr):
+    """One 4over6 candidate of blocks [A, B] (xs [A, B, 2, 8]) with E4M3 scale bits ``scale`` [A, B]:
+    (packed words [A, B, 2] (one per half: code i of a half in bits 4i..4i+3), per-element error terms
+    [A, B, 2, 8]). ``outer``, ``s_dec``: broadcastable to [A, B].
+
+    Normal-range tiles: the encode factor by one ``div_rn``; the codes by ``e2m1_scale_encode``'s
+    rounding, which also gives |q| exactly; the dequantized magnitude by ``dequant_fast``, its exact
+    product folded into d's one rounding. The sign of the code only flips the sign of d, so
+    d = |val| - |x|.
     """
     if EXACT:
         scale_f = e4m3_decode(scale)
         enc = encode_factor(scale_f, s_dec, True)
-        codes = e2m1_encode_fast(v5 * enc[:, :, :, None, None])
-        val = correct_div((e2m1_decode(codes) * scale_f[:, :, :, None, None]) * outer[:, :, :, None, None],
-                          tl.zeros_like(v5) + E6, True)
-        d = val - v5
+        codes = e2m1_encode_fast(xs * enc[:, :, None, None])
+        val = correct_div((e2m1_decode(codes) * scale_f[:, :, None, None]) * outer[:, :, None, None],
+                          tl.zeros_like(xs) + E6, True)
+        d = val - xs
     else:
         scale_f = (scale << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120: exact decode
         enc = tl.minimum(tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_dec), FLT_MAX)
         v_one, v_three_halves = dequant_pair(scale_f, outer, E6)
-        v = v5 * enc[:, :, :, None, None]
+        v = xs * enc[:, :, None, None]
         a = tl.minimum(tl.abs(v), 6.0)
         binade = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
         s = tl.fma(binade, 5242883.0, a)  # a rounded onto the E2M1 grid of its binade (e2m1_scale_encode)
         sb = s.to(tl.int32, bitcast=True)
         codes = ((sb + (sb >> 22)) & 7) | tl.where(v < 0, 8, 0)
         q_mag = tl.fma(binade, -5242883.0, s)  # |q|, exactly
-        mag = dequant_fast(q_mag, v_one[:, :, :, None, None], v_three_halves[:, :, :, None, None])
-        d = mag - tl.abs(v5)
+        pow2, v_m = _dequant_parts(q_mag, v_one[:, :, None, None], v_three_halves[:, :, None, None])
+        d = tl.fma(pow2, v_m, -tl.abs(xs))  # fl(|val| - |x|): the product is exact
     if MSE:
         term = d * d
     else:
         term = tl.abs(d)
-    shift = (tl.arange(0, 8) * 4)[None, None, None, None, :]
-    words = tl.sum(codes << shift, axis=4)
+    shift = (tl.arange(0, 8) * 4)[None, None, None, :]
+    words = tl.sum(codes << shift, axis=3)
     return words, term
 
 
 @triton.jit
-def _quantize_4over6(v5, bamax, outer, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, EXACT: tl.constexpr,
-                     TREE: tl.constexpr, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
-    """4over6-quantize the blocks (A, B, C) of v5 [A, B, C, 2, 8] (fp32; block maxima ``bamax``
-    [A, B, C], outer amaxes broadcastable to [A, B, C]) -> (words [A, B, C, 2], scale bits [A, B, C]).
-    FOUR_OVER_SIX: 1 MAE, 2 MSE. TREE (16x16 blocks): 1 when (A, B, C) = (j, h, kb), i.e. block rows
-    8h + j of block kb (rowwise side), 2 when (A, B, C) = (kb, half, cc), block columns 8 half + cc
-    (columnwise side): the 16 errors of each 16x16 block are then tree-summed."""
-    s_enc, s_dec = global_scales(outer, E6, EXACT)
+def _slice_candidates(xs, bamax, outer, s_enc, s_dec, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
+                      EXACT: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """Both candidates of blocks [A, B] (xs [A, B, 2, 8] fp32, block maxima [A, B]; outer amax and its
+    S_enc, S_dec broadcastable to [A, B]): (words6, words4 [A, B, 2], err6, err4 [A, B] (the index-order
+    error sums), scale6, scale4 [A, B])."""
     if EXACT:
         base = correct_div(bamax, tl.zeros_like(bamax) + 6.0, True) * s_enc
         scale6 = e4m3_encode(tl.where(base > E4M3_MAX, E4M3_MAX, base))
         base4 = base * 1.5
         scale4 = e4m3_encode(tl.where(base4 > E4M3_MAX, E4M3_MAX, base4))
     else:
-        # a subnormal bamax / 6 is off by an ulp at most, and its base rounds to a zero scale anyway
+        # a subnormal bamax / 6 may be off by an ulp, but its base rounds to a zero scale anyway
         base = div_const_rn(bamax, 6.0) * s_enc
         scale6 = e4m3_encode_fast(base, 448.0) & 0xFF
         scale4 = e4m3_encode_fast(base * 1.5, 448.0) & 0xFF
     MSE: tl.constexpr = FOUR_OVER_SIX == 2
-    words6, term6 = _candidate(v5, scale6, outer, s_dec, E6, MSE, EXACT, A, B, C)
-    words4, term4 = _candidate(v5, scale4, outer, s_dec, E6, MSE, EXACT, A, B, C)
-    err6 = seq_sum_pair(term6, A, B, C)  # [A, B, C, 2]: the block's error in half 1
-    err4 = seq_sum_pair(term4, A, B, C)
-    half = tl.arange(0, 2)[None, None, None, :]
-    if TREE == 1:
-        KB: tl.constexpr = C
-        e6 = tree_sum8_pair(tl.permute(_second_half(err6, half), (2, 1, 0)), KB)  # [KB, h, j]
-        e4 = tree_sum8_pair(tl.permute(_second_half(err4, half), (2, 1, 0)), KB)
-        pick4 = tl.broadcast_to((e4 < e6)[None, None, :], [A, B, C])
-    elif TREE == 2:
-        KB: tl.constexpr = A
-        e6 = tree_sum8_pair(_second_half(err6, half), KB)  # [KB, half, cc]
-        e4 = tree_sum8_pair(_second_half(err4, half), KB)
-        pick4 = tl.broadcast_to((e4 < e6)[:, None, None], [A, B, C])
+    words6, term6 = _candidate(xs, scale6, outer, s_dec, E6, MSE, EXACT)
+    words4, term4 = _candidate(xs, scale4, outer, s_dec, E6, MSE, EXACT)
+    half = tl.arange(0, 2)[None, None, :]
+    err6 = tl.sum(tl.where(half == 1, seq_sum_pair(term6, A, B), 0.0), axis=2)
+    err4 = tl.sum(tl.where(half == 1, seq_sum_pair(term4, A, B), 0.0), axis=2)
+    return words6, words4, err6, err4, scale6, scale4
+
+
+@triton.jit
+def _quantize_direction(xt, bamax3, outer3, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, EXACT: tl.constexpr,
+                        BLOCK_2D: tl.constexpr, ROW: tl.constexpr, A: tl.constexpr, B: tl.constexpr,
+                        N_OUTER: tl.constexpr):
+    """4over6-quantize the 8 slices of blocks [A, B] of xt [A, B, 2, 8, 8] (fp32; block maxima bamax3
+    [A, B, 8], outer amaxes outer3 [A, B, 8] (N_OUTER = 8) or [1, 1, 1] (N_OUTER = 1)) -> (words
+    [A, B, 2, 8], scale bits [A, B, 8]). FOUR_OVER_SIX: 1 MAE, 2 MSE.
+
+    BLOCK_2D: the 16 errors of each 16x16 block are tree-summed: (A, B) = (h, kb) with slices j (ROW:
+    block rows 8h + j) or (kb, half) with slices cc (columnwise: block columns 8 half + cc).
+    """
+    s_enc3, s_dec3 = global_scales(outer3, E6, EXACT)
+    sl = tl.arange(0, 8)
+    words = tl.zeros([A, B, 2, 8], tl.int32)
+    words4 = tl.zeros([A, B, 2, 8], tl.int32)
+    scale = tl.zeros([A, B, 8], tl.int32)
+    scale4 = tl.zeros([A, B, 8], tl.int32)
+    if ROW:
+        KB: tl.constexpr = B
     else:
-        pick4 = tl.max(tl.where(half == 1, (err4 < err6).to(tl.int32), 0), axis=3) != 0
-    scale = tl.where(pick4, scale4, scale6)
-    words = tl.where(pick4[:, :, :, None], words4, words6)
-    if not EXACT:
-        # NaN blocks (only where the outer amax does not bound the data): zero codes and scale 0x7F, as
-        # the reference's NaN scale and encode factor give
-        nan = bamax != bamax
-        scale = tl.where(nan, 0x7F, scale)
-        words = tl.where(nan[:, :, :, None], 0, words)
+        KB: tl.constexpr = A
+    t8_6 = tl.zeros([KB, 8], tl.float32)
+    t8_4 = tl.zeros([KB, 8], tl.float32)
+    for i in tl.static_range(8):
+        xs = _slice(xt, i, A, B, 2, 8)
+        bamax = _slice3(bamax3, i, 8)
+        outer = _slice3(outer3, i, N_OUTER)
+        s_enc = _slice3(s_enc3, i, N_OUTER)
+        s_dec = _slice3(s_dec3, i, N_OUTER)
+        w6, w4, e6, e4, sc6, sc4 = _slice_candidates(xs, bamax, outer, s_enc, s_dec, FOUR_OVER_SIX, E6, EXACT, A, B)
+        at_i = (sl == i)[None, None, :]
+        if BLOCK_2D:
+            # this slice's row (column) errors of every 16x16 block, paired h (half): r[j] + r[j + 8]
+            if ROW:
+                r6 = tl.sum(e6, axis=0)
+                r4 = tl.sum(e4, axis=0)
+            else:
+                r6 = tl.sum(e6, axis=1)
+                r4 = tl.sum(e4, axis=1)
+            t8_6 = tl.where((sl == i)[None, :], r6[:, None], t8_6)
+            t8_4 = tl.where((sl == i)[None, :], r4[:, None], t8_4)
+            words = tl.where(at_i[:, :, None, :], w6[:, :, :, None], words)
+            words4 = tl.where(at_i[:, :, None, :], w4[:, :, :, None], words4)
+            scale = tl.where(at_i, sc6[:, :, None], scale)
+            scale4 = tl.where(at_i, sc4[:, :, None], scale4)
+        else:
+            pick4 = e4 < e6
+            w = tl.where(pick4[:, :, None], w4, w6)
+            sc = tl.where(pick4, sc4, sc6)
+            if not EXACT:
+                # NaN blocks (only where the outer amax does not bound the data): zero codes and scale
+                # 0x7F, as the reference's NaN scale and encode factor give
+                nan = bamax != bamax
+                sc = tl.where(nan, 0x7F, sc)
+                w = tl.where(nan[:, :, None], 0, w)
+            words = tl.where(at_i[:, :, None, :], w[:, :, :, None], words)
+            scale = tl.where(at_i, sc[:, :, None], scale)
+    if BLOCK_2D:
+        pick4 = tree_sum8(t8_4, KB) < tree_sum8(t8_6, KB)  # [KB]
+        if ROW:
+            p3 = pick4[None, :, None]
+        else:
+            p3 = pick4[:, None, None]
+        words = tl.where(p3[:, :, None, :], words4, words)
+        scale = tl.where(p3, scale4, scale)
+        if not EXACT:
+            nan = bamax3 != bamax3
+            scale = tl.where(nan, 0x7F, scale)
+            words = tl.where(nan[:, :, None, :], 0, words)
     return words, scale
 
 
@@ -238,8 +322,8 @@ def four_over_six_kernel(
     rowwise-only splits have any size and each row searches the offsets (``split_of``).
 
     Tile views: tile row i = 2j + h holds row 8h + j of the group (``cast16_kernel``'s r16), tile
-    column c = 16 kb + 8 half + cc; rowwise blocks are x5 [j, h, kb, half, cc], columnwise blocks its
-    permutation [kb, half, cc, h, j].
+    column c = 16 kb + 8 half + cc, x5 = [j, h, kb, half, cc]; rowwise blocks are its permutation
+    [h, kb, half, cc, j] (slices j), columnwise blocks [kb, half, h, j, cc] (slices cc).
     """
     KB: tl.constexpr = BLOCK_K // 16
     pid = tl.program_id(0)
@@ -251,56 +335,60 @@ def four_over_six_kernel(
     cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0)
     x5 = tl.reshape(to_f32(x, SOFT_BF16), [8, 2, KB, 2, 8])
-    ab5 = abs_bits(x5)
     k_blocks = K // 16
     m_blocks = M // 16
     if BLOCK_2D:
-        bamax_2d = tl.max(tl.max(tl.max(tl.max(ab5, axis=4), axis=3), axis=1), axis=0).to(tl.float32, bitcast=True)  # [KB]
+        bamax_2d = tl.max(tl.max(tl.max(tl.max(abs_bits(x5), axis=4), axis=3), axis=1), axis=0).to(tl.float32, bitcast=True)  # [KB]
 
-    # ---------------------------------------------------------------- rowwise: blocks (j, h, kb)
+    # ---------------------------------------------------------------- rowwise: [h, kb, half, cc, j]
     if ROWWISE:
-        j3 = tl.arange(0, 8)[:, None, None]
-        h3 = tl.arange(0, 2)[None, :, None]
-        kb3 = tl.arange(0, KB)[None, None, :]
-        row3 = g * 16 + (h3 * 8 + j3).to(tl.int64)  # [8, 2, 1]
-        blk3 = pid_k * KB + kb3.to(tl.int64)  # [1, 1, KB]
+        xr = tl.permute(x5, (1, 2, 3, 4, 0))
+        h3 = tl.arange(0, 2)[:, None, None]
+        j3 = tl.arange(0, 8)[None, None, :]
+        row3 = g * 16 + (h3 * 8 + j3).to(tl.int64)  # [2, 1, 8]
+        blk3 = pid_k * KB + tl.arange(0, KB)[None, :, None].to(tl.int64)  # [1, KB, 1]
         row_ok3 = row3 < M
         if BLOCK_2D:
-            bamax = tl.broadcast_to(bamax_2d[None, None, :], [8, 2, KB])
+            bamax = tl.broadcast_to(bamax_2d[None, :, None], [2, KB, 8])
         else:
-            bamax = tl.max(tl.max(ab5, axis=4), axis=3).to(tl.float32, bitcast=True)
+            bamax = tl.max(tl.max(abs_bits(xr), axis=3), axis=2).to(tl.float32, bitcast=True)
         if PER_TOKEN:
-            outer = tl.load(row_amax_ptr + row3, mask=row_ok3, other=0.0)  # [8, 2, 1]
+            outer = tl.load(row_amax_ptr + row3, mask=row_ok3, other=0.0)  # [2, 1, 8]
+            N_ROW: tl.constexpr = 8
         elif GROUPED:
             if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
                 outer = tl.zeros([1, 1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + g))
+                N_ROW: tl.constexpr = 1
             else:
                 outer = tl.load(row_amax_ptr + split_of(row3, offsets_ptr, num_splits, SPLIT_STEPS))
+                N_ROW: tl.constexpr = 8
         else:
             outer = tl.zeros([1, 1, 1], tl.float32) + tl.load(row_amax_ptr)
-        TREE_R: tl.constexpr = BLOCK_2D * 1
+            N_ROW: tl.constexpr = 1
         # Triton 3.6 rejects a runtime `if` that rebinds a name already bound to another shape, so the
         # two directions' results have distinct names (row_*, col_*)
         if normal_range(outer):
-            row_words, row_scale = _quantize_4over6(x5, bamax, outer, FOUR_OVER_SIX, E6, False, TREE_R, 8, 2, KB)
+            row_words, row_scale = _quantize_direction(xr, bamax, outer, FOUR_OVER_SIX, E6, False, BLOCK_2D, True,
+                                                       2, KB, N_ROW)
         else:
-            row_words, row_scale = _quantize_4over6(x5, bamax, outer, FOUR_OVER_SIX, E6, True, TREE_R, 8, 2, KB)
-        ok = row_ok3 & (blk3 < k_blocks)
+            row_words, row_scale = _quantize_direction(xr, bamax, outer, FOUR_OVER_SIX, E6, True, BLOCK_2D, True,
+                                                       2, KB, N_ROW)
+        ok = row_ok3 & (blk3 < k_blocks)  # [2, KB, 8]
         word = (row3 * k_blocks + blk3) * 2
-        tl.store(row_data_ptr + word[:, :, :, None] + tl.arange(0, 2)[None, None, None, :], row_words,
-                 mask=ok[:, :, :, None])
+        tl.store(row_data_ptr + word[:, :, None, :] + tl.arange(0, 2)[None, None, :, None], row_words,
+                 mask=ok[:, :, None, :])
         tl.store(row_scale_ptr + scale_offsets(row3, blk3, k_blocks, LAYOUT), row_scale.to(tl.uint8), mask=ok)
 
-    # ---------------------------------------------------------- columnwise: blocks (kb, half, cc)
+    # ---------------------------------------------------------- columnwise: [kb, half, h, j, cc]
     if COLWISE:
-        y5 = tl.permute(x5, (2, 3, 4, 1, 0))  # [kb, half, cc, h, j]
+        xc = tl.permute(x5, (2, 3, 1, 0, 4))
         col3 = pid_k * BLOCK_K + (tl.arange(0, KB)[:, None, None] * 16 + tl.arange(0, 2)[None, :, None] * 8
                                   + tl.arange(0, 8)[None, None, :]).to(tl.int64)  # [KB, 2, 8]
         col_ok3 = col3 < K
         if BLOCK_2D:
             cbamax = tl.broadcast_to(bamax_2d[:, None, None], [KB, 2, 8])
         else:
-            cbamax = tl.max(tl.max(abs_bits(y5), axis=4), axis=3).to(tl.float32, bitcast=True)
+            cbamax = tl.max(tl.max(abs_bits(xc), axis=3), axis=2).to(tl.float32, bitcast=True)
         if GROUPED:
             split = tl.load(group_split_ptr + g)
             start = tl.load(offsets_ptr + split)
@@ -316,16 +404,18 @@ def four_over_six_kernel(
                 couter = tl.load(col_amax_ptr + col3, mask=col_ok3, other=0.0)
             else:
                 couter = tl.zeros([1, 1, 1], tl.float32) + tl.load(col_amax_ptr)
-        TREE_C: tl.constexpr = BLOCK_2D * 2
+        N_COL: tl.constexpr = 8 if PER_TOKEN else 1
         if normal_range(couter):
-            col_words, col_scale = _quantize_4over6(y5, cbamax, couter, FOUR_OVER_SIX, E6, False, TREE_C, KB, 2, 8)
+            col_words, col_scale = _quantize_direction(xc, cbamax, couter, FOUR_OVER_SIX, E6, False, BLOCK_2D, False,
+                                                       KB, 2, N_COL)
         else:
-            col_words, col_scale = _quantize_4over6(y5, cbamax, couter, FOUR_OVER_SIX, E6, True, TREE_C, KB, 2, 8)
+            col_words, col_scale = _quantize_direction(xc, cbamax, couter, FOUR_OVER_SIX, E6, True, BLOCK_2D, False,
+                                                       KB, 2, N_COL)
         cok = col_ok3 & ((tl.zeros_like(col3) + g) < m_blocks)
         if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
             cok = cok & (blk2 >= 0) & (blk2 < m_blocks * K)
-        tl.store(col_data_ptr + blk2[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :], col_words,
-                 mask=cok[:, :, :, None])
+        tl.store(col_data_ptr + blk2[:, :, None, :] * 2 + tl.arange(0, 2)[None, None, :, None], col_words,
+                 mask=cok[:, :, None, :])
         if GROUPED:
             csoff = blk2  # compact
         else:
