@@ -33,6 +33,7 @@ from .common import (
     split_of,
 )
 
+
 @triton.jit
 def div_const_rn(y, C: tl.constexpr):
     """fl(y / C) for fp32 y >= 0 whose quotient is a normal number (or 0), C in (6, 1536, 2688) (6 and
