@@ -334,8 +334,9 @@ def four_over_six_kernel(
     r16 = (tl.arange(0, 16) % 2) * 8 + tl.arange(0, 16) // 2
     rows = g * 16 + r16.to(tl.int64)
     cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0)
-    x5 = tl.reshape(to_f32(x, SOFT_BF16), [8, 2, KB, 2, 8])
+    x_ptrs = x_ptr + rows[:, None] * K + cols[None, :]
+    x_ok = (rows < M)[:, None] & (cols < K)[None, :]
+    x5 = tl.reshape(to_f32(tl.load(x_ptrs, mask=x_ok, other=0.0), SOFT_BF16), [8, 2, KB, 2, 8])
     k_blocks = K // 16
     m_blocks = M // 16
     if BLOCK_2D:
@@ -382,6 +383,8 @@ def four_over_six_kernel(
 
     # ---------------------------------------------------------- columnwise: [kb, half, h, j, cc]
     if COLWISE:
+        if ROWWISE:  # read the tile again (from L1): keeping it live through the rowwise side spills
+            x5 = tl.reshape(to_f32(tl.load(x_ptrs, mask=x_ok, other=0.0), SOFT_BF16), [8, 2, KB, 2, 8])
         xc = tl.permute(x5, (2, 3, 1, 0, 4))
         col3 = pid_k * BLOCK_K + (tl.arange(0, KB)[:, None, None] * 16 + tl.arange(0, 2)[None, :, None] * 8
                                   + tl.arange(0, 8)[None, None, :]).to(tl.int64)  # [KB, 2, 8]
