@@ -10,7 +10,8 @@ Passes over x (M, K), each a ``torch.library`` custom op with a fake implementat
    * ``cast16_kernel`` (every recipe without 4over6): one 16-row group x 128 columns per one-warp
      program; per-token recipes first compute their global scales once per row and column
      (``pt_scales_kernel``); RHT in registers; stochastic rounding from Philox.
-   * ``four_over_six_kernel`` (4over6 recipes, which take neither RHT nor SR): [BLOCK_M, BLOCK_K] tiles.
+   * ``four_over_six_kernel`` (4over6 recipes, which take neither RHT nor SR): ``cast16_kernel``'s tiles
+     and thread layout, each block's two candidates and their index-order errors in registers.
    Row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch (``opt_flags``).
 
 Kernel choices (tiles, warps, register caps, launch splits) are in ``nvfp4_quantize_details.opt_flags``;
