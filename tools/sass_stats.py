@@ -68,7 +68,7 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
         meta = opt_flags.four_over_six_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
                                             FOUR_OVER_SIX_CODES[cfg.four_over_six], cfg.e4m3_max, cfg.scale_layout,
                                             split_steps=steps, block_m=tile[0] if tile else 0, **explicit)
-        fn, bm, bk = four_over_six.four_over_six_kernel, meta["BLOCK_M"], meta["BLOCK_K"]
+        fn, bm, bk = four_over_six.four_over_six_kernel, 16, meta["BLOCK_K"]
     warps = meta["num_warps"]
     pointers = dict(x_ptr="*i32" if fn is cast_row.cast_row_kernel else "*bf16", data_ptr="*i32", scale_ptr="*u8",
                     table_ptr="*fp32", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",

@@ -23,7 +23,13 @@ from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast_row as cast_row_module
 from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_six_module
 from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
-from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import dequant_4over6_fast, seq_sum16, tree_sum16
+from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import (
+    dequant_fast,
+    dequant_pair,
+    div_const_rn,
+    seq_sum_pair,
+    tree_sum8_pair,
+)
 from nvfp4lab.kernels.nvfp4_quantize_details.stochastic_rounding import sr_e2m1
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
@@ -552,14 +558,18 @@ def test_e2m1_scale_encode_matches_reference():
 
 # ------------------------------------------------------------------------- summation-order helpers
 @triton.jit
-def _sum_probe_kernel(t_ptr, seq_ptr, tree_ptr, A: tl.constexpr, B: tl.constexpr):
-    a = tl.arange(0, A)[:, None, None]
-    b = tl.arange(0, B)[None, :, None]
-    e = tl.arange(0, 16)[None, None, :]
-    t = tl.load(t_ptr + (a * B + b) * 16 + e)
-    out = tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :]
-    tl.store(seq_ptr + out, seq_sum16(t, A, B))
-    tl.store(tree_ptr + out, tree_sum16(t, A, B))
+def _sum_probe_kernel(t_ptr, seq_ptr, tree_ptr, A: tl.constexpr):
+    # t: (A, 16, 16) fp32: seq sums of the A * 16 rows of 16 (halves 8 | 8); tree sums of the A groups of 16
+    a = tl.arange(0, A)[:, None, None, None]
+    b = tl.arange(0, 16)[None, :, None, None]
+    half = tl.arange(0, 2)[None, None, :, None]
+    e = tl.arange(0, 8)[None, None, None, :]
+    t = tl.load(t_ptr + (a * 16 + b) * 16 + half * 8 + e)  # [A, 16, 2, 8]
+    s = tl.sum(tl.where(tl.arange(0, 2)[None, None, :] == 1, seq_sum_pair(t, A, 16), 0.0), axis=2)
+    tl.store(seq_ptr + tl.arange(0, A)[:, None] * 16 + tl.arange(0, 16)[None, :], s)
+    r = tl.load(t_ptr + tl.arange(0, A)[:, None, None] * 256 + tl.arange(0, 2)[None, :, None] * 8
+                + tl.arange(0, 8)[None, None, :])  # [A, 2, 8]: the first 16 terms of each group
+    tl.store(tree_ptr + tl.arange(0, A), tree_sum8_pair(r, A))
 
 
 def test_error_sum_orders():
@@ -567,21 +577,45 @@ def test_error_sum_orders():
     # candidates are within an ulp, which random end-to-end inputs almost never hit. Terms spanning
     # 2^-30..1 make every order round differently, so this test tells the orders apart.
     g = torch.Generator().manual_seed(50)
-    terms = torch.exp2(-30 * torch.rand(4, 8, 16, generator=g)).to(DEV)
-    seq = torch.empty(4, 8, device=DEV)
-    tree = torch.empty(4, 8, device=DEV)
-    _sum_probe_kernel[(1,)](terms, seq, tree, 4, 8, enable_fp_fusion=False)
-    want_seq = torch.zeros(4, 8, device=DEV)
+    terms = torch.exp2(-30 * torch.rand(4, 16, 16, generator=g)).to(DEV)
+    seq = torch.empty(4, 16, device=DEV)
+    tree = torch.empty(4, device=DEV)
+    _sum_probe_kernel[(1,)](terms, seq, tree, 4, enable_fp_fusion=False)
+    want_seq = torch.zeros(4, 16, device=DEV)
     for i in range(16):
         want_seq = want_seq + terms[:, :, i]
-    parts, width = terms, 16
+    parts, width = terms[:, 0, :], 16
     while width > 1:
         width //= 2
-        parts = parts[:, :, :width] + parts[:, :, width : 2 * width]
-    want_tree = parts[:, :, 0]
+        parts = parts[:, :width] + parts[:, width : 2 * width]
+    want_tree = parts[:, 0]
     assert torch.equal(seq.view(torch.int32), want_seq.view(torch.int32))
     assert torch.equal(tree.view(torch.int32), want_tree.view(torch.int32))
-    assert not torch.equal(want_seq, want_tree), "inputs do not separate the two orders"
+    assert not torch.equal(want_seq[:, 0], want_tree), "inputs do not separate the two orders"
+
+
+@triton.jit
+def _div_const_probe_kernel(y_ptr, out_ptr, C: tl.constexpr, BLOCK: tl.constexpr):
+    off = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + off, div_const_rn(tl.load(y_ptr + off), C))
+
+
+@pytest.mark.parametrize("divisor", [6.0, 1536.0, 2688.0])
+def test_div_const_rn_is_correctly_rounded(divisor):
+    # every significand in one binade is too many for the interpreter: a random 2^16 of them, the
+    # significands next to exact multiples of the divisor and next to quotient midpoints, and 0
+    g = torch.Generator().manual_seed(62)
+    mant = torch.randint(0, 1 << 23, (1 << 16,), generator=g, dtype=torch.int32)
+    y = ((mant | (127 << 23)).view(torch.float32) * torch.exp2(torch.randint(-60, 60, (1 << 16,), generator=g).float()))
+    q = torch.arange(1 << 12, dtype=torch.float64) * 2.0**-12 + 1.0
+    near = torch.cat([q * divisor, (q + 2.0**-25) * divisor]).float()  # exact quotients and near-midpoints
+    near = (near.view(torch.int32).view(-1, 1) + torch.arange(-2, 3, dtype=torch.int32).view(1, -1)).flatten().view(torch.float32)
+    y = torch.cat([y, near, torch.zeros(4)])
+    y = torch.cat([y, torch.ones((-y.numel()) % 1024)])
+    out = torch.empty(y.numel(), device=DEV)
+    _div_const_probe_kernel[(y.numel() // 1024,)](y.to(DEV), out, divisor, 1024, enable_fp_fusion=False)
+    want = (y.double() / divisor).float()
+    assert torch.equal(out.cpu().view(torch.int32), want.view(torch.int32))
 
 
 @triton.jit
@@ -590,23 +624,24 @@ def _dequant_probe_kernel(scale_ptr, amax_ptr, fast_ptr, exact_ptr, A: tl.conste
     b = tl.arange(0, B)[None, :]
     scale_f = tl.load(scale_ptr + a + b * 0)  # [A, B]: one E4M3 scale per row
     outer = tl.load(amax_ptr + b + a * 0)  # [A, B]: one outer amax per column
-    codes = tl.zeros([A, B, 16], tl.int32) + tl.arange(0, 16)[None, None, :]
-    off = (a[:, :, None] * B + b[:, :, None]) * 16 + tl.arange(0, 16)[None, None, :]
-    tl.store(fast_ptr + off, dequant_4over6_fast(codes, scale_f, outer, E6))
-    exact = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros([A, B, 16], tl.float32) + E6)
+    codes = tl.zeros([A, B, 8], tl.int32) + tl.arange(0, 8)[None, None, :]
+    off = (a[:, :, None] * B + b[:, :, None]) * 8 + tl.arange(0, 8)[None, None, :]
+    v_one, v_three_halves = dequant_pair(scale_f, outer, E6)
+    tl.store(fast_ptr + off, dequant_fast(e2m1_decode(codes), v_one[:, :, None], v_three_halves[:, :, None]))
+    exact = tl.math.div_rn((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros([A, B, 8], tl.float32) + E6)
     tl.store(exact_ptr + off, exact)
 
 
 @pytest.mark.parametrize("e4m3_max", [448.0, 256.0])
 def test_4over6_fast_dequant_is_exact_in_range(e4m3_max):
-    # every E4M3 scale (0..448) x every code x amaxes log-uniform over [2^-100, 2^100], the bounds and 0
+    # every E4M3 scale (0..448) x every magnitude x amaxes log-uniform over [2^-100, 2^100], the bounds and 0
     scales = codecs.e4m3_decode(torch.arange(0, 128, dtype=torch.uint8))
     scales = torch.cat([scales[:127], torch.zeros(1)])  # 0x7F is NaN: only from NaN inputs
     g = torch.Generator().manual_seed(60)
     amax = torch.exp2(torch.rand(60, generator=g) * 200 - 100) * (1 + torch.rand(60, generator=g))
     amax = torch.cat([amax.clamp(2.0**-100, 2.0**100), torch.tensor([2.0**-100, 2.0**100, 0.0, 1.0])])
-    fast = torch.empty(128, 64, 16, device=DEV)
-    exact = torch.empty(128, 64, 16, device=DEV)
+    fast = torch.empty(128, 64, 8, device=DEV)
+    exact = torch.empty(128, 64, 8, device=DEV)
     _dequant_probe_kernel[(16,)](scales.to(DEV), amax.to(DEV), fast, exact, 8, 64, 6.0 * e4m3_max, enable_fp_fusion=False)
     assert torch.equal(fast.view(torch.int32), exact.view(torch.int32))
 
@@ -888,8 +923,8 @@ for name, kwargs in json.loads(sys.argv[1]).items():
             meta = opt_flags.constexprs(opt_flags.four_over_six_meta(
                 8192, 8192, cfg.rowwise, cfg.columnwise, block_2d, cfg.per_token, FOUR_OVER_SIX_CODES[cfg.four_over_six],
                 cfg.e4m3_max, cfg.scale_layout))
-            frontend(four_over_six_kernel, sig, meta, 4)
-            frontend(four_over_six_kernel, sig, dict(meta, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 4)
+            frontend(four_over_six_kernel, sig, meta, 1)
+            frontend(four_over_six_kernel, sig, dict(meta, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
     except Exception as exc:  # report every recipe, not only the first failure
         failures[name] = str(exc).strip().splitlines()[-1][:400]
 from nvfp4lab.kernels import grouped_quantize as gq

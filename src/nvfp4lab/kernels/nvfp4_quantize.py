@@ -9,8 +9,10 @@ Passes over x (M, K), each a ``torch.library`` custom op with a fake implementat
 2. ``nvfp4_quantize_cast``, one read of x for both outputs (``nvfp4_quantize_details.cast``):
    * ``cast16_kernel`` (every recipe without 4over6): 16-row groups x 128 columns per one-warp
      program (four groups in a row when a plain columnwise output is written); per-token recipes
-     first compute their global scales once per row and column (``pt_scales_kernel``); RHT in registers; stochastic rounding from Philox.
-   * ``four_over_six_kernel`` (4over6 recipes, which take neither RHT nor SR): [BLOCK_M, BLOCK_K] tiles.
+     first compute their global scales once per row and column (``pt_scales_kernel``); RHT in
+     registers; stochastic rounding from Philox.
+   * ``four_over_six_kernel`` (4over6 recipes, which take neither RHT nor SR): ``cast16_kernel``'s tiles
+     and thread layout, each block's two candidates and their index-order errors in registers.
    * ``cast_row_kernel`` (rowwise-only per-tensor 1x16 bf16 casts without SR): whole blocks per thread,
      the encode factors of the 128 E4M3 scale codes from a per-tensor table (``row_factor_table_kernel``,
      fp64 divisions, so no EXACT path), the block scale by the GPU's E4M3 convert (``cast_row``).

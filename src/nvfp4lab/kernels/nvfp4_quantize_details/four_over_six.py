@@ -1,72 +1,133 @@
-"""The 4over6 NVFP4 cast: ``four_over_six_kernel`` quantizes a [BLOCK_M, BLOCK_K] tile of x into its rowwise
-blocks (view [BLOCK_M, BLOCK_K/16, 16]) and its columnwise blocks (view [BLOCK_M/16, BLOCK_K, 16] permuted
-from [BLOCK_M/16, 16, BLOCK_K]), each block's scale picked between map-to-6 and map-to-4 by the MAE or
-MSE of its dequantized candidate. Recipes without 4over6 run ``cast16_kernel``; 4over6 takes neither
-RHT nor stochastic rounding (:class:`~nvfp4lab.config.NVFP4QuantConfig` rejects both).
+"""The 4over6 NVFP4 cast: ``four_over_six_kernel`` quantizes a 16-row group x BLOCK_K columns into its
+rowwise and columnwise blocks, each block's scale picked between map-to-6 and map-to-4 by the MAE or MSE
+of its dequantized candidate. Recipes without 4over6 run ``cast16_kernel``; 4over6 takes neither RHT
+nor stochastic rounding (:class:`~nvfp4lab.config.NVFP4QuantConfig` rejects both).
 
-Numerics: no per-element division in normal-range tiles: a candidate is dequantized with three
-divisions per block (``dequant_4over6_fast``); EXACT tiles divide per element. Error sums run in index
-order (``seq_sum16``), 2D errors as TE's shuffle tree (``tree_sum16``). Launches pass
-``enable_fp_fusion=False`` (an FMA would merge ``err + d*d``).
+Layout: ``cast16_kernel``'s (one warp per 16 x 128 tile, rows permuted so that each thread holds 8 rows
+x 8 columns, i.e. half of a rowwise and half of a columnwise block). Both directions are views of the
+tile as [A, B, 2, 8, 8]: 8 slices (last axis, in-thread: the thread's 8 rows for rowwise blocks, its 8
+columns for columnwise ones) of blocks (A, B), each block's 16 elements as 2 halves (one per thread of
+a pair) of 8 (in one thread), in index order. So a block maximum is an in-thread max and one shuffle,
+an index-order error sum is 7 in-thread adds, one hand-off of the first half's sum, and 8 adds, and
+the slices are quantized one after the other (few registers live at a time).
+
+Numerics (``ref.nvfp4.quantize_rows``, op for op in fp32; launches pass ``enable_fp_fusion=False``):
+normal-range tiles (``normal_range``) divide per block only: fl(bamax / 6) and the dequantization's
+fl(y / 6E) by ``div_const_rn`` (exact for the divisors 6, 1536 and 2688), the encode factor by one
+``div_rn``; an element's dequantized value is 2^e times one of two per-block values (``_candidate``).
+EXACT tiles (tiny, huge or NaN outer amax) divide in fp64 per element.
 """
 import triton
 import triton.language as tl
 
-from ..formats import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode
+from ..formats import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
 from .common import (
     E4M3_MAX,
+    FLT_MAX,
     abs_bits,
     correct_div,
     encode_factor,
     global_scales,
-    load_tile,
     normal_range,
-    pack_codes,
     scale_offsets,
     split_of,
 )
 
 
 @triton.jit
-def _block_amax(v3):
-    """[A, B, 16] -> [A, B]: max |v| by integer max of the magnitude bits (NaN propagates)."""
-    return tl.max(abs_bits(v3), axis=2).to(tl.float32, bitcast=True)
+def div_const_rn(y, C: tl.constexpr):
+    """fl(y / C) for fp32 y >= 0 whose quotient is a normal number (or 0), C in (6, 1536, 2688) (6 and
+    6E): with R = fl(1/C), q = fl(y * R) is within an ulp, the remainder y - q*C is exact in one fma,
+    and fl(q + rem * R) is the correctly rounded quotient (Markstein's correction; checked over every
+    fp32 significand for these C). 3 instructions instead of ``div_rn``'s ~10."""
+    tl.static_assert((C == 6.0) or (C == 1536.0) or (C == 2688.0), "div_const_rn: divisor not checked")
+    R: tl.constexpr = 1.0 / C  # the double 1/C rounds to fl(1/C) for these C
+    q = y * R
+    rem = tl.fma(-q, C, y)
+    return tl.fma(rem, R, q)
 
 
 @triton.jit
-def _split_last(t, A: tl.constexpr, B: tl.constexpr, L: tl.constexpr):
-    """[A, B, L] -> (even, odd) elements of the last axis, each [A, B, L/2] ([A, B] when L == 2)."""
-    if L == 2:
-        pair = t
+def dequant_pair(scale_f, outer, E6: tl.constexpr):
+    """(fl(fl(s * amax) / 6E), fl(fl(fl(1.5 * s) * amax) / 6E)): the dequantized values of the codes
+    +-1 and +-1.5 of a block with scale s, from which ``dequant_fast`` scales the others. All normal
+    (or 0) for outer amaxes 0 or in [2^-100, 2^100]."""
+    return div_const_rn(scale_f * outer, E6), div_const_rn((scale_f * 1.5) * outer, E6)
+
+
+@triton.jit
+def dequant_fast(q_mag, v_one, v_three_halves):
+    """|fl(fl(fl(q * s) * amax) / 6E)| for the E2M1 magnitude q_mag = 2^e * m (m in {1, 1.5}; or 0)
+    from ``dequant_pair``'s values: q*s is exact and scaling by 2^e commutes with the fp32 roundings
+    while every value is normal, so it is 2^e times the value of m; 2^e and m are q_mag's exponent and
+    mantissa bits (q_mag = 0 gives 2^e = 0)."""
+    pow2, v_m = _dequant_parts(q_mag, v_one, v_three_halves)
+    return pow2 * v_m
+
+
+@triton.jit
+def _dequant_parts(q_mag, v_one, v_three_halves):
+    """(2^e, value of m) of ``dequant_fast``: their product is exact."""
+    qb = q_mag.to(tl.int32, bitcast=True)
+    pow2 = (qb & 0x7F800000).to(tl.float32, bitcast=True)
+    return pow2, tl.where((qb & 0x400000) != 0, v_three_halves, v_one)
+
+
+@triton.jit
+def _split8(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    """[A, B, C, D, 8] -> its 8 slices [A, B, C, D] along the last (in-thread) axis, in index order."""
+    t6 = tl.reshape(t, [A, B, C, D, 2, 2, 2])  # last axes: bits 2, 1, 0 of the index
+    ev, od = tl.split(t6)  # bit 0
+    e0, e1 = tl.split(ev)  # bit 1
+    o0, o1 = tl.split(od)
+    i0, i4 = tl.split(e0)  # bit 2
+    i2, i6 = tl.split(e1)
+    i1, i5 = tl.split(o0)
+    i3, i7 = tl.split(o1)
+    return i0, i1, i2, i3, i4, i5, i6, i7
+
+
+@triton.jit
+def _slice(t, i: tl.constexpr, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    """Slice i of [A, B, C, D, 8] along its last axis."""
+    t0, t1, t2, t3, t4, t5, t6, t7 = _split8(t, A, B, C, D)
+    if i == 0:
+        r = t0
+    elif i == 1:
+        r = t1
+    elif i == 2:
+        r = t2
+    elif i == 3:
+        r = t3
+    elif i == 4:
+        r = t4
+    elif i == 5:
+        r = t5
+    elif i == 6:
+        r = t6
     else:
-        pair = tl.reshape(t, [A, B, L // 2, 2])
-    return tl.split(pair)
+        r = t7
+    return r
 
 
 @triton.jit
-def _halves_last(t, A: tl.constexpr, B: tl.constexpr, L: tl.constexpr):
-    """[A, B, L] -> (first half, second half) of the last axis, each [A, B, L/2]."""
-    return tl.split(tl.permute(tl.reshape(t, [A, B, 2, L // 2]), (0, 1, 3, 2)))
+def _slice3(t, i: tl.constexpr, N: tl.constexpr):
+    """Slice i of [P, Q, N] (N = 8) along its last axis -> [P, Q]; N = 1 (the same for every slice): t."""
+    P: tl.constexpr = t.shape[0]
+    Q: tl.constexpr = t.shape[1]
+    if N == 1:
+        r = tl.reshape(t, [P, Q])
+    else:
+        r = tl.reshape(_slice(tl.reshape(t, [P, Q, 1, 1, 8]), i, P, Q, 1, 1), [P, Q])
+    return r
 
 
 @triton.jit
-def seq_sum16(t, A: tl.constexpr, B: tl.constexpr):
-    """[A, B, 16] -> [A, B]: fp32 sum of the last axis in index order, (((t0 + t1) + t2) + ...)."""
-    ev, od = _split_last(t, A, B, 16)  # 0,2,..,14 | 1,3,..,15
-    e0, e2 = _split_last(ev, A, B, 8)  # 0,4,8,12 | 2,6,10,14
-    o1, o3 = _split_last(od, A, B, 8)  # 1,5,9,13 | 3,7,11,15
-    a0, a4 = _split_last(e0, A, B, 4)  # 0,8 | 4,12
-    a2, a6 = _split_last(e2, A, B, 4)  # 2,10 | 6,14
-    a1, a5 = _split_last(o1, A, B, 4)  # 1,9 | 5,13
-    a3, a7 = _split_last(o3, A, B, 4)  # 3,11 | 7,15
-    t0, t8 = _split_last(a0, A, B, 2)
-    t4, t12 = _split_last(a4, A, B, 2)
-    t2, t10 = _split_last(a2, A, B, 2)
-    t6, t14 = _split_last(a6, A, B, 2)
-    t1, t9 = _split_last(a1, A, B, 2)
-    t5, t13 = _split_last(a5, A, B, 2)
-    t3, t11 = _split_last(a3, A, B, 2)
-    t7, t15 = _split_last(a7, A, B, 2)
+def seq_sum_pair(t, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 2, 8] -> [A, B, 2]: the fp32 sum of each block's 16 terms (half, element) in index order
+    (((t0 + t1) + t2) + ...) in the half-1 entry (the half-0 entry holds garbage): half 0 sums its 8
+    in-thread terms, hands the sum over (one shuffle; + 0.0 is exact), and half 1 continues it."""
+    t0, t1, t2, t3, t4, t5, t6, t7 = _split8(tl.reshape(t, [A, B, 1, 2, 8]), A, B, 1, 2)
     s = t0 + t1
     s = s + t2
     s = s + t3
@@ -74,112 +135,171 @@ def seq_sum16(t, A: tl.constexpr, B: tl.constexpr):
     s = s + t5
     s = s + t6
     s = s + t7
-    s = s + t8
-    s = s + t9
-    s = s + t10
-    s = s + t11
-    s = s + t12
-    s = s + t13
-    s = s + t14
-    s = s + t15
-    return s
+    half = tl.arange(0, 2)[None, None, None, :]
+    s = tl.sum(tl.where(half == 0, s, 0.0), axis=3)[:, :, :, None] + t0
+    s = s + t1
+    s = s + t2
+    s = s + t3
+    s = s + t4
+    s = s + t5
+    s = s + t6
+    s = s + t7
+    return tl.reshape(s, [A, B, 2])
 
 
 @triton.jit
-def tree_sum16(t, A: tl.constexpr, B: tl.constexpr):
-    """[A, B, 16] -> [A, B]: shuffle-down tree (offsets 8, 4, 2, 1) as TE reduces 2D 4over6 errors."""
-    lo, hi = _halves_last(t, A, B, 16)
-    t8 = lo + hi
-    lo, hi = _halves_last(t8, A, B, 8)
-    t4 = lo + hi
-    lo, hi = _halves_last(t4, A, B, 4)
-    t2 = lo + hi
-    lo, hi = _split_last(t2, A, B, 2)
+def tree_sum8(t, KB: tl.constexpr):
+    """[KB, 8] -> [KB]: levels 4, 2, 1 of the shuffle-down tree, t[j] + t[j + 4], ... (in-thread)."""
+    lo, hi = tl.split(tl.permute(tl.reshape(t, [KB, 2, 4]), (0, 2, 1)))
+    t = lo + hi
+    lo, hi = tl.split(tl.permute(tl.reshape(t, [KB, 2, 2]), (0, 2, 1)))
+    t = lo + hi
+    lo, hi = tl.split(t)
     return lo + hi
 
 
 @triton.jit
-def dequant_4over6_fast(codes, scale_f, outer, E6: tl.constexpr):
-    """fl(fl(fl(q * s) * amax) / 6E) for every code, with three divisions per block instead of one per
-    element (the division dominates the 4over6 cost).
-
-    q = +-2^e * m with m in {1, 1.5} and e in {-1, 0, 1, 2}; q * s and m * s are exact (at most 5
-    significant bits), and scaling by 2^e commutes with fp32 rounding while every intermediate is a
-    normal number, so the value is +-2^e * fl(fl(fl(m * s) * amax) / 6E). The caller guarantees that
-    range (outer amax 0 or in [2^-100, 2^100]); zero codes take fl(fl(0 * s) * amax) / 6E.
-    """
-    e6 = tl.zeros_like(scale_f) + E6
-    v_one = tl.math.div_rn(scale_f * outer, e6)  # all normal in the caller's range: no FTZ exposure
-    v_three_halves = tl.math.div_rn((scale_f * 1.5) * outer, e6)
-    v_zero = tl.math.div_rn((scale_f * 0.0) * outer, e6)
-    idx = codes & 7  # magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
-    pow2 = ((((idx - 2) >> 1) + 127) << 23).to(tl.float32, bitcast=True)  # 2^e for idx 1..7
-    three_halves = ((idx & 1) == 1) & (idx >= 3)
-    mag = tl.where(three_halves, v_three_halves[:, :, None], v_one[:, :, None]) * pow2
-    mag = tl.where(idx == 0, v_zero[:, :, None], mag)
-    return tl.where((codes & 8) != 0, -mag, mag)
+def tree_sum8_pair(r, KB: tl.constexpr):
+    """[KB, 2, 8] -> [KB]: the shuffle-down tree (offsets 8, 4, 2, 1) over the 16 values of each 16x16
+    block (value 8 * h + j at [kb, h, j]) as TE reduces 2D 4over6 errors."""
+    return tree_sum8(tl.sum(r, axis=1), KB)  # r[j] + r[j + 8] first
 
 
 @triton.jit
-def _candidate_4over6(y3, base, s_dec, outer, EXPAND: tl.constexpr, E6: tl.constexpr, MSE: tl.constexpr,
-                      EXACT: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
-    """One 4over6 candidate: codes [A, B, 16], scale bits [A, B], per-block-row error [A, B].
+def _candidate(xs, scale, outer, s_dec, E6: tl.constexpr, MSE: tl.constexpr, EXACT: tl.constexpr):
+    """One 4over6 candidate of blocks [A, B] (xs [A, B, 2, 8]) with E4M3 scale bits ``scale`` [A, B]:
+    (packed words [A, B, 2] (one per half: code i of a half in bits 4i..4i+3), per-element error terms
+    [A, B, 2, 8]). ``outer``, ``s_dec``: broadcastable to [A, B].
 
-    outer: the outer amax, broadcastable to [A, B]. EXACT: per-element fp64 division (any range);
-    otherwise dequant_4over6_fast (normal-range tiles).
+    Normal-range tiles: the encode factor by one ``div_rn``; the codes by ``e2m1_scale_encode``'s
+    rounding, which also gives |q| exactly; the dequantized magnitude by ``dequant_fast``, its exact
+    product folded into d's one rounding. The sign of the code only flips the sign of d, so
+    d = |val| - |x|.
     """
-    if EXPAND:
-        cand = base * 1.5
-    else:
-        cand = base
-    scale = e4m3_encode(tl.where(cand > E4M3_MAX, E4M3_MAX, cand))
-    scale_f = e4m3_decode(scale)
-    enc = encode_factor(scale_f, s_dec, EXACT)
-    codes = e2m1_encode_fast(y3 * enc[:, :, None])
     if EXACT:
-        val = correct_div((e2m1_decode(codes) * scale_f[:, :, None]) * outer[:, :, None], tl.zeros_like(y3) + E6, True)
+        scale_f = e4m3_decode(scale)
+        enc = encode_factor(scale_f, s_dec, True)
+        codes = e2m1_encode_fast(xs * enc[:, :, None, None])
+        val = correct_div((e2m1_decode(codes) * scale_f[:, :, None, None]) * outer[:, :, None, None],
+                          tl.zeros_like(xs) + E6, True)
+        d = val - xs
     else:
-        val = dequant_4over6_fast(codes, scale_f, outer, E6)
-    d = val - y3
+        scale_f = (scale << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120: exact decode
+        enc = tl.minimum(tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_dec), FLT_MAX)
+        v_one, v_three_halves = dequant_pair(scale_f, outer, E6)
+        v = xs * enc[:, :, None, None]
+        a = tl.minimum(tl.abs(v), 6.0)
+        binade = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+        s = tl.fma(binade, 5242883.0, a)  # a rounded onto the E2M1 grid of its binade (e2m1_scale_encode)
+        sb = s.to(tl.int32, bitcast=True)
+        codes = ((sb + (sb >> 22)) & 7) | tl.where(v < 0, 8, 0)
+        q_mag = tl.fma(binade, -5242883.0, s)  # |q|, exactly
+        pow2, v_m = _dequant_parts(q_mag, v_one[:, :, None, None], v_three_halves[:, :, None, None])
+        d = tl.fma(pow2, v_m, -tl.abs(xs))  # fl(|val| - |x|): the product is exact
     if MSE:
         term = d * d
     else:
         term = tl.abs(d)
-    return codes, scale, seq_sum16(term, A, B)
+    shift = (tl.arange(0, 8) * 4)[None, None, None, :]
+    words = tl.sum(codes << shift, axis=3)
+    return words, term
 
 
 @triton.jit
-def _quantize_blocks(
-    v3, bamax, outer, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, EXACT: tl.constexpr,
-    TREE_2D: tl.constexpr, A: tl.constexpr, B: tl.constexpr, G: tl.constexpr, KB: tl.constexpr,
-):
-    """4over6-quantize [A, B] blocks of 16 (v3: [A, B, 16] fp32, block amax [A, B], outer amax
-    broadcastable to [A, B]); returns (codes [A, B, 16], scale bits [A, B]). FOUR_OVER_SIX: 1 MAE, 2 MSE.
-
-    EXACT: fp64 divisions and per-element 4over6 dequantization (see normal_range).
-    TREE_2D: 0 for 1x16 blocks; 1 when the [A, B] = [BLOCK_M, BLOCK_K/16] rows of 16x16 blocks are
-    rowwise (error rows [G, 16, KB]); 2 when [A, B] = [BLOCK_M/16, BLOCK_K] are columnwise ([G, KB, 16]).
-    """
-    s_enc, s_dec = global_scales(outer, E6, EXACT)
-    base = correct_div(bamax, tl.zeros_like(bamax) + 6.0, EXACT) * s_enc
-    MSE: tl.constexpr = FOUR_OVER_SIX == 2
-    codes6, scale6, err6 = _candidate_4over6(v3, base, s_dec, outer, False, E6, MSE, EXACT, A, B)
-    codes4, scale4, err4 = _candidate_4over6(v3, base, s_dec, outer, True, E6, MSE, EXACT, A, B)
-    if TREE_2D == 1:
-        # the 16 row errors of a 16x16 block, [G, 16, KB] -> tree over the 16 rows
-        e6 = tree_sum16(tl.permute(tl.reshape(err6, [G, 16, KB]), (0, 2, 1)), G, KB)
-        e4 = tree_sum16(tl.permute(tl.reshape(err4, [G, 16, KB]), (0, 2, 1)), G, KB)
-        pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, None, :], [G, 16, KB]), [A, B])
-    elif TREE_2D == 2:
-        # the 16 column errors of a 16x16 block, [G, KB, 16] -> tree over the 16 columns
-        e6 = tree_sum16(tl.reshape(err6, [G, KB, 16]), G, KB)
-        e4 = tree_sum16(tl.reshape(err4, [G, KB, 16]), G, KB)
-        pick4 = tl.reshape(tl.broadcast_to((e4 < e6)[:, :, None], [G, KB, 16]), [A, B])
+def _slice_candidates(xs, bamax, outer, s_enc, s_dec, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
+                      EXACT: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """Both candidates of blocks [A, B] (xs [A, B, 2, 8] fp32, block maxima [A, B]; outer amax and its
+    S_enc, S_dec broadcastable to [A, B]): (words6, words4 [A, B, 2], err6, err4 [A, B] (the index-order
+    error sums), scale6, scale4 [A, B])."""
+    if EXACT:
+        base = correct_div(bamax, tl.zeros_like(bamax) + 6.0, True) * s_enc
+        scale6 = e4m3_encode(tl.where(base > E4M3_MAX, E4M3_MAX, base))
+        base4 = base * 1.5
+        scale4 = e4m3_encode(tl.where(base4 > E4M3_MAX, E4M3_MAX, base4))
     else:
-        pick4 = err4 < err6
-    scale = tl.where(pick4, scale4, scale6)
-    codes = tl.where(pick4[:, :, None], codes4, codes6)
-    return codes, scale
+        # a subnormal bamax / 6 may be off by an ulp, but its base rounds to a zero scale anyway
+        base = div_const_rn(bamax, 6.0) * s_enc
+        scale6 = e4m3_encode_fast(base, 448.0) & 0xFF
+        scale4 = e4m3_encode_fast(base * 1.5, 448.0) & 0xFF
+    MSE: tl.constexpr = FOUR_OVER_SIX == 2
+    words6, term6 = _candidate(xs, scale6, outer, s_dec, E6, MSE, EXACT)
+    words4, term4 = _candidate(xs, scale4, outer, s_dec, E6, MSE, EXACT)
+    half = tl.arange(0, 2)[None, None, :]
+    err6 = tl.sum(tl.where(half == 1, seq_sum_pair(term6, A, B), 0.0), axis=2)
+    err4 = tl.sum(tl.where(half == 1, seq_sum_pair(term4, A, B), 0.0), axis=2)
+    return words6, words4, err6, err4, scale6, scale4
+
+
+@triton.jit
+def _quantize_direction(xt, bamax3, outer3, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, EXACT: tl.constexpr,
+                        BLOCK_2D: tl.constexpr, ROW: tl.constexpr, A: tl.constexpr, B: tl.constexpr,
+                        N_OUTER: tl.constexpr):
+    """4over6-quantize the 8 slices of blocks [A, B] of xt [A, B, 2, 8, 8] (fp32; block maxima bamax3
+    [A, B, 8], outer amaxes outer3 [A, B, 8] (N_OUTER = 8) or [1, 1, 1] (N_OUTER = 1)) -> (words
+    [A, B, 2, 8], scale bits [A, B, 8]). FOUR_OVER_SIX: 1 MAE, 2 MSE.
+
+    BLOCK_2D: the 16 errors of each 16x16 block are tree-summed: (A, B) = (h, kb) with slices j (ROW:
+    block rows 8h + j) or (kb, half) with slices cc (columnwise: block columns 8 half + cc).
+    """
+    s_enc3, s_dec3 = global_scales(outer3, E6, EXACT)
+    sl = tl.arange(0, 8)
+    words = tl.zeros([A, B, 2, 8], tl.int32)
+    words4 = tl.zeros([A, B, 2, 8], tl.int32)
+    scale = tl.zeros([A, B, 8], tl.int32)
+    scale4 = tl.zeros([A, B, 8], tl.int32)
+    if ROW:
+        KB: tl.constexpr = B
+    else:
+        KB: tl.constexpr = A
+    t8_6 = tl.zeros([KB, 8], tl.float32)
+    t8_4 = tl.zeros([KB, 8], tl.float32)
+    for i in tl.static_range(8):
+        xs = _slice(xt, i, A, B, 2, 8)
+        bamax = _slice3(bamax3, i, 8)
+        outer = _slice3(outer3, i, N_OUTER)
+        s_enc = _slice3(s_enc3, i, N_OUTER)
+        s_dec = _slice3(s_dec3, i, N_OUTER)
+        w6, w4, e6, e4, sc6, sc4 = _slice_candidates(xs, bamax, outer, s_enc, s_dec, FOUR_OVER_SIX, E6, EXACT, A, B)
+        at_i = (sl == i)[None, None, :]
+        if BLOCK_2D:
+            # this slice's row (column) errors of every 16x16 block, paired h (half): r[j] + r[j + 8]
+            if ROW:
+                r6 = tl.sum(e6, axis=0)
+                r4 = tl.sum(e4, axis=0)
+            else:
+                r6 = tl.sum(e6, axis=1)
+                r4 = tl.sum(e4, axis=1)
+            t8_6 = tl.where((sl == i)[None, :], r6[:, None], t8_6)
+            t8_4 = tl.where((sl == i)[None, :], r4[:, None], t8_4)
+            words = tl.where(at_i[:, :, None, :], w6[:, :, :, None], words)
+            words4 = tl.where(at_i[:, :, None, :], w4[:, :, :, None], words4)
+            scale = tl.where(at_i, sc6[:, :, None], scale)
+            scale4 = tl.where(at_i, sc4[:, :, None], scale4)
+        else:
+            pick4 = e4 < e6
+            w = tl.where(pick4[:, :, None], w4, w6)
+            sc = tl.where(pick4, sc4, sc6)
+            if not EXACT:
+                # NaN blocks (only where the outer amax does not bound the data): zero codes and scale
+                # 0x7F, as the reference's NaN scale and encode factor give
+                nan = bamax != bamax
+                sc = tl.where(nan, 0x7F, sc)
+                w = tl.where(nan[:, :, None], 0, w)
+            words = tl.where(at_i[:, :, None, :], w[:, :, :, None], words)
+            scale = tl.where(at_i, sc[:, :, None], scale)
+    if BLOCK_2D:
+        pick4 = tree_sum8(t8_4, KB) < tree_sum8(t8_6, KB)  # [KB]
+        if ROW:
+            p3 = pick4[None, :, None]
+        else:
+            p3 = pick4[:, None, None]
+        words = tl.where(p3[:, :, None, :], words4, words)
+        scale = tl.where(p3, scale4, scale)
+        if not EXACT:
+            nan = bamax3 != bamax3
+            scale = tl.where(nan, 0x7F, scale)
+            words = tl.where(nan[:, :, None, :], 0, words)
+    return words, scale
 
 
 @triton.jit
@@ -187,11 +307,11 @@ def four_over_six_kernel(
     x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     row_amax_ptr, col_amax_ptr, M, K, offsets_ptr, group_split_ptr, num_splits,
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
-    FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, LAYOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, SOFT_BF16: tl.constexpr = False,
 ):
-    """One [BLOCK_M, BLOCK_K] tile -> its rowwise and columnwise 4over6 blocks (FOUR_OVER_SIX: 1 MAE, 2 MSE).
+    """One 16-row group x BLOCK_K columns -> its rowwise and columnwise 4over6 blocks (FOUR_OVER_SIX:
+    1 MAE, 2 MSE).
 
     GROUPED (kernels/grouped_quantize.py): x is the concatenation of splits of rows, int64 offsets
     (num_splits + 1,) at offsets_ptr (2^SPLIT_STEPS >= num_splits), each split quantized alone: outer
@@ -201,88 +321,107 @@ def four_over_six_kernel(
     when columnwise or 16x16 output is asked, so no 16-row group straddles two splits, and the split
     of a row is read from group_split (int32, split of each 16-row group, from the amax pass);
     rowwise-only splits have any size and each row searches the offsets (``split_of``).
-    """
-    G: tl.constexpr = BLOCK_M // 16  # 16-row groups (columnwise blocks) per tile
-    KB: tl.constexpr = BLOCK_K // 16  # 16-column groups (rowwise blocks) per tile
-    rows, cols, row_ok, col_ok, pid_m, pid_k, xf = load_tile(x_ptr, M, K, BLOCK_M, BLOCK_K, SOFT_BF16)
-    k_blocks = K // 16
-    blks = pid_k * KB + tl.arange(0, KB).to(tl.int64)  # rowwise block index along K
-    blk_ok = blks < k_blocks
-    groups = pid_m * G + tl.arange(0, G).to(tl.int64)  # columnwise block index along M
-    m_blocks = M // 16
-    group_ok = groups < m_blocks
-    if BLOCK_2D:
-        x4 = tl.reshape(xf, [G, 16, KB, 16])
-        bamax_2d = tl.max(tl.max(abs_bits(x4), axis=3), axis=1).to(tl.float32, bitcast=True)  # [G, KB]
 
-    # ---------------------------------------------------------------- rowwise: blocks along K
+    Tile views: tile row i = 2j + h holds row 8h + j of the group (``cast16_kernel``'s r16), tile
+    column c = 16 kb + 8 half + cc, x5 = [j, h, kb, half, cc]; rowwise blocks are its permutation
+    [h, kb, half, cc, j] (slices j), columnwise blocks [kb, half, h, j, cc] (slices cc).
+    """
+    KB: tl.constexpr = BLOCK_K // 16
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(K, BLOCK_K)
+    g = (pid // n_k).to(tl.int64)  # 16-row group = columnwise block index along M
+    pid_k = pid % n_k
+    r16 = (tl.arange(0, 16) % 2) * 8 + tl.arange(0, 16) // 2
+    rows = g * 16 + r16.to(tl.int64)
+    cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * K + cols[None, :]
+    x_ok = (rows < M)[:, None] & (cols < K)[None, :]
+    x5 = tl.reshape(to_f32(tl.load(x_ptrs, mask=x_ok, other=0.0), SOFT_BF16), [8, 2, KB, 2, 8])
+    k_blocks = K // 16
+    m_blocks = M // 16
+    if BLOCK_2D:
+        bamax_2d = tl.max(tl.max(tl.max(tl.max(abs_bits(x5), axis=4), axis=3), axis=1), axis=0).to(tl.float32, bitcast=True)  # [KB]
+
+    # ---------------------------------------------------------------- rowwise: [h, kb, half, cc, j]
     if ROWWISE:
-        x3 = tl.reshape(xf, [BLOCK_M, KB, 16])
+        xr = tl.permute(x5, (1, 2, 3, 4, 0))
+        h3 = tl.arange(0, 2)[:, None, None]
+        j3 = tl.arange(0, 8)[None, None, :]
+        row3 = g * 16 + (h3 * 8 + j3).to(tl.int64)  # [2, 1, 8]
+        blk3 = pid_k * KB + tl.arange(0, KB)[None, :, None].to(tl.int64)  # [1, KB, 1]
+        row_ok3 = row3 < M
         if BLOCK_2D:
-            bamax = tl.reshape(tl.broadcast_to(bamax_2d[:, None, :], [G, 16, KB]), [BLOCK_M, KB])
+            bamax = tl.broadcast_to(bamax_2d[None, :, None], [2, KB, 8])
         else:
-            bamax = _block_amax(x3)
+            bamax = tl.max(tl.max(abs_bits(xr), axis=3), axis=2).to(tl.float32, bitcast=True)
         if PER_TOKEN:
-            outer = tl.load(row_amax_ptr + rows, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
+            outer = tl.load(row_amax_ptr + row3, mask=row_ok3, other=0.0)  # [2, 1, 8]
+            N_ROW: tl.constexpr = 8
         elif GROUPED:
-            if COLWISE or BLOCK_2D:
-                row_split = tl.load(group_split_ptr + rows // 16, mask=row_ok, other=0)
+            if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
+                outer = tl.zeros([1, 1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + g))
+                N_ROW: tl.constexpr = 1
             else:
-                row_split = split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS)
-            outer = tl.load(row_amax_ptr + row_split)[:, None]
+                outer = tl.load(row_amax_ptr + split_of(row3, offsets_ptr, num_splits, SPLIT_STEPS))
+                N_ROW: tl.constexpr = 8
         else:
-            outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr)
-        TREE_R: tl.constexpr = BLOCK_2D * 1  # 1: 16x16 row errors are tree-summed
+            outer = tl.zeros([1, 1, 1], tl.float32) + tl.load(row_amax_ptr)
+            N_ROW: tl.constexpr = 1
         # Triton 3.6 rejects a runtime `if` that rebinds a name already bound to another shape, so the
         # two directions' results have distinct names (row_*, col_*)
         if normal_range(outer):
-            row_codes, row_scale = _quantize_blocks(x3, bamax, outer, FOUR_OVER_SIX, E6, False, TREE_R, BLOCK_M, KB, G, KB)
+            row_words, row_scale = _quantize_direction(xr, bamax, outer, FOUR_OVER_SIX, E6, False, BLOCK_2D, True,
+                                                       2, KB, N_ROW)
         else:
-            row_codes, row_scale = _quantize_blocks(x3, bamax, outer, FOUR_OVER_SIX, E6, True, TREE_R, BLOCK_M, KB, G, KB)
-        ok = row_ok[:, None] & blk_ok[None, :]
-        half = tl.arange(0, 2)[None, None, :]
-        word = (rows[:, None] * k_blocks + blks[None, :]) * 2
-        tl.store(row_data_ptr + word[:, :, None] + half, pack_codes(row_codes, BLOCK_M, KB), mask=ok[:, :, None])
-        soff = scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT)
-        tl.store(row_scale_ptr + soff, row_scale.to(tl.uint8), mask=ok)
+            row_words, row_scale = _quantize_direction(xr, bamax, outer, FOUR_OVER_SIX, E6, True, BLOCK_2D, True,
+                                                       2, KB, N_ROW)
+        ok = row_ok3 & (blk3 < k_blocks)  # [2, KB, 8]
+        word = (row3 * k_blocks + blk3) * 2
+        tl.store(row_data_ptr + word[:, :, None, :] + tl.arange(0, 2)[None, None, :, None], row_words,
+                 mask=ok[:, :, None, :])
+        tl.store(row_scale_ptr + scale_offsets(row3, blk3, k_blocks, LAYOUT), row_scale.to(tl.uint8), mask=ok)
 
-    # ---------------------------------------------------------- columnwise: blocks along M (x^T rows)
+    # ---------------------------------------------------------- columnwise: [kb, half, h, j, cc]
     if COLWISE:
-        y3 = tl.permute(tl.reshape(xf, [G, 16, BLOCK_K]), (0, 2, 1))  # [G, BLOCK_K, 16]
+        if ROWWISE:  # read the tile again (from L1): keeping it live through the rowwise side spills
+            x5 = tl.reshape(to_f32(tl.load(x_ptrs, mask=x_ok, other=0.0), SOFT_BF16), [8, 2, KB, 2, 8])
+        xc = tl.permute(x5, (2, 3, 1, 0, 4))
+        col3 = pid_k * BLOCK_K + (tl.arange(0, KB)[:, None, None] * 16 + tl.arange(0, 2)[None, :, None] * 8
+                                  + tl.arange(0, 8)[None, None, :]).to(tl.int64)  # [KB, 2, 8]
+        col_ok3 = col3 < K
         if BLOCK_2D:
-            bamax = tl.reshape(tl.broadcast_to(bamax_2d[:, :, None], [G, KB, 16]), [G, BLOCK_K])
+            cbamax = tl.broadcast_to(bamax_2d[:, None, None], [KB, 2, 8])
         else:
-            bamax = _block_amax(y3)
+            cbamax = tl.max(tl.max(abs_bits(xc), axis=3), axis=2).to(tl.float32, bitcast=True)
         if GROUPED:
-            split = tl.load(group_split_ptr + groups, mask=group_ok, other=0)  # [G]
+            split = tl.load(group_split_ptr + g)
             start = tl.load(offsets_ptr + split)
             split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
-            # bulk block index: split base K * start / 16, then (column, 16-row group within the split)
-            blk2 = (start // 16 * K)[:, None] + cols[None, :] * split_blocks[:, None] + (groups - start // 16)[:, None]
+            blk2 = start // 16 * K + col3 * split_blocks + (g - start // 16)  # bulk layout
             if PER_TOKEN:
-                outer = tl.load(col_amax_ptr + split[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
+                couter = tl.load(col_amax_ptr + split * K + col3, mask=col_ok3, other=0.0)
             else:
-                outer = tl.load(col_amax_ptr + split)[:, None]  # [G, 1]
+                couter = tl.zeros([1, 1, 1], tl.float32) + tl.load(col_amax_ptr + split)
         else:
-            blk2 = cols[None, :] * m_blocks + groups[:, None]
+            blk2 = col3 * m_blocks + g
             if PER_TOKEN:
-                outer = tl.load(col_amax_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_K]
+                couter = tl.load(col_amax_ptr + col3, mask=col_ok3, other=0.0)
             else:
-                outer = tl.zeros([1, 1], tl.float32) + tl.load(col_amax_ptr)
-        TREE_C: tl.constexpr = BLOCK_2D * 2
-        if normal_range(outer):
-            col_codes, col_scale = _quantize_blocks(y3, bamax, outer, FOUR_OVER_SIX, E6, False, TREE_C, G, BLOCK_K, G, KB)
+                couter = tl.zeros([1, 1, 1], tl.float32) + tl.load(col_amax_ptr)
+        N_COL: tl.constexpr = 8 if PER_TOKEN else 1
+        if normal_range(couter):
+            col_words, col_scale = _quantize_direction(xc, cbamax, couter, FOUR_OVER_SIX, E6, False, BLOCK_2D, False,
+                                                       KB, 2, N_COL)
         else:
-            col_codes, col_scale = _quantize_blocks(y3, bamax, outer, FOUR_OVER_SIX, E6, True, TREE_C, G, BLOCK_K, G, KB)
-        ok = group_ok[:, None] & col_ok[None, :]
+            col_words, col_scale = _quantize_direction(xc, cbamax, couter, FOUR_OVER_SIX, E6, True, BLOCK_2D, False,
+                                                       KB, 2, N_COL)
+        cok = col_ok3 & ((tl.zeros_like(col3) + g) < m_blocks)
         if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
-            ok = ok & (blk2 >= 0) & (blk2 < (M // 16) * K)
-        half = tl.arange(0, 2)[None, None, :]
-        word = blk2 * 2
-        tl.store(col_data_ptr + word[:, :, None] + half, pack_codes(col_codes, G, BLOCK_K), mask=ok[:, :, None])
+            cok = cok & (blk2 >= 0) & (blk2 < m_blocks * K)
+        tl.store(col_data_ptr + blk2[:, :, None, :] * 2 + tl.arange(0, 2)[None, None, :, None], col_words,
+                 mask=cok[:, :, None, :])
         if GROUPED:
-            soff = blk2  # compact
+            csoff = blk2  # compact
         else:
-            soff = scale_offsets(cols[None, :], groups[:, None], m_blocks, LAYOUT)
-        tl.store(col_scale_ptr + soff, col_scale.to(tl.uint8), mask=ok)
-
+            csoff = scale_offsets(col3, g, m_blocks, LAYOUT)
+        tl.store(col_scale_ptr + csoff, col_scale.to(tl.uint8), mask=cok)

@@ -19,7 +19,8 @@ AMAX_TILE = (64, 128, 8)
 AMAX_PER_TOKEN_TILE = (32, 64, 2)
 AMAX_RHT_TILE = (32, 128, 4)
 RHT_MAX_BLOCK_M = 64  # the block-diagonal RHT dot costs BLOCK_M MACs per element
-FOUR_OVER_SIX_TILE = (16, 128, 4)
+# four_over_six_kernel: cast16_kernel's layout (one 16-row group x 128 columns per one-warp program)
+FOUR_OVER_SIX_BLOCK_K, FOUR_OVER_SIX_WARPS = 128, 1
 # cast16_kernel: 16-row groups per program of casts with a plain columnwise output (see cast16_tile),
 # BLOCK_K, num_warps
 CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
@@ -191,17 +192,19 @@ def cast16_grid(m: int, k: int, meta: dict) -> tuple[int]:
 def four_over_six_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
                        four_over_six: int, e4m3_max: float, scale_layout: str, *, split_steps: int | None = None,
                        block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
-    """Constexprs and num_warps of ``four_over_six_kernel`` (four_over_six: 1 MAE, 2 MSE)."""
-    bm, bk, warps = fit_tile(m, k, FOUR_OVER_SIX_TILE, block_m=block_m, block_k=block_k, num_warps=num_warps)
+    """Constexprs and num_warps of ``four_over_six_kernel`` (four_over_six: 1 MAE, 2 MSE). Its tiles are
+    always 16 rows (``block_m`` is ignored, as for ``cast16_kernel``)."""
+    bk = max(16, min(block_k or FOUR_OVER_SIX_BLOCK_K, next_power_of_2(max(k, 1))))
+    warps = num_warps or FOUR_OVER_SIX_WARPS
     return dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, FOUR_OVER_SIX=four_over_six,
-        E6=6.0 * e4m3_max, LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, BLOCK_K=bk,
+        E6=6.0 * e4m3_max, LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_K=bk,
         GROUPED=split_steps is not None, SPLIT_STEPS=split_steps or 0, num_warps=warps, enable_fp_fusion=False,
     )
 
 
 def four_over_six_grid(m: int, k: int, meta: dict) -> tuple[int]:
-    return (cdiv(m, meta["BLOCK_M"]) * cdiv(k, meta["BLOCK_K"]),)
+    return (cdiv(m, 16) * cdiv(k, meta["BLOCK_K"]),)
 
 
 def use_cast_row(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
