@@ -52,7 +52,7 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     block_2d = cfg.block == "16x16"
     steps = split_steps or None
     explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
-    if allow_row and opt_flags.use_cast_row(8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
+    if allow_row and opt_flags.use_cast_row(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
                                             cfg.stochastic_rounding, steps is not None, False, True, True):
         meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, cfg.per_token, cfg.e4m3_max,
                                        block_m=tile[0] if tile else 0, **explicit)

@@ -7,6 +7,7 @@ import torch
 
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.kernels.nvfp4_quantize_details import cast as cast_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast_row as cast_row_module
 from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
@@ -24,8 +25,21 @@ FLT_MAX = torch.finfo(torch.float32).max
 
 
 @pytest.fixture
-def launches(monkeypatch):
-    """The launches of ``cast_row_kernel`` during the test."""
+def cast_row_from(monkeypatch):
+    """``cast_row_from(n)``: per-tensor casts take cast_row_kernel from n elements on during the test; the
+    cached launch plans are dropped before (built under the default threshold) and after (under n)."""
+    def set_threshold(elements: int) -> None:
+        monkeypatch.setattr(opt_flags, "CAST_ROW_MIN_ELEMENTS", elements)
+        monkeypatch.setattr(kq, "_EAGER_PLANS", {})
+        cast_module.cast_plan.cache_clear()
+    yield set_threshold
+    cast_module.cast_plan.cache_clear()
+
+
+@pytest.fixture
+def launches(monkeypatch, cast_row_from):
+    """The launches of ``cast_row_kernel`` during the test, which takes per-tensor casts of any size."""
+    cast_row_from(0)
     return record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
 
 
@@ -109,15 +123,31 @@ def scale_code_input():
     (dict(rowwise=True, block="16x16"), torch.bfloat16, False),
     (dict(rowwise=True, four_over_six="mae"), torch.bfloat16, False),
 ])
-def test_which_casts_take_cast_row(kwargs, dtype, takes_it, monkeypatch):
+def test_which_casts_take_cast_row(kwargs, dtype, takes_it, monkeypatch, cast_row_from):
+    cast_row_from(0)
     fast = record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
     x = normal_input((32, 64), seed=1).to(dtype).to(DEV)
     kq.quantize(x, NVFP4QuantConfig(**kwargs), poison=True)
     assert bool(fast) == takes_it
 
 
-def test_misaligned_input_takes_cast16(monkeypatch):
+@pytest.mark.parametrize("per_token", [False, True])
+def test_small_per_tensor_casts_take_cast16(per_token, monkeypatch, cast_row_from):
+    """Below CAST_ROW_MIN_ELEMENTS a per-tensor cast runs cast16_kernel (no factor-table launch); per-token
+    casts (whose tables launch either way) take cast_row_kernel at any size."""
+    cast_row_from(32 * 64 + 16)
+    fast = record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
+    slow = record_launches(monkeypatch, cast16_module, "cast16_kernel")
+    x = normal_input((32, 64), seed=3)
+    config = NVFP4QuantConfig(rowwise=True, per_token=per_token)
+    got = kq.quantize(x.bfloat16().to(DEV), config, poison=True)
+    assert_same_bits(got.rowwise_data.cpu(), ref_nvfp4.quantize(x.bfloat16(), config).rowwise_data)
+    assert (bool(fast), bool(slow)) == (per_token, not per_token)
+
+
+def test_misaligned_input_takes_cast16(monkeypatch, cast_row_from):
     """x not 16-byte aligned (a view at an odd offset): not read as int32 words."""
+    cast_row_from(0)
     fast = record_launches(monkeypatch, cast_row_module, "cast_row_kernel")
     slow = record_launches(monkeypatch, cast16_module, "cast16_kernel")
     x = normal_input((1, 32 * 64 + 1), seed=2).flatten()[1:].reshape(32, 64)

@@ -112,7 +112,7 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     else:
         sides = ((rowwise, columnwise),)
     steps = []
-    if opt_flags.use_cast_row(k, rowwise, columnwise, block_2d, per_token, four_over_six, stochastic_rounding, grouped,
+    if opt_flags.use_cast_row(m, k, rowwise, columnwise, block_2d, per_token, four_over_six, stochastic_rounding, grouped,
                               pr3045, spec[1] == torch.bfloat16, spec[2]):
         meta = opt_flags.cast_row_meta(m, k, scale_layout, per_token, e4m3_max, block_m=block_m, **tile)
         if per_token:  # the per-row tables (n_row = m marks them)

@@ -26,8 +26,11 @@ FOUR_OVER_SIX_BLOCK_K, FOUR_OVER_SIX_WARPS = 128, 1
 CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
 CAST16_ROW_MAXNREG = 128
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
-# cast_row_kernel: (BLOCK_M rows, KB 16-column blocks, num_warps)
-CAST_ROW_TILE = (16, 32, 4)
+# cast_row_kernel: (BLOCK_M rows, KB 16-column blocks, num_warps); per-tensor casts take it from
+# CAST_ROW_MIN_ELEMENTS elements on: below, its factor-table launch costs more host time than the
+# kernel saves on the GPU
+CAST_ROW_TILE = (16, 16, 2)
+CAST_ROW_MIN_ELEMENTS = 1 << 24
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
 LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
@@ -207,14 +210,15 @@ def four_over_six_grid(m: int, k: int, meta: dict) -> tuple[int]:
     return (cdiv(m, 16) * cdiv(k, meta["BLOCK_K"]),)
 
 
-def use_cast_row(k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
+def use_cast_row(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
                  stochastic_rounding: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool) -> bool:
-    """Whether a cast runs ``cast_row_kernel`` (cast_row.py): the rowwise-only 1x16 cast (per tensor, or
-    per token with TE main's numerics) of bf16 input without SR (RHT only touches columnwise outputs),
-    x 16-byte aligned (read as int32 words), K % 16 == 0. Everything else runs ``cast16_kernel`` /
-    ``four_over_six_kernel``."""
+    """Whether a cast runs ``cast_row_kernel`` (cast_row.py): the rowwise-only 1x16 cast (per tensor from
+    ``CAST_ROW_MIN_ELEMENTS`` elements on, or per token with TE main's numerics) of bf16 input without SR
+    (RHT only touches columnwise outputs), x 16-byte aligned (read as int32 words), K % 16 == 0.
+    Everything else runs ``cast16_kernel`` / ``four_over_six_kernel``."""
     return (rowwise and not columnwise and not block_2d and not four_over_six
-            and not stochastic_rounding and not grouped and not pr3045 and dtype_bf16 and x_aligned and k % 16 == 0)
+            and not stochastic_rounding and not grouped and not pr3045 and dtype_bf16 and x_aligned and k % 16 == 0
+            and (per_token or m * k >= CAST_ROW_MIN_ELEMENTS))
 
 
 def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: float, *, block_m: int = 0,
