@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .layout import roundup
 from .ref.swizzle import compact_scales
 from .runtime import host_ints_on_device
 from .tensors import NVFP4Tensor, cumulative_offsets
@@ -67,7 +68,7 @@ def _concat_scales(ts, backend: Optional[str]) -> torch.Tensor:
     swizzled buffer of the stacked matrix: one unswizzle for all of them instead of one per tensor."""
     k16 = ts[0].k // 16
     if len(ts) > 1 and all(t.scale_layout == "swizzled" and t.m % 128 == 0 for t in ts):
-        bands = torch.cat([t.rowwise_scale.reshape(t.m, -1) for t in ts])
+        bands = torch.cat([t.rowwise_scale.reshape(t.m, roundup(k16, 4)) for t in ts])
         return _compact_scales(bands, "swizzled", bands.shape[0], k16, backend)
     return torch.cat([_compact_scales(t.rowwise_scale, t.scale_layout, t.m, k16, backend) for t in ts])
 

@@ -116,8 +116,9 @@ CASES = dict(QUANTIZE_CASES, **{"48x80-bf16-tiles16x32": ((48, 80), torch.bfloat
                                 "48x80-bf16-tiles32x32": ((48, 80), torch.bfloat16, dict(block_m=32, block_k=32, num_warps=1))})
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", list(CONFIGS))
+# (the 4over6 kernel has one 16-row group per program whatever block_m: no 32x32 case for it)
+@pytest.mark.parametrize("name,case", [(name, case) for name in CONFIGS for case in CASES
+                                       if not (case.endswith("tiles32x32") and "four_over_six" in CONFIGS[name])])
 def test_matches_reference(name, case):
     shape, dtype, tile = CASES[case]
     kwargs = CONFIGS[name]
