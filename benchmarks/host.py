@@ -12,7 +12,7 @@ backward, the optimizer eager), and CUDA-graph replay of the whole step. Cases: 
 8192 x 8192 -> 8192, and MoE 8 x (7168 -> 2048) with 8192 tokens in uneven splits (BF16:
 ``torch._grouped_mm``).
 
-    python benchmarks/host.py [--quick] [--no-compile] [--out host.json]
+    python benchmarks/host.py [--quick] [--no-compile] [--cases moe,8192 x 4096] [--out host.json]
     python benchmarks/host.py --smoke       # the script itself on CPU (interpreter, tiny shapes)
 """
 from __future__ import annotations
@@ -202,11 +202,13 @@ def graph_ms(step, device, iters):
     return wall_ms(graph.replay, device, iters)
 
 
-def part_steps(device, iters, compile_modes, prev):
+def part_steps(device, iters, compile_modes, prev, only_cases=None):
     rows = []
     cases = CASES if not SMOKE else [("linear", 64, 64, 64), ("moe", 128, 64, 32)]
     for kind, tokens, k, n in cases:
         name = f"{kind} {tokens} x {k} -> {n}" + (" x 8 experts" if kind == "moe" else "")
+        if only_cases and not any(part in name for part in only_cases):
+            continue
         row = dict(case=name)
         variants = [("nvfp4", True, None), ("bf16", False, None)]
         if prev is not None:
@@ -267,6 +269,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
     parser.add_argument("--no-prev", action="store_true", help="do not load the previous version")
     parser.add_argument("--only", choices=("ops", "steps"), default=None)
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated parts of the step cases' names to run (e.g. 'moe' or '4096 x 2048')")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if SMOKE else "cuda")
@@ -284,7 +288,8 @@ def main(argv=None) -> int:
     if args.only in (None, "ops"):
         result["ops"] = part_ops(device, calls, prev)
     if args.only in (None, "steps"):
-        result["steps"] = part_steps(device, iters, not args.no_compile and not SMOKE, prev)
+        only = [part.strip() for part in args.cases.split(",")] if args.cases else None
+        result["steps"] = part_steps(device, iters, not args.no_compile and not SMOKE, prev, only)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

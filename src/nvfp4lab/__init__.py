@@ -8,6 +8,7 @@ from .ops import (
     dequantize_nvfp4,
     nvfp4_gemm,
     nvfp4_grouped_gemm,
+    nvfp4_grouped_wgrad,
     quantize_mxfp8,
     quantize_nvfp4,
     quantize_nvfp4_grouped,
@@ -22,7 +23,8 @@ from .version import __version__
 
 __all__ = [
     "MXFP8QuantConfig", "MXFP8Tensor", "NVFP4QuantConfig", "NVFP4Tensor",
-    "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "nvfp4_grouped_gemm", "quantize_mxfp8", "quantize_nvfp4",
+    "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "nvfp4_grouped_gemm", "nvfp4_grouped_wgrad",
+    "quantize_mxfp8", "quantize_nvfp4",
     "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
     "swizzle_scales", "unswizzle_scales",
     "NVFP4Recipe", "MXFP8Recipe", "NVFP4BlockScaling", "NVFP4PerTokenBlockScaling", "autocast",

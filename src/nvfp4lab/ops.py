@@ -8,6 +8,7 @@ overrides that default choice (never an explicit ``backend=`` argument).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Optional, Sequence, Union
 
 import torch
@@ -26,7 +27,7 @@ from .checks import check_multiple as _check_multiple
 from .checks import check_tensor as _check_tensor
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
 from .runtime import compiling, graph_capturing, host_ints_on_device  # noqa: F401  (ops.compiling etc. are public)
-from .tensors import MXFP8Tensor, NVFP4Tensor, cumulative_offsets, register_dequantize
+from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor, cumulative_offsets, register_dequantize
 
 try:  # the Triton backend; the reference backend needs no Triton
     from .kernels import dequantize as dequant_kernels
@@ -330,8 +331,6 @@ def quantize_nvfp4_grouped(x: torch.Tensor, split_sections, *, scale_layout: str
     # host sections give the views without reading the device offsets back (a sync)
     parts = bulk.split([int(s) for s in split_sections] if _sections_on_host(split_sections) else None)
     if scale_layout != "compact":
-        from dataclasses import replace
-
         cfg = replace(bulk.config, scale_layout=scale_layout)
         for t in parts:
             t.config = cfg
@@ -619,6 +618,66 @@ def nvfp4_grouped_gemm(
         return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
                                                accumulate=accumulate, splits=m_splits)
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
+
+
+def _columnwise_operand(t: NVFP4Tensor) -> NVFP4Tensor:
+    """The columnwise copy of one split (M_e, K) as a rowwise GEMM operand (K, M_e)."""
+    config = replace(t.config, rowwise=True, columnwise=False, rht=False)
+    return NVFP4Tensor.from_parts(torch.Size((t.k, t.m)), t.dtype, config,
+                                  rowwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax))
+
+
+def nvfp4_grouped_wgrad(
+    dy: GroupedNVFP4Tensor,
+    x: GroupedNVFP4Tensor,
+    split_sections: Sequence[int],
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """MoE weight gradients: ``dW[e] = dy_e^T x_e`` (E, N, K) from the columnwise copies of two grouped
+    tensors split alike (``dy`` (M, N) and ``x`` (M, K), e.g. from :func:`quantize_nvfp4_grouped_bulk`),
+    each split's product over its own tokens. ``split_sections``: the host split sizes (E ints, each a
+    multiple of 16, summing to M; the tensors' device offsets are not read back). An empty split gives
+    zeros. Per split the result is :func:`nvfp4_gemm` of the two columnwise copies as rowwise operands
+    (RHT and per-token amaxes included); on the GPU all splits share one expansion launch per split,
+    one cuBLAS GEMM each and one epilogue."""
+    for name, t in (("dy", dy), ("x", x)):
+        if not isinstance(t, GroupedNVFP4Tensor):
+            raise TypeError(f"{name} must be a GroupedNVFP4Tensor, got {type(t).__name__}")
+        if t.columnwise_data is None:
+            raise ValueError(f"{name} has no columnwise copy: the weight gradient reads it (quantize with columnwise=True)")
+    _check_same_numerics(dy, x)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    check_split_sizes("split_sections", split_sections)
+    sizes = [int(s) for s in split_sections]
+    m, n, k = int(dy.shape[0]), int(dy.shape[-1]), int(x.shape[-1])
+    num = len(sizes)
+    if int(x.shape[0]) != m or sum(sizes) != m:
+        raise ValueError(f"dy and x must have the same rows M, the sum of split_sections; got dy {tuple(dy.shape)}, "
+                         f"x {tuple(x.shape)}, sum {sum(sizes)}")
+    if dy.num_splits != num or x.num_splits != num:
+        raise ValueError(f"split_sections must have one size per split of dy ({dy.num_splits}) and x ({x.num_splits}), "
+                         f"got {num}")
+    bad = [s for s in sizes if s % 16]
+    if bad:
+        raise ValueError(f"split_sections must be multiples of 16 (columnwise copies block 16 tokens), got {bad}")
+    device = dy.columnwise_data.device
+    if x.columnwise_data.device != device:
+        raise ValueError(f"dy and x must be on one device, got {device} and {x.columnwise_data.device}")
+    if n == 0 or k == 0 or m == 0:
+        return torch.zeros((num, n, k), dtype=out_dtype, device=device)
+    backend = resolve_backend(backend, device)
+    if backend == "triton":
+        return gemm_kernels.nvfp4_grouped_wgrad(dy, x, sizes, out_dtype=out_dtype)
+    out = torch.empty((num, n, k), dtype=out_dtype, device=device)
+    for e, (dy_e, x_e) in enumerate(zip(dy.split(sizes), x.split(sizes))):
+        if sizes[e] == 0:
+            out[e].zero_()
+        else:
+            out[e] = ref.gemm.nvfp4_gemm(_columnwise_operand(dy_e), _columnwise_operand(x_e), out_dtype=out_dtype)
+    return out
 
 
 register_dequantize(NVFP4Tensor, dequantize_nvfp4)

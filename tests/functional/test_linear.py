@@ -319,3 +319,51 @@ def test_split_layouts_reject_bad_splits(m_splits, exc, match):
         F.SplitLayout(m_splits, "cpu")
     with pytest.raises(exc, match=match):
         F.SplitLayoutCache().get(m_splits, "cpu")
+
+
+_WEIGHT_RECIPES = {
+    "te_default": NVFP4Recipe.te_default(),
+    "per_token": NVFP4Recipe.per_token(),
+    "four_over_six": NVFP4Recipe.four_over_six(),
+    "pr3045": NVFP4Recipe.pr3045(),  # per-token 1x16 weights
+    "pr3045_2d": NVFP4Recipe.pr3045(weight_2d=True),  # broadcast amax: the per-expert path
+}
+
+
+def _assert_same_stack(got, want):
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is None:
+            continue
+        assert g.shape == w.shape and g.config == w.config
+        for field in ("rowwise_data", "rowwise_scale", "rowwise_amax"):
+            a, b = getattr(g, field), getattr(w, field)
+            assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), field
+
+
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+@pytest.mark.parametrize("columnwise", [True, False], ids=["rowcol", "row"])
+@pytest.mark.parametrize("preset", list(_WEIGHT_RECIPES))
+def test_quantize_grouped_weights_equals_per_expert_quantize_and_stack(preset, columnwise, packed, backend):
+    recipe = _WEIGHT_RECIPES[preset]
+    g = torch.Generator().manual_seed(5)
+    scales = torch.tensor([1.0, 1e-3, 30.0])[:, None, None]  # experts with their own amax
+    block = (torch.randn(3, 32, 48, generator=g) * scales).to(torch.bfloat16)
+    weights = [torch.nn.Parameter(block[i]) if packed else torch.nn.Parameter(block[i].clone()) for i in range(3)]
+    assert (F.packed_weights(weights) is not None) == packed
+    got = F.quantize_grouped_weights(weights, recipe, columnwise=columnwise, backend=backend)
+    want = F.stack_grouped_weights([F.quantize_weight(w, recipe, columnwise=columnwise, backend=backend) for w in weights],
+                                   columnwise=columnwise, backend=backend)
+    _assert_same_stack(got, want)
+
+
+def test_packed_weights_needs_consecutive_slices_of_one_storage():
+    block = torch.randn(4, 16, 32)
+    assert F.packed_weights(list(block)).data_ptr() == block.data_ptr()
+    assert F.packed_weights(list(block)[:3]).shape == (3, 16, 32)
+    assert F.packed_weights([block[0], block[2]]) is None  # a gap
+    assert F.packed_weights([block[1], block[0]]) is None  # out of order
+    assert F.packed_weights([block[0], block[1].to(torch.float64)]) is None
+    assert F.packed_weights([block[0].t(), block[1].t()]) is None  # not contiguous
+    assert F.packed_weights([w.clone() for w in block]) is None  # separate storages

@@ -758,3 +758,41 @@ def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtyp
     for _ in range(2):
         assert_equal(G.nvfp4_gemm(a3, b3, out_dtype=out_dtype, bias=bias), want)
     assert len(G._EAGER_GEMMS) == plans + 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("amax_a,amax_b", [("tensor", "tensor"), ("token", "token"), ("tensor", "token")])
+@pytest.mark.parametrize("dequant", [True, False], ids=["dequant_mm", "dense"])
+def test_grouped_wgrad_equals_per_expert_gemms(amax_a, amax_b, dequant, device):
+    """MoE weight gradients from bulk columnwise copies (split e a (rows, m_e) matrix at rows * off_e):
+    every expert's product over its own tokens, zero-size experts (first, middle, last) giving zeros;
+    exact operands, so equal to the reference GEMM of each expert whatever the summation order."""
+    gen = torch.Generator().manual_seed(41)
+    sizes, n_a, n_b = [0, 32, 0, 96, 16, 0], 24, 40
+    a_list = [exact_operand(n_a, max(m, 16), gen, amax=amax_a, device=device) for m in sizes]
+    b_list = [exact_operand(n_b, max(m, 16), gen, amax=amax_b, device=device) for m in sizes]
+    live = [i for i, m in enumerate(sizes) if m]
+
+    def bulk(ts, rows):
+        data = torch.cat([ts[i].rowwise_data.reshape(-1) for i in live])
+        scale = torch.cat([ts[i].rowwise_scale.reshape(-1) for i in live])
+        amax = torch.stack([t.rowwise_amax if t.rowwise_amax.numel() == rows else t.rowwise_amax.expand(1) for t in ts])
+        return data, scale, amax.squeeze(-1) if amax.shape[-1] == 1 else amax
+
+    a_data, a_scale, a_amax = bulk(a_list, n_a)
+    b_data, b_scale, b_amax = bulk(b_list, n_b)
+    config = G.GemmConfig(32, 32, 64, dequant_mm=True) if dequant else G.GemmConfig(32, 32, 64, 4, 4, 1)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        out = poisoned((len(sizes), n_a, n_b), out_dtype, device)
+        G.grouped_wgrad(a_data, a_scale, a_amax, 448.0, b_data, b_scale, b_amax, 448.0, sizes, n_a, n_b, out, config=config)
+        for e, m in enumerate(sizes):
+            if m == 0:
+                assert torch.equal(out[e], torch.zeros_like(out[e]))
+            else:
+                assert_equal(out[e], gemm(a_list[e], b_list[e], "ref", out_dtype=out_dtype))
+    if device == "cuda":  # the default path (cuBLAS on expanded operands where the shape asks for it)
+        out = poisoned((len(sizes), n_a, n_b), torch.float32, device)
+        G.grouped_wgrad(a_data, a_scale, a_amax, 448.0, b_data, b_scale, b_amax, 448.0, sizes, n_a, n_b, out)
+        for e, m in enumerate(sizes):
+            if m:
+                assert_equal(out[e], gemm(a_list[e], b_list[e], "ref", out_dtype=torch.float32))

@@ -281,7 +281,7 @@ def test_grouped_linear_takes_the_grouped_path(preset, splits, device_backend, m
                 assert torch.equal(getattr(grouped, f"weight{i}").grad, torch.zeros(32, 64, device=device))
             close(getattr(grouped, f"weight{i}").grad, e.weight.grad)
             close(getattr(grouped, f"bias{i}").grad, e.bias.grad)
-    assert "stacked" in grouped._quantized_weights
+    assert "grouped" in grouped._quantized_weights  # the stacked weights of all experts, cached
 
 
 @pytest.mark.parametrize("splits", [[32, 0, 48, 16], [0, 24, 40, 1]], ids=["aligned", "padded"])
@@ -292,10 +292,18 @@ def test_grouped_linear_reuses_its_split_offsets(splits, monkeypatch):
 
     copies, offsets_used = [], []
     real_copy, real_quantize = ops.host_ints_on_device, ops.quantize_nvfp4_grouped_bulk
-    monkeypatch.setattr(ops, "host_ints_on_device", lambda *a, **kw: copies.append(1) or real_copy(*a, **kw))
+    weight_offsets = [0, 32, 64, 96, 128]  # the 4 experts' weight rows (quantized as one grouped call)
+
+    def recording_copy(values, *a, **kw):
+        if list(values) != weight_offsets:
+            copies.append(1)
+        return real_copy(values, *a, **kw)
+
+    monkeypatch.setattr(ops, "host_ints_on_device", recording_copy)
 
     def recording_quantize(x, sections, **kw):
-        offsets_used.append(kw.get("split_offsets"))
+        if list(sections) != [32] * 4:  # the tokens' calls (x, dy), not the weights'
+            offsets_used.append(kw.get("split_offsets"))
         return real_quantize(x, sections, **kw)
 
     monkeypatch.setattr(ops, "quantize_nvfp4_grouped_bulk", recording_quantize)
@@ -751,3 +759,23 @@ def test_mlp_trains_within_factor_of_bf16(preset, device_backend, bf16_losses):
     assert abs(first - first_bf16) < 0.05 * first_bf16  # same seeds, same start
     assert final < 0.25 * first, f"{preset} did not train: {first:.4f} -> {final:.4f}"
     assert final < LOSS_FACTOR * final_bf16, f"{preset}: final loss {final:.4f} vs BF16 {final_bf16:.4f}"
+
+
+def test_grouped_linear_keeps_its_weights_packed():
+    # one (E, N, K) storage at construction and after moves and casts, the Parameter objects unchanged;
+    # a replaced weight unpacks them, and the layer still gives the bits of the packed one
+    layer = GroupedLinear(3, 32, 16, bias=False, recipe=NVFP4Recipe.te_default(stochastic_rounding=False))
+    params = list(layer.parameters())
+    assert F.packed_weights(layer.weights) is not None
+    layer.to(torch.bfloat16)
+    assert [p is q for p, q in zip(params, layer.parameters())] == [True] * 3
+    packed = F.packed_weights(layer.weights)
+    assert packed is not None and packed.dtype == torch.bfloat16
+    x = torch.randn(48, 32, dtype=torch.bfloat16)
+    splits = [16, 0, 32]
+    y_packed = layer(x, splits)
+    layer.weight1 = torch.nn.Parameter(layer.weight1.detach().clone())
+    assert F.packed_weights(layer.weights) is None
+    assert torch.equal(layer(x, splits), y_packed)
+    assert layer.pack_weights() and F.packed_weights(layer.weights) is not None
+    assert torch.equal(layer(x, splits), y_packed)

@@ -84,3 +84,45 @@ def test_backend_env_override(monkeypatch):
         nvfp4lab.quantize_nvfp4(torch.randn(16, 16))
     monkeypatch.setenv("NVFP4LAB_BACKEND", "ref")
     assert nvfp4lab.ops.resolve_backend(None, torch.device("cpu")) == "ref"
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["tensor", "token"])
+def test_grouped_wgrad_matches_per_split_gemms_of_the_columnwise_copies(per_token):
+    # dW[e] = dy_e^T x_e: each split's columnwise copies as rowwise operands (what the per-expert wgrad
+    # of GroupedLinear multiplies), the Triton path (interpreter) within the GEMM tolerance of the reference
+    gen = torch.Generator().manual_seed(3)
+    sizes = [32, 0, 48, 16]
+    m = sum(sizes)
+    dy = torch.randn(m, 32, generator=gen)
+    x = torch.randn(m, 64, generator=gen)
+    options = dict(rowwise=False, columnwise=True, per_token=per_token, rht=not per_token)
+    qdy = nvfp4lab.quantize_nvfp4_grouped_bulk(dy, sizes, backend="ref", **options)
+    qx = nvfp4lab.quantize_nvfp4_grouped_bulk(x, sizes, backend="ref", **options)
+    want = nvfp4lab.nvfp4_grouped_wgrad(qdy, qx, sizes, out_dtype=torch.float32, backend="ref")
+    got = nvfp4lab.nvfp4_grouped_wgrad(qdy, qx, sizes, out_dtype=torch.float32, backend="triton")
+    assert want.shape == got.shape == (4, 32, 64)
+    assert torch.equal(want[1], torch.zeros(32, 64))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    for e, (dy_e, x_e) in enumerate(zip(qdy.split(sizes), qx.split(sizes))):
+        if sizes[e]:
+            # the split's own columnwise copy, as the per-expert path hands it to nvfp4_gemm
+            ops_a = nvfp4lab.functional.transposed_operand(dy_e)
+            ops_b = nvfp4lab.functional.transposed_operand(x_e)
+            assert torch.equal(want[e], nvfp4lab.nvfp4_gemm(ops_a, ops_b, out_dtype=torch.float32, backend="ref"))
+
+
+def test_grouped_wgrad_rejects_bad_inputs():
+    x = torch.randn(48, 32)
+    q = nvfp4lab.quantize_nvfp4_grouped_bulk(x, [16, 32], rowwise=True, columnwise=True, backend="ref")
+    row_only = nvfp4lab.quantize_nvfp4_grouped_bulk(x, [16, 32], backend="ref")
+    with pytest.raises(TypeError, match="dy must be a GroupedNVFP4Tensor"):
+        nvfp4lab.nvfp4_grouped_wgrad(x, q, [16, 32])
+    with pytest.raises(ValueError, match="x has no columnwise copy"):
+        nvfp4lab.nvfp4_grouped_wgrad(q, row_only, [16, 32])
+    with pytest.raises(ValueError, match="one size per split"):
+        nvfp4lab.nvfp4_grouped_wgrad(q, q, [16, 16, 16])
+    with pytest.raises(ValueError, match="summing|sum"):
+        nvfp4lab.nvfp4_grouped_wgrad(q, q, [16, 16])
+    q8 = nvfp4lab.quantize_nvfp4_grouped_bulk(torch.randn(16, 32), [8, 8], backend="ref")
+    with pytest.raises(ValueError, match="columnwise"):
+        nvfp4lab.nvfp4_grouped_wgrad(q8, q8, [8, 8])

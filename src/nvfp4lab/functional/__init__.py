@@ -6,10 +6,12 @@ from .linear import (
     grouped_linear,
     grouped_linear_high_precision,
     linear,
+    packed_weights,
+    quantize_grouped_weights,
     quantize_weight,
     stack_grouped_weights,
     transposed_operand,
 )
 
 __all__ = ["SplitLayout", "SplitLayoutCache", "compute_dtype", "grouped_linear", "grouped_linear_high_precision", "linear",
-           "quantize_weight", "stack_grouped_weights", "transposed_operand"]
+           "packed_weights", "quantize_grouped_weights", "quantize_weight", "stack_grouped_weights", "transposed_operand"]

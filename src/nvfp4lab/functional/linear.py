@@ -265,6 +265,79 @@ def stack_grouped_weights(quantized_weights: Sequence[NVFP4Tensor], *, columnwis
     return rowwise, col
 
 
+def packed_weights(weights: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The (E, N, K) tensor whose slices are ``weights`` (E plain contiguous (N, K) tensors of one dtype,
+    consecutive in one storage, as :class:`~nvfp4lab.GroupedLinear` keeps them), detached; None otherwise
+    or while torch.compile traces (fake tensors have no addresses)."""
+    w0 = weights[0]
+    if ops.compiling() or type(w0) not in (torch.Tensor, torch.nn.Parameter) or w0.dim() != 2 or not w0.is_contiguous():
+        return None
+    n, k = w0.shape
+    step = n * k * w0.element_size()
+    start = w0.data_ptr()
+    for i, w in enumerate(weights):
+        if (type(w) is not type(w0) or w.dtype != w0.dtype or w.data_ptr() != start + i * step or w.shape != w0.shape
+                or not w.is_contiguous()):
+            return None
+    # consecutive addresses inside w0's own storage: one allocation (as_strided checks the bound too)
+    if (w0.storage_offset() * w0.element_size() + len(weights) * step > w0.untyped_storage().nbytes()
+            or step == 0):
+        return None
+    return w0.detach().as_strided((len(weights), n, k), (n * k, k, 1))
+
+
+def quantize_grouped_weights(weights: Sequence[torch.Tensor], recipe=None, *, columnwise: bool = True,
+                             backend: Optional[str] = None) -> tuple:
+    """E expert weights (N, K) of one shape -> the (rowwise (E, N, K), columnwise (E, K, N) or None) pair
+    of :func:`stack_grouped_weights`, from one grouped quantize of all experts (each its own amax:
+    bit-identical to quantizing each with :func:`quantize_weight` and stacking; 2 launches whatever E).
+    Weights packed in one storage (:func:`packed_weights`) are read in place, others are stacked first
+    (one copy). PR 3045's 2D weight config (a per-tensor cast the grouped op rejects) takes the
+    per-expert path."""
+    recipe = resolve_recipe(recipe)
+    if not isinstance(recipe, NVFP4Recipe):
+        raise TypeError(f"quantize_grouped_weights needs an NVFP4 recipe, got {type(recipe).__name__}")
+    config = _tensor_config(recipe, "weight", True, columnwise)
+    if config.broadcast_2d:
+        return stack_grouped_weights([quantize_weight(w, recipe, columnwise=columnwise, backend=backend) for w in weights],
+                                     columnwise=columnwise, backend=backend)
+    num = len(weights)
+    n, k = weights[0].shape
+    stacked_hp = packed_weights(weights)
+    if stacked_hp is None:
+        stacked_hp = torch.stack([w.detach() for w in weights])
+    sizes, offsets = _WEIGHT_SPLITS.get((n,) * num, stacked_hp.device).quantized_splits(False)
+    bulk = ops.quantize_nvfp4_grouped_bulk(stacked_hp.reshape(num * n, k), list(sizes), split_offsets=offsets,
+                                           config=_compact_config(config), backend=backend)
+    row_config = _stack_config(config)
+    rowwise = NVFP4Tensor.from_parts(torch.Size((num, n, k)), bulk.dtype, row_config,
+                                     rowwise=(bulk.rowwise_data, bulk.rowwise_scale, bulk.rowwise_amax))
+    col = None
+    if columnwise:
+        col_config = _stack_config(_transposed_config(config))
+        col = NVFP4Tensor.from_parts(torch.Size((num, k, n)), bulk.dtype, col_config,
+                                     rowwise=(bulk.columnwise_data.view(num * k, n // 2),
+                                              bulk.columnwise_scale.view(num * k, n // 16),
+                                              bulk.columnwise_amax.reshape(-1)))
+    return rowwise, col
+
+
+def _compact_config(config):
+    if torch.compiler.is_compiling():
+        return dataclasses.replace(config, scale_layout="compact")
+    return _compact_config_cached(config)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compact_config_cached(config):
+    return dataclasses.replace(config, scale_layout="compact")
+
+
+def _stack_config(config):
+    """The config :func:`nvfp4lab.moe.stack_weights` gives a stack of tensors with ``config``."""
+    return dataclasses.replace(config, scale_layout="compact", rowwise=True, columnwise=False)
+
+
 def _grouped_applies(recipe, m_splits, biases) -> bool:
     if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized" or sum(m_splits) == 0:
         return False
@@ -369,6 +442,9 @@ class SplitLayoutCache:
         return layout
 
 
+_WEIGHT_SPLITS = SplitLayoutCache(max_entries=16)  # the experts' row offsets per (E, N)
+
+
 def _grouped_quantize(recipe, tensor: str, x2, sizes, offsets, *, rowwise: bool, columnwise: bool, backend):
     config = dataclasses.replace(recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise), scale_layout="compact")
     return ops.quantize_nvfp4_grouped_bulk(x2, list(sizes), split_offsets=offsets, config=config, backend=backend)
@@ -401,8 +477,9 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
                            rowwise=True, columnwise=any_wgrad, backend=backend)
     if stacked is None or (need_dgrad and stacked[1] is None):
         if qweights is None or (need_dgrad and any(q.columnwise_data is None for q in qweights)):
-            qweights = [quantize_weight(w, recipe, columnwise=need_dgrad, backend=backend) for w in weights]
-        stacked = stack_grouped_weights(qweights, columnwise=need_dgrad, backend=backend)
+            stacked = quantize_grouped_weights(weights, recipe, columnwise=need_dgrad, backend=backend)
+        else:
+            stacked = stack_grouped_weights(qweights, columnwise=need_dgrad, backend=backend)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
     y = ops.nvfp4_grouped_gemm(_token_operand(qx), stacked[0], qx.split_offsets[1:], out_dtype=cdtype, bias=bias,
                                backend=backend, m_splits=list(sizes))
@@ -449,6 +526,10 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
     if any_wgrad:
         shape, dtype, config = meta["x_meta"]
         qx = GroupedNVFP4Tensor.from_parts(shape, dtype, config, saved[0], columnwise=tuple(saved[1:4]))
+        w_dtypes = meta["w_dtypes"]
+        if all(need_wgrads) and all(d == w_dtypes[0] for d in w_dtypes):  # every expert at once
+            dw = ops.nvfp4_grouped_wgrad(qdy, qx, sizes, out_dtype=w_dtypes[0], backend=backend)
+            return dx, list(dw.unbind(0)), dbs
         x_parts, dy_parts = qx.split(sizes), qdy.split(sizes)
         for i in range(num):
             if not need_wgrads[i]:
@@ -500,8 +581,9 @@ _NO_GRADS = (None,) * (_GROUPED_PARAMS_AT - 1)  # m_splits .. num_gemms take no 
 
 class _GroupedLinearFunction(torch.autograd.Function):
     """y[split i] = x[split i] W_i^T (+ b_i). NVFP4 recipes with backward="quantized": one grouped
-    quantize + one grouped GEMM per pass (fprop, dgrad) and per-expert wgrad GEMMs on the split views
-    (:func:`_grouped_forward`); otherwise a loop of per-split quantize + GEMM calls (the definition)."""
+    quantize of all expert weights, one grouped quantize + one grouped GEMM per pass (fprop, dgrad) and
+    one grouped wgrad over the bulk columnwise copies (:func:`_grouped_forward`); otherwise a loop of
+    per-split quantize + GEMM calls (the definition)."""
 
     @staticmethod
     def forward(ctx, x, m_splits, layout, quantized_weights, stacked_weights, recipe, cdtype, backend, num_gemms, *params):

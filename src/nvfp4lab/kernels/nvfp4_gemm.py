@@ -38,9 +38,11 @@ Decoders (``decode``): 1, PTX inline asm (the GPU's; its text is run by a PTX em
 
 Constraints: K % 16 == 0 (whole scale blocks); BLOCK_K a multiple of 64; out may be strided.
 Public launchers: the ``torch.library`` custom ops ``nvfp4lab::nvfp4_gemm``, ``nvfp4_gemm_out``,
-``nvfp4_grouped_gemm``, ``nvfp4_grouped_gemm_out`` (fake impls for torch.compile), wrapped by
-:func:`nvfp4_gemm` and :func:`nvfp4_grouped_gemm`; :func:`run` launches directly (tests, tuning) and
-takes the path's config and the decoder as arguments.
+``nvfp4_grouped_gemm``, ``nvfp4_grouped_gemm_out`` and ``nvfp4_grouped_wgrad`` (MoE weight gradients:
+per expert a product over its own tokens, from bulk columnwise copies; fake impls for torch.compile),
+wrapped by :func:`nvfp4_gemm`, :func:`nvfp4_grouped_gemm` and :func:`nvfp4_grouped_wgrad`; :func:`run`
+and :func:`grouped_wgrad` launch directly (tests, tuning) and take the path's config and the decoder as
+arguments.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
 from .nvfp4_gemm_details.common import gemm_inv, operand
 from .nvfp4_gemm_details.opt_flags import GemmConfig
 
-__all__ = ["GemmConfig", "nvfp4_gemm", "nvfp4_grouped_gemm", "run"]
+__all__ = ["GemmConfig", "grouped_wgrad", "nvfp4_gemm", "nvfp4_grouped_gemm", "nvfp4_grouped_wgrad", "run"]
 
 
 def _launch(
@@ -171,6 +173,86 @@ def _grouped_out_op(
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
       bias, k, out, accumulate, splits=None, pr3045=False):
     return None
+
+
+def _wgrad_parts(data, scale, rows: int, splits):
+    """Per split (rows, m_e) views of a bulk columnwise copy (flat data / scales, split e at rows * off_e / 2 and
+    rows * off_e / 16), None for empty splits."""
+    parts, off = [], 0
+    for m_e in splits:
+        if m_e == 0:
+            parts.append(None)
+        else:
+            parts.append((data[rows * off // 2:rows * (off + m_e) // 2].view(rows, m_e // 2),
+                          scale[rows * off // 16:rows * (off + m_e) // 16].view(rows, m_e // 16)))
+        off += m_e
+    return parts
+
+
+def _amax_mode(amax: torch.Tensor, num: int, rows: int) -> int:
+    """1: one amax per expert, 2: one per (expert, row)."""
+    return 1 if amax.numel() == num else 2
+
+
+def grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, splits, n_a, n_b, out,
+                  pr3045=False, config=None, decode=None):
+    """out[e] (n_a, n_b) = A_e @ B_e^T for bulk columnwise copies split alike (see :func:`_grouped_wgrad_op`);
+    ``config`` / ``decode`` as in :func:`run` (a dequant_mm config: the grouped expand + cuBLAS path;
+    another: one dense launch per expert)."""
+    device = out.device
+    num = len(splits)
+    a_amax = a_amax.reshape(-1).to(torch.float32)
+    b_amax = b_amax.reshape(-1).to(torch.float32)
+    a_mode, b_mode = _amax_mode(a_amax, num, n_a), _amax_mode(b_amax, num, n_b)
+    if decode is None:
+        decode = opt_flags.default_decode(device)
+    config = opt_flags.resolve_config(config, n_a, n_b, max(splits), 1, False, False, device)
+    a_parts = _wgrad_parts(a_data, a_scale, n_a, splits)
+    b_parts = _wgrad_parts(b_data, b_scale, n_b, splits)
+    if config.dequant_mm:
+        parts = [None if pa is None else (operand(pa[0], pa[1], "compact", a_amax, 2 * pa[0].shape[1]),
+                                          operand(pb[0], pb[1], "compact", b_amax, 2 * pb[0].shape[1]))
+                 for pa, pb in zip(a_parts, b_parts)]
+        return dequant_mm.grouped_wgrad(parts, a_amax, b_amax, a_mode, b_mode, out, n_a, n_b,
+                                        gemm_inv(e_max_a, e_max_b), config, decode, pr3045=bool(pr3045))
+    for e, (pa, pb) in enumerate(zip(a_parts, b_parts)):
+        if pa is None:
+            out[e].zero_()
+            continue
+        amax_a = a_amax[e:e + 1] if a_mode == 1 else a_amax[e * n_a:(e + 1) * n_a]
+        amax_b = b_amax[e:e + 1] if b_mode == 1 else b_amax[e * n_b:(e + 1) * n_b]
+        _launch(pa[0], pa[1], "compact", amax_a, pb[0], pb[1], "compact", amax_b, None, None, out[e],
+                m=n_a, n=n_b, k=2 * pa[0].shape[1], num_experts=1, e_max_a=e_max_a, e_max_b=e_max_b,
+                accumulate=False, grouped=False, config=config, decode=decode, pr3045=pr3045)
+    return out
+
+
+@custom_op("nvfp4lab::nvfp4_grouped_wgrad", mutates_args=())
+def _grouped_wgrad_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, e_max_a: float,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, e_max_b: float,
+    splits: List[int], n_a: int, n_b: int, out_dtype: torch.dtype, pr3045: bool = False,
+) -> torch.Tensor:
+    """(E, n_a, n_b) with out[e] = A_e @ B_e^T: A, B the bulk columnwise copies of two grouped tensors
+    split alike (``splits``, host sizes, multiples of 16): flat data (rows * M / 2,) and compact scales
+    (rows * M / 16,), split e a (rows, m_e) matrix; amax (E,) per split or (E, rows) per row."""
+    out = torch.empty((len(splits), n_a, n_b), dtype=out_dtype, device=a_data.device)
+    return grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, splits, n_a, n_b, out,
+                         pr3045)
+
+
+@_grouped_wgrad_op.register_fake
+def _(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, splits, n_a, n_b, out_dtype, pr3045=False):
+    return a_data.new_empty((len(splits), n_a, n_b), dtype=out_dtype)
+
+
+def nvfp4_grouped_wgrad(a, b, splits, *, out_dtype=torch.bfloat16):
+    """Per split ``a_e^T b_e`` of two grouped tensors' columnwise copies (checked by
+    :func:`nvfp4lab.ops.nvfp4_grouped_wgrad`): (E, N, K)."""
+    n_a, n_b = int(a.shape[-1]), int(b.shape[-1])
+    return _grouped_wgrad_op(a.columnwise_data, a.columnwise_scale, a.columnwise_amax, float(a.config.e4m3_max),
+                             b.columnwise_data, b.columnwise_scale, b.columnwise_amax, float(b.config.e4m3_max),
+                             [int(s) for s in splits], n_a, n_b, out_dtype, _pr3045(a, b))
 
 
 def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, config=None, decode=None, splits=None):

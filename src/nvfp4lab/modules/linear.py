@@ -167,7 +167,10 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
     """MoE grouped linear: ``num_gemms`` experts, each an (out_features, in_features) weight.
 
     Parameters are separate, TE-style: ``weight0`` .. ``weight{num_gemms-1}`` and (with bias)
-    ``bias0`` .. ``bias{num_gemms-1}``, each initialized like nn.Linear's. ``forward(x, m_splits)``
+    ``bias0`` .. ``bias{num_gemms-1}``, each initialized like nn.Linear's. The weights are consecutive
+    slices of one (E, N, K) storage (kept so across ``.to()``, see :meth:`pack_weights`), so a step
+    quantizes all experts in one grouped call reading them in place; weights that are not (replaced
+    Parameters, FSDP2 shards) are stacked first (one copy), with the same bits. ``forward(x, m_splits)``
     takes tokens x (M, in_features) already sorted by expert and the per-expert token counts
     (a list of ints, or a CPU or device integer tensor; a device tensor costs one synchronization and
     cannot be read during CUDA graph capture). Each split is quantized on its own (its own amax) and
@@ -193,8 +196,9 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.recipe, self.backend = own, backend
         self.use_bias = bias
+        packed = torch.empty(num_gemms, out_features, in_features, device=device, dtype=dtype)
         for i in range(num_gemms):
-            self.register_parameter(f"weight{i}", nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype)))
+            self.register_parameter(f"weight{i}", nn.Parameter(packed[i]))
             b = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
             self.register_parameter(f"bias{i}", b)
         self._init_weight_cache()
@@ -216,6 +220,33 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
         """The weight Parameters this layer quantizes (what :mod:`nvfp4lab.fsdp` may gather as FP4)."""
         return [f"weight{i}" for i in range(self.num_gemms)]
 
+    def _apply(self, fn, recurse=True):
+        # a move or cast gives each weight its own storage: put them back into one (see pack_weights)
+        module = super()._apply(fn, recurse)
+        self.pack_weights()
+        return module
+
+    def pack_weights(self) -> bool:
+        """Keep the expert weights as consecutive slices of one (E, N, K) storage (the Parameter objects
+        stay the same; their ``.data`` moves), so the grouped path quantizes them all in place in one call
+        (:func:`nvfp4lab.functional.quantize_grouped_weights`). Done at construction and after every
+        ``.to()`` / ``.cuda()`` / ``.half()``; returns False (and changes nothing) for weights that
+        are not plain tensors of one device and dtype (e.g. FSDP2's DTensors) or on the meta device."""
+        weights = self.weights
+        if any(type(w) is not nn.Parameter or w.is_meta for w in weights):
+            return False
+        if F.packed_weights(weights) is not None:
+            return True
+        w0 = weights[0]
+        if any(w.device != w0.device or w.dtype != w0.dtype or w.shape != w0.shape for w in weights):
+            return False
+        with torch.no_grad():
+            packed = torch.stack([w.detach() for w in weights])
+            for w, part in zip(weights, packed):
+                w.data = part
+        self.clear_weight_cache()
+        return True
+
     @property
     def weights(self) -> list:
         return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
@@ -229,14 +260,41 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
             return F.grouped_linear_high_precision(x, m_splits, [_high_precision_weight(w) for w in self.weights],
                                                    self.biases)
         need_columnwise = self._needs_weight_columnwise(x)
-        quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(self.weights)]
-        stacked = None
-        if any(q is None for q in quantized):
-            quantized = None
-        elif isinstance(self.recipe, NVFP4Recipe) and self.recipe.backward == "quantized":
-            stacked = self._stacked_weights(quantized, need_columnwise)
-        return F.grouped_linear(x, m_splits, self.weights, self.biases, recipe=self.recipe, quantized_weights=quantized,
+        weights = self.weights
+        recipe = self.recipe
+        stacked = quantized = None
+        biases = self.biases
+        if (isinstance(recipe, NVFP4Recipe) and recipe.backward == "quantized"
+                and not any(isinstance(w, NVFP4GatheredWeight) for w in weights)
+                and (biases[0] is None or all(b is not None and b.dtype == biases[0].dtype for b in biases))):
+            stacked = self._grouped_weights(weights, need_columnwise)
+        else:
+            quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(weights)]
+            if any(q is None for q in quantized):
+                quantized = None
+            elif isinstance(recipe, NVFP4Recipe) and recipe.backward == "quantized":
+                stacked = self._stacked_weights(quantized, need_columnwise)
+        return F.grouped_linear(x, m_splits, weights, biases, recipe=recipe, quantized_weights=quantized,
                                 stacked_weights=stacked, split_cache=self._split_layouts, backend=self.backend)
+
+    def _grouped_weights(self, weights: list, need_columnwise: bool) -> Optional[tuple]:
+        """The stacked quantized weights of all experts (:func:`nvfp4lab.functional.quantize_grouped_weights`),
+        cached while no weight changed; None where the cache is bypassed (the functional layer then
+        quantizes them inside the traced or captured call)."""
+        w0 = weights[0]
+        if _cache_bypassed(w0) or getattr(self, "_is_fsdp_managed_module", False):
+            return None
+        try:
+            versions = tuple((w.data_ptr(), w._version) for w in weights)
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+        key = (versions, tuple(w0.shape), w0.dtype, w0.device, self.recipe, self.backend)
+        entry = self._quantized_weights.get("grouped")
+        if entry is not None and entry[0] == key and (entry[1][1] is not None or not need_columnwise):
+            return entry[1]
+        stacked = F.quantize_grouped_weights(weights, self.recipe, columnwise=need_columnwise, backend=self.backend)
+        self._quantized_weights["grouped"] = (key, stacked)
+        return stacked
 
     def _stacked_weights(self, quantized: list, need_columnwise: bool) -> tuple:
         """The experts' cached quantized weights stacked for the grouped GEMMs ((E, N, K) rowwise,

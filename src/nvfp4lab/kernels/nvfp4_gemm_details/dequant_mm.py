@@ -54,11 +54,13 @@ def grouped_epilogue_kernel(
     M, N, num_experts, stride_om, stride_on, inv_e,
     A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
     ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFT_BF16: tl.constexpr = False, EPI_PR3045: tl.constexpr = False,
+    SOFT_BF16: tl.constexpr = False, EPI_PR3045: tl.constexpr = False, A_AMAX_EXPERT: tl.constexpr = False,
+    EXPERT_ROWS: tl.constexpr = 0,
 ):
     """The epilogue over the fp32 product (M, N) of every expert at once: row r belongs to the expert
-    e with offs[e-1] <= r < offs[e] (``offs``: the E cumulative row ends), whose amax (B_AMAX_MODE 1:
-    per expert, 2: per row of B (E*N,)) and bias (BIAS_MODE 2: (E, N)) it takes. Per element the
+    e with offs[e-1] <= r < offs[e] (``offs``: the E cumulative row ends), or e = r // EXPERT_ROWS when
+    EXPERT_ROWS > 0 (``offs`` unused), whose amax (B_AMAX_MODE 1: per expert, 2: per row of B (E*N,);
+    A_AMAX_EXPERT: A's per expert) and bias (BIAS_MODE 2: (E, N)) it takes. Per element the
     arithmetic of the dense epilogue with that expert's operands."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,12 +68,17 @@ def grouped_epilogue_kernel(
     mask_n = offs_n < N
     rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
     cols = tl.where(mask_n, offs_n, 0).to(tl.int64)
-    expert = tl.zeros((BLOCK_M,), dtype=tl.int64)
-    for e in range(0, num_experts - 1):  # rows at or past an expert's end belong to a later one
-        expert += (rows_a >= tl.load(offs_ptr + e).to(tl.int64)).to(tl.int64)
+    if EXPERT_ROWS > 0:
+        expert = rows_a // EXPERT_ROWS
+    else:
+        expert = tl.zeros((BLOCK_M,), dtype=tl.int64)
+        for e in range(0, num_experts - 1):  # rows at or past an expert's end belong to a later one
+            expert += (rows_a >= tl.load(offs_ptr + e).to(tl.int64)).to(tl.int64)
     mask = mask_m[:, None] & mask_n[None, :]
     acc = tl.load(acc_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
-    if A_AMAX_ROWS:
+    if A_AMAX_EXPERT:
+        amax_a = tl.load(a_amax_ptr + expert)
+    elif A_AMAX_ROWS:
         amax_a = tl.load(a_amax_ptr + rows_a)
     else:
         amax_a = tl.load(a_amax_ptr + tl.zeros((BLOCK_M,), dtype=tl.int32))
@@ -162,4 +169,34 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
     spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:6]], args[9:11])
     interpreted = not out.is_cuda or opt_flags.interpreting()
     _grouped_epilogue_launch(m, n, len(splits), tuple(flags.items()), interpreted, spec)(*args)
+    return out
+
+
+def grouped_wgrad(parts, a_amax, b_amax, a_mode: int, b_mode: int, out, n_a: int, n_b: int, inv_e: float, config,
+                  decode: int, pr3045: bool = False) -> torch.Tensor:
+    """Experts' products over their own contraction length (MoE weight gradients): ``out`` (E, n_a, n_b)
+    gets out[e] = A_e @ B_e^T for ``parts[e]`` = (A_e, B_e) operands (n_a, m_e) and (n_b, m_e), or None
+    for an empty expert (zeros). Per expert both operands expanded in one launch and one fp32-output
+    cuBLAS GEMM into its rows of a shared fp32 buffer; one epilogue over all rows (expert = row // n_a),
+    A's amax per expert (``a_mode`` 1) or per row (2), B's per expert (``b_mode`` 1) or per (expert,
+    row of B) (2)."""
+    num = len(parts)
+    acc = torch.empty((num * n_a, n_b), dtype=torch.float32, device=out.device)
+    for e, pair in enumerate(parts):
+        rows = acc[e * n_a:(e + 1) * n_a]
+        if pair is None:
+            rows.zero_()
+            continue
+        a_e, b_e = pair
+        a16, b16 = _expand_both(a_e, b_e, a_e.data.shape[1] * 2, config, decode)
+        _mm_f32(a16, b16, out=rows)
+        del a16, b16
+    out2 = out.view(num * n_a, n_b)
+    flags = dict(A_AMAX_ROWS=a_mode == 2, B_AMAX_MODE=b_mode, BIAS_MODE=0, ACCUMULATE=False,
+                 OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045,
+                 A_AMAX_EXPERT=a_mode == 1, EXPERT_ROWS=n_a)
+    args = (acc, a_amax, b_amax, a_amax, out2, a_amax, num * n_a, n_b, num, out2.stride(0), out2.stride(1), inv_e)
+    spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:6]], args[9:11])
+    interpreted = not out.is_cuda or opt_flags.interpreting()
+    _grouped_epilogue_launch(num * n_a, n_b, num, tuple(flags.items()), interpreted, spec)(*args)
     return out
