@@ -781,10 +781,14 @@ def test_grouped_wgrad_equals_per_expert_gemms(amax_a, amax_b, dequant, device):
 
     a_data, a_scale, a_amax = bulk(a_list, n_a)
     b_data, b_scale, b_amax = bulk(b_list, n_b)
-    config = G.GemmConfig(32, 32, 64, dequant_mm=True) if dequant else G.GemmConfig(32, 32, 64, 4, 4, 1)
-    for out_dtype in (torch.float32, torch.bfloat16):
+    offs = torch.tensor([0] + sizes, device=device).cumsum(0)
+    configs = {True: {torch.float32: G.GemmConfig(32, 32, 64, dequant_mm=True),  # split-K expansion: partial tiles
+                      torch.bfloat16: G.GemmConfig(32, 32, 128, dequant_mm=True)},
+               False: {dt: G.GemmConfig(32, 32, 64, 4, 4, 1) for dt in (torch.float32, torch.bfloat16)}}
+    for out_dtype, config in configs[dequant].items():
         out = poisoned((len(sizes), n_a, n_b), out_dtype, device)
-        G.grouped_wgrad(a_data, a_scale, a_amax, 448.0, b_data, b_scale, b_amax, 448.0, sizes, n_a, n_b, out, config=config)
+        G.grouped_wgrad(a_data, a_scale, a_amax, 448.0, b_data, b_scale, b_amax, 448.0, offs, sizes, n_a, n_b, out,
+                        config=config)
         for e, m in enumerate(sizes):
             if m == 0:
                 assert torch.equal(out[e], torch.zeros_like(out[e]))
@@ -792,7 +796,7 @@ def test_grouped_wgrad_equals_per_expert_gemms(amax_a, amax_b, dequant, device):
                 assert_equal(out[e], gemm(a_list[e], b_list[e], "ref", out_dtype=out_dtype))
     if device == "cuda":  # the default path (cuBLAS on expanded operands where the shape asks for it)
         out = poisoned((len(sizes), n_a, n_b), torch.float32, device)
-        G.grouped_wgrad(a_data, a_scale, a_amax, 448.0, b_data, b_scale, b_amax, 448.0, sizes, n_a, n_b, out)
+        G.grouped_wgrad(a_data, a_scale, a_amax, 448.0, b_data, b_scale, b_amax, 448.0, offs, sizes, n_a, n_b, out)
         for e, m in enumerate(sizes):
             if m:
                 assert_equal(out[e], gemm(a_list[e], b_list[e], "ref", out_dtype=torch.float32))

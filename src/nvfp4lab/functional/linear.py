@@ -83,15 +83,21 @@ def transposed_operand(t: NVFP4Tensor) -> NVFP4Tensor:
                                   rowwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax))
 
 
+def _replaced(config, **changes):
+    """``dataclasses.replace`` of a frozen config, built and validated once per (config, changes) in
+    eager mode (dynamo traces the build, not the cache)."""
+    if torch.compiler.is_compiling():
+        return dataclasses.replace(config, **changes)
+    return _replaced_cached(config, tuple(changes.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _replaced_cached(config, changes: tuple):
+    return dataclasses.replace(config, **dict(changes))
+
+
 def _transposed_config(config):
-    if torch.compiler.is_compiling():  # dynamo traces the build, not the cache
-        return dataclasses.replace(config, rowwise=True, columnwise=False, rht=False)
-    return _transposed_config_cached(config)
-
-
-@functools.lru_cache(maxsize=1024)
-def _transposed_config_cached(config):
-    return dataclasses.replace(config, rowwise=True, columnwise=False, rht=False)
+    return _replaced(config, rowwise=True, columnwise=False, rht=False)
 
 
 def _tensor_config(recipe, tensor: str, rowwise: bool, columnwise: bool):
@@ -308,7 +314,7 @@ def quantize_grouped_weights(weights: Sequence[torch.Tensor], recipe=None, *, co
         stacked_hp = torch.stack([w.detach() for w in weights])
     sizes, offsets = _WEIGHT_SPLITS.get((n,) * num, stacked_hp.device).quantized_splits(False)
     bulk = ops.quantize_nvfp4_grouped_bulk(stacked_hp.reshape(num * n, k), list(sizes), split_offsets=offsets,
-                                           config=_compact_config(config), backend=backend)
+                                           config=_replaced(config, scale_layout="compact"), backend=backend)
     row_config = _stack_config(config)
     rowwise = NVFP4Tensor.from_parts(torch.Size((num, n, k)), bulk.dtype, row_config,
                                      rowwise=(bulk.rowwise_data, bulk.rowwise_scale, bulk.rowwise_amax))
@@ -322,20 +328,9 @@ def quantize_grouped_weights(weights: Sequence[torch.Tensor], recipe=None, *, co
     return rowwise, col
 
 
-def _compact_config(config):
-    if torch.compiler.is_compiling():
-        return dataclasses.replace(config, scale_layout="compact")
-    return _compact_config_cached(config)
-
-
-@functools.lru_cache(maxsize=1024)
-def _compact_config_cached(config):
-    return dataclasses.replace(config, scale_layout="compact")
-
-
 def _stack_config(config):
     """The config :func:`nvfp4lab.moe.stack_weights` gives a stack of tensors with ``config``."""
-    return dataclasses.replace(config, scale_layout="compact", rowwise=True, columnwise=False)
+    return _replaced(config, scale_layout="compact", rowwise=True, columnwise=False)
 
 
 def _grouped_applies(recipe, m_splits, biases) -> bool:
@@ -446,7 +441,7 @@ _WEIGHT_SPLITS = SplitLayoutCache(max_entries=16)  # the experts' row offsets pe
 
 
 def _grouped_quantize(recipe, tensor: str, x2, sizes, offsets, *, rowwise: bool, columnwise: bool, backend):
-    config = dataclasses.replace(recipe.tensor_config(tensor, rowwise=rowwise, columnwise=columnwise), scale_layout="compact")
+    config = _replaced(_tensor_config(recipe, tensor, rowwise, columnwise), scale_layout="compact")
     return ops.quantize_nvfp4_grouped_bulk(x2, list(sizes), split_offsets=offsets, config=config, backend=backend)
 
 
@@ -458,8 +453,8 @@ def _token_operand(bulk) -> NVFP4Tensor:
         amax = bulk.rowwise_amax
     else:
         amax = torch.repeat_interleave(bulk.rowwise_amax, bulk.split_offsets.diff(), output_size=m)
-    config = dataclasses.replace(bulk.config, rowwise=True, columnwise=False, per_token=True, rht=False,
-                                 block="1x16", scale_layout="compact")
+    config = _replaced(bulk.config, rowwise=True, columnwise=False, per_token=True, rht=False, block="1x16",
+                       scale_layout="compact")
     return NVFP4Tensor.from_parts(torch.Size((m, k)), bulk.dtype, config,
                                   rowwise=(bulk.rowwise_data, bulk.rowwise_scale, amax))
 
@@ -491,7 +486,7 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
     saved = [None] * 7
     if any_wgrad:
         saved[0:4] = [qx.split_offsets, qx.columnwise_data, qx.columnwise_scale, qx.columnwise_amax]
-        meta["x_meta"] = (qx.shape, qx.dtype, dataclasses.replace(qx.config, rowwise=False))
+        meta["x_meta"] = (qx.shape, qx.dtype, _replaced(qx.config, rowwise=False))
     if need_dgrad:
         w = stacked[1]
         saved[4:7] = [w.rowwise_data, w.rowwise_scale, w.rowwise_amax]

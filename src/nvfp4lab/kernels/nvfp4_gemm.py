@@ -194,11 +194,11 @@ def _amax_mode(amax: torch.Tensor, num: int, rows: int) -> int:
     return 1 if amax.numel() == num else 2
 
 
-def grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, splits, n_a, n_b, out,
+def grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, offs, splits, n_a, n_b, out,
                   pr3045=False, config=None, decode=None):
     """out[e] (n_a, n_b) = A_e @ B_e^T for bulk columnwise copies split alike (see :func:`_grouped_wgrad_op`);
-    ``config`` / ``decode`` as in :func:`run` (a dequant_mm config: the grouped expand + cuBLAS path;
-    another: one dense launch per expert)."""
+    ``config`` / ``decode`` as in :func:`run` (a dequant_mm config: one split-K expansion, per-expert cuBLAS,
+    one epilogue; another: one dense launch per expert)."""
     device = out.device
     num = len(splits)
     a_amax = a_amax.reshape(-1).to(torch.float32)
@@ -207,14 +207,11 @@ def grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_m
     if decode is None:
         decode = opt_flags.default_decode(device)
     config = opt_flags.resolve_config(config, n_a, n_b, max(splits), 1, False, False, device)
+    if config.dequant_mm:
+        return dequant_mm.grouped_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, offs, splits, a_mode, b_mode,
+                                        out, n_a, n_b, gemm_inv(e_max_a, e_max_b), config, decode, pr3045=bool(pr3045))
     a_parts = _wgrad_parts(a_data, a_scale, n_a, splits)
     b_parts = _wgrad_parts(b_data, b_scale, n_b, splits)
-    if config.dequant_mm:
-        parts = [None if pa is None else (operand(pa[0], pa[1], "compact", a_amax, 2 * pa[0].shape[1]),
-                                          operand(pb[0], pb[1], "compact", b_amax, 2 * pb[0].shape[1]))
-                 for pa, pb in zip(a_parts, b_parts)]
-        return dequant_mm.grouped_wgrad(parts, a_amax, b_amax, a_mode, b_mode, out, n_a, n_b,
-                                        gemm_inv(e_max_a, e_max_b), config, decode, pr3045=bool(pr3045))
     for e, (pa, pb) in enumerate(zip(a_parts, b_parts)):
         if pa is None:
             out[e].zero_()
@@ -231,18 +228,20 @@ def grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_m
 def _grouped_wgrad_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, e_max_b: float,
-    splits: List[int], n_a: int, n_b: int, out_dtype: torch.dtype, pr3045: bool = False,
+    offs: torch.Tensor, splits: List[int], n_a: int, n_b: int, out_dtype: torch.dtype, pr3045: bool = False,
 ) -> torch.Tensor:
     """(E, n_a, n_b) with out[e] = A_e @ B_e^T: A, B the bulk columnwise copies of two grouped tensors
-    split alike (``splits``, host sizes, multiples of 16): flat data (rows * M / 2,) and compact scales
-    (rows * M / 16,), split e a (rows, m_e) matrix; amax (E,) per split or (E, rows) per row."""
+    split alike (``offs`` their int64 (E + 1,) device split offsets, ``splits`` the host sizes, multiples
+    of 16): flat data (rows * M / 2,) and compact scales (rows * M / 16,), split e a (rows, m_e) matrix;
+    amax (E,) per split or (E, rows) per row."""
     out = torch.empty((len(splits), n_a, n_b), dtype=out_dtype, device=a_data.device)
-    return grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, splits, n_a, n_b, out,
-                         pr3045)
+    return grouped_wgrad(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, offs, splits, n_a, n_b,
+                         out, pr3045)
 
 
 @_grouped_wgrad_op.register_fake
-def _(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, splits, n_a, n_b, out_dtype, pr3045=False):
+def _(a_data, a_scale, a_amax, e_max_a, b_data, b_scale, b_amax, e_max_b, offs, splits, n_a, n_b, out_dtype,
+      pr3045=False):
     return a_data.new_empty((len(splits), n_a, n_b), dtype=out_dtype)
 
 
@@ -252,7 +251,7 @@ def nvfp4_grouped_wgrad(a, b, splits, *, out_dtype=torch.bfloat16):
     n_a, n_b = int(a.shape[-1]), int(b.shape[-1])
     return _grouped_wgrad_op(a.columnwise_data, a.columnwise_scale, a.columnwise_amax, float(a.config.e4m3_max),
                              b.columnwise_data, b.columnwise_scale, b.columnwise_amax, float(b.config.e4m3_max),
-                             [int(s) for s in splits], n_a, n_b, out_dtype, _pr3045(a, b))
+                             a.split_offsets, [int(s) for s in splits], n_a, n_b, out_dtype, _pr3045(a, b))
 
 
 def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, config=None, decode=None, splits=None):

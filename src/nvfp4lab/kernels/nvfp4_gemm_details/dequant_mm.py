@@ -17,12 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ...layout import cdiv
+from ...layout import cdiv, roundup
 from ..formats import soft_bf16_loads, to_f32
 from ..launch import Launch, aligned
 from . import opt_flags
 from .common import epilogue, finish
-from .fused import expand
+from .fused import expand, expand_split_k
 
 
 @triton.jit
@@ -172,25 +172,27 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
     return out
 
 
-def grouped_wgrad(parts, a_amax, b_amax, a_mode: int, b_mode: int, out, n_a: int, n_b: int, inv_e: float, config,
-                  decode: int, pr3045: bool = False) -> torch.Tensor:
+def grouped_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, offs, splits, a_mode: int, b_mode: int, out,
+                  n_a: int, n_b: int, inv_e: float, config, decode: int, pr3045: bool = False) -> torch.Tensor:
     """Experts' products over their own contraction length (MoE weight gradients): ``out`` (E, n_a, n_b)
-    gets out[e] = A_e @ B_e^T for ``parts[e]`` = (A_e, B_e) operands (n_a, m_e) and (n_b, m_e), or None
-    for an empty expert (zeros). Per expert both operands expanded in one launch and one fp32-output
-    cuBLAS GEMM into its rows of a shared fp32 buffer; one epilogue over all rows (expert = row // n_a),
-    A's amax per expert (``a_mode`` 1) or per row (2), B's per expert (``b_mode`` 1) or per (expert,
-    row of B) (2)."""
-    num = len(parts)
+    gets out[e] = A_e @ B_e^T for the bulk copies split along K (split e: A_e (n_a, m_e), B_e (n_b, m_e);
+    ``offs`` the device split offsets (E + 1,), ``splits`` the same sizes on the host). Both operands
+    expanded in one launch (:func:`.fused.expand_split_k`), one fp32-output cuBLAS GEMM per non-empty
+    expert into its rows of a shared fp32 buffer (zeros for empty ones), one epilogue over all rows
+    (expert = row // n_a): A's amax per expert (``a_mode`` 1) or per row (2), B's per expert
+    (``b_mode`` 1) or per (expert, row of B) (2)."""
+    num = len(splits)
+    a16, b16, starts = expand_split_k(a_data, a_scale, n_a, b_data, b_scale, n_b, offs, splits, config.block_k,
+                                      opt_flags.expand_decode(decode, config.block_k))
     acc = torch.empty((num * n_a, n_b), dtype=torch.float32, device=out.device)
-    for e, pair in enumerate(parts):
+    for e, (m_e, col) in enumerate(zip(splits, starts)):
         rows = acc[e * n_a:(e + 1) * n_a]
-        if pair is None:
+        if m_e == 0:
             rows.zero_()
-            continue
-        a_e, b_e = pair
-        a16, b16 = _expand_both(a_e, b_e, a_e.data.shape[1] * 2, config, decode)
-        _mm_f32(a16, b16, out=rows)
-        del a16, b16
+        else:
+            width = roundup(m_e, config.block_k)
+            _mm_f32(a16[:, col:col + width], b16[:, col:col + width], out=rows)
+    del a16, b16
     out2 = out.view(num * n_a, n_b)
     flags = dict(A_AMAX_ROWS=a_mode == 2, B_AMAX_MODE=b_mode, BIAS_MODE=0, ACCUMULATE=False,
                  OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045,

@@ -300,6 +300,71 @@ def expand_kernel(
                      pid_r - a_tiles, pid_k, B_SWIZZLED, DECODE, BLOCK_R, BLOCK_K)
 
 
+@triton.jit
+def expand_split_k_kernel(
+    a_ptr, a_scale_ptr, a_out_ptr, a_rows, stride_ao,
+    b_ptr, b_scale_ptr, b_out_ptr, b_rows, stride_bo,
+    offs_ptr, num_splits, a_tiles, tab_lo,
+    DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Two bulk copies split along their contraction dim (split e of an operand with R rows: the (R, m_e)
+    matrix of codes at R * offs[e] / 2 bytes and compact scales at R * offs[e] / 16; ``offs``: the
+    (E + 1,) cumulative split offsets, each m_e a multiple of 16) -> fp16 (R, sum_e roundup(m_e, BLOCK_K)):
+    split e's :func:`expand_kernel` tiles in the columns after those of the splits before it. Column
+    tile ``pid_k`` finds its split by walking the offsets (A's row tiles first, then B's)."""
+    pid_r = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    tiles_before = tl.zeros((), dtype=tl.int64)
+    first_tile = tl.zeros((), dtype=tl.int64)
+    start = tl.zeros((), dtype=tl.int64)
+    size = tl.zeros((), dtype=tl.int64)
+    for e in range(0, num_splits):
+        lo = tl.load(offs_ptr + e).to(tl.int64)
+        hi = tl.load(offs_ptr + e + 1).to(tl.int64)
+        tiles = (hi - lo + BLOCK_K - 1) // BLOCK_K
+        hit = (pid_k >= tiles_before) & (pid_k < tiles_before + tiles)
+        first_tile = tl.where(hit, tiles_before, first_tile)
+        start = tl.where(hit, lo, start)
+        size = tl.where(hit, hi - lo, size)
+        tiles_before += tiles
+    local_k = pid_k - first_tile
+    if pid_r < a_tiles:
+        _expand_rows(a_ptr + a_rows * start // 2, a_scale_ptr + a_rows * start // 16, a_out_ptr + first_tile * BLOCK_K,
+                     a_rows, size, size // 2, size // 16, 0, stride_ao, tab_lo, pid_r, local_k, False, DECODE, BLOCK_R,
+                     BLOCK_K)
+    else:
+        _expand_rows(b_ptr + b_rows * start // 2, b_scale_ptr + b_rows * start // 16, b_out_ptr + first_tile * BLOCK_K,
+                     b_rows, size, size // 2, size // 16, 0, stride_bo, tab_lo, pid_r - a_tiles, local_k, False, DECODE,
+                     BLOCK_R, BLOCK_K)
+
+
+def expand_split_k(a_data, a_scale, a_rows: int, b_data, b_scale, b_rows: int, offs, splits, block_k: int,
+                   decode: int) -> tuple:
+    """FP16 q * s of two bulk copies split along K (see :func:`expand_split_k_kernel`), in one launch:
+    (a16 (a_rows, W), b16 (b_rows, W), column starts of the splits) with W = sum roundup(m_e, block_k)."""
+    starts, width = [], 0
+    for m_e in splits:
+        starts.append(width)
+        width += roundup(m_e, block_k)
+    device = a_data.device
+    a16 = torch.empty((a_rows, width), dtype=torch.float16, device=device)
+    b16 = torch.empty((b_rows, width), dtype=torch.float16, device=device)
+    if width:
+        args = (a_data, a_scale, a16, a_rows, width, b_data, b_scale, b16, b_rows, width, offs, len(splits),
+                cdiv(a_rows, opt_flags.EXPAND_ROWS), TAB_LO)
+        spec = (device, offs.dtype, *(aligned(t) for t in (a_data, a_scale, b_data, b_scale, offs)))
+        _expand_split_k_launch(a_rows, b_rows, width // block_k, block_k, decode, spec)(*args)
+    return a16, b16, starts
+
+
+@functools.lru_cache(maxsize=4096)
+def _expand_split_k_launch(a_rows: int, b_rows: int, k_tiles: int, block_k: int, decode: int, spec) -> Launch:
+    """The split-K expansion's launch (``spec``: device, offsets dtype and alignments, part of the key only)."""
+    grid = (cdiv(a_rows, opt_flags.EXPAND_ROWS) + cdiv(b_rows, opt_flags.EXPAND_ROWS), k_tiles)
+    return Launch(expand_split_k_kernel, grid, dict(DECODE=decode, BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k,
+                                                    num_warps=4))
+
+
 @functools.lru_cache(maxsize=4096)
 def _expand_launch(a_rows: int, b_rows: int, k: int, block_k: int, decode: int, a_swizzled: bool, b_swizzled: bool,
                    spec) -> Launch:
