@@ -194,16 +194,19 @@ def test_linear_step_host_path(count):
 
 
 def test_traced_calls_go_through_the_dispatcher():
-    """make_fx with fake tensors records the custom ops (their fake implementations run; no kernel)."""
+    """make_fx with fake tensors records the custom ops (their fake implementations run; no kernel):
+    one op per quantize (amax pass and cast inside it), one per GEMM."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    def f(x):
+    def f(x, w):
         q = nvfp4lab.quantize_nvfp4(x, backend="triton", columnwise=True)
-        return q.rowwise_data, q.columnwise_scale
+        qw = nvfp4lab.quantize_nvfp4(w, backend="triton", rht=True, stochastic_rounding=True, seed=3)
+        return q.rowwise_data, q.columnwise_scale, nvfp4lab.nvfp4_gemm(q, qw, backend="triton")
 
-    graph = make_fx(f, tracing_mode="fake")(torch.randn(32, 64, dtype=torch.bfloat16))
-    targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
-    assert any("nvfp4lab" in t for t in targets), targets
+    graph = make_fx(f, tracing_mode="fake")(torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(48, 64))
+    targets = [str(node.target) for node in graph.graph.nodes
+               if node.op == "call_function" and str(node.target).startswith("nvfp4lab.")]
+    assert targets == ["nvfp4lab.nvfp4_quantize.default"] * 2 + ["nvfp4lab.nvfp4_gemm.default"], targets
 
 
 def test_tracing_rules():
