@@ -117,15 +117,16 @@ def test_dequantize_gemm_host_path(count, name, call, max_launches):
 
 
 def test_gemm_eager_plan_skips_the_op_wrapper(count, monkeypatch):
-    """An eager nvfp4_gemm without out launches from its cached plan: the custom op's Python wrapper
-    (and the generic launcher behind it) is not called."""
+    """An eager nvfp4_gemm without out launches from its cached plan: neither the custom op's Python
+    wrapper nor the generic launcher is called."""
     from nvfp4lab.kernels import nvfp4_gemm as G
 
     q = nvfp4lab.quantize_nvfp4(torch.randn(32, 64, dtype=torch.bfloat16), backend="triton")
     w = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), backend="triton")
     wrapped = []
-    real = G._gemm_op.impl
-    monkeypatch.setattr(G._gemm_op, "impl", lambda *args: wrapped.append(1) or real(*args))
+    real_impl, real_launch = G._gemm_op.impl, G._launch
+    monkeypatch.setattr(G._gemm_op, "impl", lambda *args: wrapped.append("op") or real_impl(*args))
+    monkeypatch.setattr(G, "_launch", lambda *args, **kwargs: wrapped.append("_launch") or real_launch(*args, **kwargs))
     launches, _, _ = count(lambda: nvfp4lab.nvfp4_gemm(q, w, backend="triton"))
     assert launches == ["nvfp4_gemm_kernel"] and wrapped == []
 
