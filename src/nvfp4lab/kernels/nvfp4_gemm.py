@@ -296,8 +296,11 @@ def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulat
     through a plan cached per operand kinds (:class:`_EagerGemm`): eager ones directly, traced ones
     through the custom op, whose implementation runs the same plan."""
     if out is None:
-        args = (*operand_args(a), *operand_args(b), bias, a.k, out_dtype, _pr3045(a, b))
-        if tracing(a.rowwise_data):
+        ac, bc = a.config, b.config  # operand_args and _pr3045 inline (the eager host path)
+        args = (a.rowwise_data, a.rowwise_scale, a.rowwise_amax, ac.scale_layout, ac.e4m3_max, b.rowwise_data,
+                b.rowwise_scale, b.rowwise_amax, bc.scale_layout, bc.e4m3_max, bias, a.shape[-1], out_dtype,
+                ac.numerics == "te_pr3045" and bc.numerics == "te_pr3045")
+        if tracing(args[0]):
             return _gemm_op.op(*args)
         return _dense_gemm(*args)
     _gemm_out_op(*operand_args(a), *operand_args(b), bias, a.k, out, bool(accumulate), _pr3045(a, b))
