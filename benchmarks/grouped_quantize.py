@@ -33,16 +33,16 @@ def bench(fn) -> float:
 
 
 def parts_us(x, offsets, config):
-    """(amax us, cast us) of the grouped op (offsets given) or of the whole-tensor op (offsets None)."""
+    """(amax us, cast us) of the grouped ops (offsets given) or of the whole-tensor passes (offsets None)."""
     modes = (kq.AMAX_TENSOR, kq.AMAX_TENSOR)
     if offsets is None:
-        amax = lambda: kq.nvfp4_amax(x, *modes, 0)  # noqa: E731
+        amax = lambda: kq.compute_amax(x, *modes, 0)  # noqa: E731
     else:
         amax = lambda: gq.nvfp4_grouped_amax(x, offsets, gq.G_SPLIT, gq.G_SPLIT, 0)  # noqa: E731
     row_amax, col_amax, *group_split = amax()
     args = (row_amax, col_amax, None, 0, True, True, False, False, -1, 0, config.e4m3_max, False)
     if offsets is None:
-        cast = lambda: kq.nvfp4_quantize_cast(x, *args, "compact")  # noqa: E731
+        cast = lambda: kq.cast_outputs(x, *args, "compact")  # noqa: E731
     else:
         cast = lambda: gq.nvfp4_grouped_quantize_cast(x, offsets, group_split[0], *args)  # noqa: E731
     return bench(graphed(amax)), bench(graphed(cast))

@@ -97,13 +97,13 @@ def cast_only_fn(x, config, tile):
         config.per_token, config.rht_sign_mask if config.rht else -1, kq.FOUR_OVER_SIX_CODES[config.four_over_six],
         config.e4m3_max, config.stochastic_rounding, config.scale_layout,
     )
-    return lambda: kq.nvfp4_quantize_cast(*args, **tile)
+    return lambda: kq.cast_outputs(*args, **tile)
 
 
 def amax_only_fn(x, config, tile):
     row_mode, col_mode = kq.amax_modes(config, None, None)
     mask = config.rht_sign_mask if config.rht else 0
-    return lambda: kq.nvfp4_amax(x, row_mode, col_mode, mask, **tile)
+    return lambda: kq.compute_amax(x, row_mode, col_mode, mask, **tile)
 
 
 def run_one(name, m, k, copy_cache, baseline, compiled_refs, tile):

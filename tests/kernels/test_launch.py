@@ -117,15 +117,16 @@ def test_dequantize_gemm_host_path(count, name, call, max_launches):
 
 
 def test_gemm_eager_plan_skips_the_op_wrapper(count, monkeypatch):
-    """An eager nvfp4_gemm without out launches from its cached plan: the custom op's Python wrapper
-    (and the generic launcher behind it) is not called."""
+    """An eager nvfp4_gemm without out launches from its cached plan: neither the custom op's Python
+    wrapper nor the generic launcher is called."""
     from nvfp4lab.kernels import nvfp4_gemm as G
 
     q = nvfp4lab.quantize_nvfp4(torch.randn(32, 64, dtype=torch.bfloat16), backend="triton")
     w = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), backend="triton")
     wrapped = []
-    real = G._gemm_op.impl
-    monkeypatch.setattr(G._gemm_op, "impl", lambda *args: wrapped.append(1) or real(*args))
+    real_impl, real_launch = G._gemm_op.impl, G._launch
+    monkeypatch.setattr(G._gemm_op, "impl", lambda *args: wrapped.append("op") or real_impl(*args))
+    monkeypatch.setattr(G, "_launch", lambda *args, **kwargs: wrapped.append("_launch") or real_launch(*args, **kwargs))
     launches, _, _ = count(lambda: nvfp4lab.nvfp4_gemm(q, w, backend="triton"))
     assert launches == ["nvfp4_gemm_kernel"] and wrapped == []
 
@@ -195,16 +196,19 @@ def test_linear_step_host_path(count):
 
 
 def test_traced_calls_go_through_the_dispatcher():
-    """make_fx with fake tensors records the custom ops (their fake implementations run; no kernel)."""
+    """make_fx with fake tensors records the custom ops (their fake implementations run; no kernel):
+    one op per quantize (amax pass and cast inside it), one per GEMM."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    def f(x):
+    def f(x, w):
         q = nvfp4lab.quantize_nvfp4(x, backend="triton", columnwise=True)
-        return q.rowwise_data, q.columnwise_scale
+        qw = nvfp4lab.quantize_nvfp4(w, backend="triton", rht=True, stochastic_rounding=True, seed=3)
+        return q.rowwise_data, q.columnwise_scale, nvfp4lab.nvfp4_gemm(q, qw, backend="triton")
 
-    graph = make_fx(f, tracing_mode="fake")(torch.randn(32, 64, dtype=torch.bfloat16))
-    targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
-    assert any("nvfp4lab" in t for t in targets), targets
+    graph = make_fx(f, tracing_mode="fake")(torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(48, 64))
+    targets = [str(node.target) for node in graph.graph.nodes
+               if node.op == "call_function" and str(node.target).startswith("nvfp4lab.")]
+    assert targets == ["nvfp4lab.nvfp4_quantize.default"] * 2 + ["nvfp4lab.nvfp4_gemm.default"], targets
 
 
 def test_tracing_rules():

@@ -480,6 +480,31 @@ def test_custom_ops_trace_with_fake_impls():
     torch.library.opcheck(torch.ops.nvfp4lab.nvfp4_gemm.default, args, test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.mark.parametrize("a_kind, b_kind, out_dtype", [
+    (("tensor", "compact", 448.0), ("tensor", "swizzled", 448.0), torch.bfloat16),
+    (("token", "swizzled", 256.0), ("token", "padded", 448.0), torch.float32),
+])
+def test_compile_fullgraph_equals_eager_and_reference(a_kind, b_kind, out_dtype, monkeypatch):
+    """torch.compile (fullgraph, aot_eager: the op's implementation runs) gives the eager and the
+    reference GEMM's bits (exact operands), on the plan's path and, with a strided bias, the generic one."""
+    gen = torch.Generator().manual_seed(43)
+    a = exact_operand(48, 128, gen, amax=a_kind[0], layout=a_kind[1], e4m3_max=a_kind[2])
+    b = exact_operand(40, 128, gen, amax=b_kind[0], layout=b_kind[1], e4m3_max=b_kind[2])
+    bias = torch.randn(40, generator=gen)
+    generic, real_launch = [], G._launch
+    monkeypatch.setattr(G, "_launch", lambda *args, **kwargs: generic.append(1) or real_launch(*args, **kwargs))
+    fn = lambda x, y, bias_: G.nvfp4_gemm(x, y, out_dtype=out_dtype, bias=bias_)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    want = gemm(a, b, "ref", out_dtype=out_dtype, bias=bias)
+    assert_equal(fn(a, b, bias), want)
+    assert_equal(compiled(a, b, bias), want)
+    assert generic == []
+    strided_bias = torch.empty(80)[::2]  # the generic path (it makes the bias contiguous)
+    strided_bias.copy_(bias)
+    assert_equal(compiled(a, b, strided_bias), want)
+    assert generic == [1]
+
+
 def test_config_table_rows():
     """Every row of every GPU table: BLOCK_K a multiple of 64 (the decoder's tiling), powers of two."""
     for rows in opt_flags.CONFIGS.values():
@@ -729,8 +754,8 @@ def test_gpu_cuda_graph_and_compile():
 ])
 @pytest.mark.parametrize("path", ["fused", "dequant_mm"])
 def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtype, path, monkeypatch):
-    """An eager GEMM without ``out`` runs through a cached plan (G._EagerGemm): bit-equal to the generic
-    launcher (G.run) for every amax kind, scale layout, E, bias and output dtype, on the first call
+    """An eager GEMM without ``out`` runs through a cached plan (G._EagerGemm), as does the custom op:
+    bit-equal to the generic launcher (G.run) for every amax kind, scale layout, E, bias and output dtype, on the first call
     (plan built) and the second (plan reused), with a 2-D amax (reshaped per call) and with misaligned
     data and amax (a plan of their own: Triton specializes pointers on alignment); on the fused kernel's
     path (the interpreter's choice) and on the dequant_mm path (the GPU's for large problems)."""
@@ -747,6 +772,9 @@ def test_eager_plan_equals_the_generic_path(a_kind, b_kind, bias_dtype, out_dtyp
         assert_equal(G.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias), want)
     plan = next(iter(G._EAGER_GEMMS.values()))
     assert len(G._EAGER_GEMMS) == 1 and (plan.launch is not None) == (path == "fused")
+    # the custom op (a traced call's, here through the dispatcher) runs the same plan
+    assert_equal(G._gemm_op.op(*G.operand_args(a), *G.operand_args(b), bias, 128, out_dtype), want)
+    assert len(G._EAGER_GEMMS) == 1
     assert (plan.dequant is not None) == (path == "dequant_mm")
     a2 = dataclasses.replace(a, rowwise_amax=a.rowwise_amax.reshape(-1, 1))
     assert_equal(G.nvfp4_gemm(a2, b, out_dtype=out_dtype, bias=bias), want)

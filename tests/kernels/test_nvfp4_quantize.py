@@ -817,12 +817,69 @@ def test_conformance_shipped_subset():
     assert not failed, "\n".join(failed)
 
 
-def test_custom_ops_opcheck():
-    x = normal_input((32, 64), torch.bfloat16, seed=30)
-    torch.library.opcheck(kq.nvfp4_amax.op, (x, 1, 3, 0xD7E8), test_utils=("test_schema", "test_faketensor"))
-    amax = x.float().abs().amax().reshape(1)
-    args = (x, amax, amax, None, 5, True, True, False, False, 0xD7E8, 0, 448.0, True, "swizzled")
-    torch.library.opcheck(kq.nvfp4_quantize_cast.op, args, test_utils=("test_schema", "test_faketensor"))
+# Traced calls: the one op nvfp4lab::nvfp4_quantize. name -> (config kwargs, amaxes given: None, "tensor"
+# (one per-tensor amax) or "token" (both per-token vectors), SR seed)
+OP_CASES = {
+    "1x16-row": (dict(), None, None),
+    "1x16-rowcol": (dict(columnwise=True), None, None),  # one amax serves both copies: returned once
+    "1x16-col": (dict(rowwise=False, columnwise=True), None, None),
+    "16x16-rowcol-swizzled": (dict(block="16x16", columnwise=True, scale_layout="swizzled"), None, None),
+    "rht-sr-rowcol": (dict(columnwise=True, rht=True, stochastic_rounding=True), None, 5),
+    "pertoken-rowcol-padded": (dict(columnwise=True, per_token=True, scale_layout="padded"), None, None),  # (3, n) tables
+    "pr3045-rht-rowcol": (dict(columnwise=True, per_token=True, rht=True, numerics="te_pr3045"), None, None),
+    "4over6-rowcol": (dict(columnwise=True, four_over_six="mae"), None, None),
+    "1x16-rowcol-amax": (dict(columnwise=True), "tensor", None),
+    "pertoken-rowcol-amaxes": (dict(columnwise=True, per_token=True), "token", None),
+}
+
+
+def _op_case(name, seed_tensor=False):
+    """(x, config, quantize kwargs) of an OP_CASES entry; ``seed_tensor``: the SR seed as an int64 (1,)
+    device tensor (what a traced call on CUDA passes) instead of an int."""
+    kwargs, given, seed = OP_CASES[name]
+    x = make_input(kwargs, (32, 64), torch.bfloat16, seed=zlib.crc32(name.encode()) % 1000)
+    extra = {}
+    if given == "tensor":
+        extra["amax"] = x.float().abs().amax().reshape(1) * 2
+    elif given == "token":
+        extra = dict(amax=x.float().abs().amax(1) * 2, columnwise_amax=x.float().abs().amax(0) * 3)
+    if seed is not None:
+        extra["seed"] = torch.tensor([seed], dtype=torch.int64, device=DEV) if seed_tensor else seed
+    return x, NVFP4QuantConfig(**kwargs), extra
+
+
+def _op_args(x, config, extra):
+    seed = extra.get("seed", 0)
+    seed_tensor, seed = (seed, 0) if isinstance(seed, torch.Tensor) else (None, seed)
+    return (x, extra.get("amax"), extra.get("columnwise_amax"), seed_tensor, seed, *kq._config_fields(config))
+
+
+@pytest.mark.parametrize("name", list(OP_CASES))
+def test_quantize_op_opcheck(name):
+    """Schema (no output aliases an input) and fake implementation (exact shapes, dtypes, strides) of the
+    one traced op, for every kind of output: absent copies, the shared per-tensor amax, the per-token
+    tables' first rows, the caller's amaxes copied, the SR seed tensor."""
+    x, config, extra = _op_case(name, seed_tensor=True)
+    args = _op_args(x, config, extra)
+    torch.library.opcheck(kq.nvfp4_quantize.op, args, test_utils=("test_schema", "test_faketensor"))
+    outputs = kq.nvfp4_quantize.op(*args)
+    inputs = {t.untyped_storage().data_ptr() for t in args if isinstance(t, torch.Tensor)}
+    storages = [t.untyped_storage().data_ptr() for t in outputs if t.numel()]
+    assert len(set(storages)) == len(storages) and not inputs & set(storages), "an output aliases another tensor"
+
+
+@pytest.mark.parametrize("name", ["1x16-rowcol", "rht-sr-rowcol", "pertoken-rowcol-padded", "1x16-rowcol-amax"])
+def test_quantize_op_equals_eager(name):
+    """The op called directly (through the dispatcher) gives the eager container's tensors, bit for bit."""
+    x, config, extra = _op_case(name)
+    want = kq.quantize(x, config, **extra)
+    parts = kq.nvfp4_quantize.op(*_op_args(x, config, extra), poison=True)
+    for field, got in zip(FIELDS, parts):
+        expected = getattr(want, field)
+        if expected is None or (field == "columnwise_amax" and kq._shared_amax(config, extra.get("amax"), None)):
+            assert got.shape == (0,), field
+        else:
+            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), field
 
 
 @pytest.mark.parametrize("rht_sign_mask,four_over_six,sr,block_2d,per_token", [
@@ -832,27 +889,44 @@ def test_custom_ops_opcheck():
     (0xD7E8, 0, False, False, True),  # RHT with per-token amaxes
     (-1, 3, False, False, False),  # no such 4over6 mode
 ])
-def test_cast_op_rejects_combinations_no_recipe_has(rht_sign_mask, four_over_six, sr, block_2d, per_token, monkeypatch):
-    # the cast kernels implement only the recipes NVFP4QuantConfig accepts: a direct op call outside them
-    # is a ValueError before anything launches
+def test_cast_rejects_combinations_no_recipe_has(rht_sign_mask, four_over_six, sr, block_2d, per_token, monkeypatch):
+    # the cast kernels implement only the recipes NVFP4QuantConfig accepts: a direct call of the cast pass
+    # or of the op outside them is a ValueError before anything launches
     forbid_launches(monkeypatch, cast16_module, "cast16_kernel")
     forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel")
+    forbid_launches(monkeypatch, amax_module, "amax_kernel")
     x = normal_input((32, 64), torch.bfloat16, seed=33)
     amax = x.float().abs().amax().reshape(1)
     with pytest.raises(ValueError):
-        kq.nvfp4_quantize_cast(x, amax, amax, None, 0, True, True, block_2d, per_token, rht_sign_mask, four_over_six,
-                               448.0, sr, "compact")
+        kq.cast_outputs(x, amax, amax, None, 0, True, True, block_2d, per_token, rht_sign_mask, four_over_six,
+                        448.0, sr, "compact")
+    fields = ("16x16" if block_2d else "1x16", True, True, per_token, rht_sign_mask >= 0, max(rht_sign_mask, 0),
+              {0: None, 1: "mae", 2: "mse", 3: "mxe"}[four_over_six], 448.0, sr, "compact", "te_main")
+    with pytest.raises(ValueError):
+        kq.nvfp4_quantize.op(x, None, None, None, 0, *fields)
 
 
-def test_custom_ops_opcheck_per_token():
-    # the per-token tables are allocated and filled inside the cast op: schema and fake impl unchanged
-    x = normal_input((32, 64), torch.bfloat16, seed=32)
-    row_amax, col_amax = kq.nvfp4_amax(x, kq.AMAX_PER_TOKEN, kq.AMAX_PER_TOKEN, 0)
-    args = (x, row_amax, col_amax, None, 0, True, True, False, True, -1, 0, 448.0, False, "padded")
-    torch.library.opcheck(kq.nvfp4_quantize_cast.op, args, test_utils=("test_schema", "test_faketensor"))
+@pytest.mark.parametrize("name", list(OP_CASES))
+def test_compile_fullgraph_cpu(name):
+    """torch.compile (fullgraph, aot_eager: the op's implementation runs) gives the eager bits, and the
+    reference's for round-to-nearest recipes."""
+    x, config, extra = _op_case(name)
+
+    def fn(inp):
+        return kq.quantize(inp, config, **extra)
+
+    torch._dynamo.reset()  # one code object for every case: a fresh cache, no recompile limit
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(x)
+    assert isinstance(got, nvfp4lab.NVFP4Tensor)
+    assert_same(got, fn(x), "compiled vs eager")
+    if not config.stochastic_rounding:
+        assert_same(got, ref_nvfp4.quantize(x, config, amax=extra.get("amax"), columnwise_amax=extra.get("columnwise_amax")),
+                    "compiled vs reference")
+    if kq._shared_amax(config, extra.get("amax"), extra.get("columnwise_amax")):
+        assert got.columnwise_amax is got.rowwise_amax
 
 
-def test_compile_fullgraph_cpu():
+def test_compile_fullgraph_public_api_cpu():
     x = normal_input((32, 64), torch.bfloat16, seed=31)
 
     def fn(inp):

@@ -121,7 +121,7 @@ def test_amax_pass_per_column_of_the_fp32_rht(mask):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(16, 1024, generator=g).to(DEV)
     for tile in ({}, dict(block_m=16, block_k=16, num_warps=1)):
-        row, col = kq.nvfp4_amax(x, kq.AMAX_PER_TOKEN, kq.AMAX_PER_TOKEN_RHT, mask, **tile)
+        row, col = kq.compute_amax(x, kq.AMAX_PER_TOKEN, kq.AMAX_PER_TOKEN_RHT, mask, **tile)
         assert torch.equal(row.cpu(), x.abs().amax(1).cpu())
         assert torch.equal(col.cpu().view(torch.int32), apply_rht_fp32(x.t().cpu(), mask).abs().amax(1).view(torch.int32))
 

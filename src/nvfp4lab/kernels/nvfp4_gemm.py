@@ -107,11 +107,9 @@ def _gemm_op(
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
     bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype, pr3045: bool = False,
 ) -> torch.Tensor:
-    m, n = a_data.shape[0], b_data.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
-    return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, None, bias, out,
-                   m=m, n=n, k=k, num_experts=1, e_max_a=e_max_a, e_max_b=e_max_b, accumulate=False, grouped=False,
-                   pr3045=pr3045)
+    """``a @ b^T`` into a new (M, N) tensor through the eager calls' plan (:func:`_dense_gemm`)."""
+    return _dense_gemm(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias,
+                       k, out_dtype, pr3045)
 
 
 @_gemm_op.register_fake
@@ -279,24 +277,23 @@ def operand_args(t):
 
 # ------------------------------------------------------------------------------ eager plans
 class _EagerGemm:
-    """What an eager dense GEMM without ``out`` is fixed by its key (:func:`_eager_gemm`: both operands'
-    shapes, layouts, strides, amax kinds and E, the bias kind, the output dtype, the device, each
-    pointer's 16-byte alignment): the fused kernel's launch and its scalar arguments, so that a call only
+    """What a dense GEMM without ``out`` is fixed by its key (:func:`_dense_gemm`: both operands' shapes,
+    layouts, strides, amax kinds and E, the bias kind, the output dtype, the device, each pointer's
+    16-byte alignment): the fused kernel's launch and its scalar arguments, so that a call only
     allocates the output and launches. ``launch`` is None where the call takes another path (stream,
     B pre-decoded, an operand needing a copy): then :func:`_launch` runs it. On the dequant_mm path
     (``dequant``) the plan holds _launch's choices and the call prepares the operands."""
 
     __slots__ = ("launch", "dequant", "out_shape", "a_flat", "b_flat", "a_amax_fix", "b_amax_fix", "tail")
 
-    def __init__(self, a, b, bias, out_dtype, pr3045: bool, aligned_ptrs: tuple):
+    def __init__(self, ad, asc, aam, a_layout, e_max_a, bd, bsc, bam, b_layout, e_max_b, bias, k, out_dtype,
+                 pr3045: bool, aligned_ptrs: tuple):
         self.launch = self.dequant = None
-        ad, asc, aam = a.rowwise_data, a.rowwise_scale, a.rowwise_amax
-        bd, bsc, bam = b.rowwise_data, b.rowwise_scale, b.rowwise_amax
-        m, n, k, device = ad.shape[0], bd.shape[0], a.k, ad.device
+        m, n, device = ad.shape[0], bd.shape[0], ad.device
         if m * n * k == 0 or ad.stride(-1) != 1 or bd.stride(-1) != 1 or (bias is not None and not bias.is_contiguous()):
             return
-        a_op = operand(ad, asc, a.scale_layout, aam, k)
-        b_op = operand(bd, bsc, b.scale_layout, bam, k)
+        a_op = operand(ad, asc, a_layout, aam, k)
+        b_op = operand(bd, bsc, b_layout, bam, k)
         if any(not op.swizzled and op.scale is not raw for op, raw in ((a_op, asc), (b_op, bsc))):
             return  # a strided scale matrix is copied per call
         config = opt_flags.resolve_config(None, m, n, k, 1, False, False, device)
@@ -308,13 +305,13 @@ class _EagerGemm:
                      OUT_BF16=out_dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(device), EPI_PR3045=bool(pr3045))
         self.out_shape = (m, n)
         if config.dequant_mm:  # _launch's choices, made once; the operands are prepared per call
-            self.dequant = (config, opt_flags.default_decode(device), flags, gemm_inv(a.e4m3_max, b.e4m3_max), m, n, k)
+            self.dequant = (config, opt_flags.default_decode(device), flags, gemm_inv(e_max_a, e_max_b), m, n, k)
             return
         decode = opt_flags.fused_decode(opt_flags.default_decode(device), config)
         dtypes = (ad.dtype, a_op.scale.dtype, a_op.amax.dtype, bd.dtype, b_op.scale.dtype, b_op.amax.dtype,
                   (bias if bias is not None else a_op.amax).dtype, out_dtype, a_op.amax.dtype)
         self.tail = (m, n, k, ad.stride(0), a_op.scale_stride, a_op.cols4, bd.stride(0), b_op.scale_stride, b_op.cols4,
-                     n, 1, 1, gemm_inv(a.e4m3_max, b.e4m3_max), fused.TAB_LO)
+                     n, 1, 1, gemm_inv(e_max_a, e_max_b), fused.TAB_LO)
         # fused.gemm's key for these tensors (the output is new, so aligned; offs is a's amax)
         alignment = (*aligned_ptrs[:6], aligned_ptrs[6] if bias is not None else aligned_ptrs[2], True, aligned_ptrs[2])
         spec = (device, *zip(dtypes, alignment), self.tail[3:11])
@@ -329,31 +326,35 @@ class _EagerGemm:
 _EAGER_GEMMS: dict = {}
 
 
-def _eager_gemm(a, b, bias, out_dtype, pr3045: bool):
-    """``a @ b^T`` into a new tensor through a cached :class:`_EagerGemm`, or None when its key takes
-    another path (then the caller runs the generic one)."""
-    ad, asc, aam = a.rowwise_data, a.rowwise_scale, a.rowwise_amax
-    bd, bsc, bam = b.rowwise_data, b.rowwise_scale, b.rowwise_amax
+def _dense_gemm(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, bias, k,
+                out_dtype, pr3045=False):
+    """``a @ b^T`` into a new tensor (the arguments of :func:`_gemm_op`, which runs it): through a cached
+    :class:`_EagerGemm`, or :func:`_launch` where the plan says the call takes another path."""
+    ad, asc, aam, bd, bsc, bam = a_data, a_scale, a_amax, b_data, b_scale, b_amax
     # Triton specializes each pointer on its 16-byte alignment (split views of a bulk amax are not aligned)
     aligned_ptrs = (ad.data_ptr() & 15 == 0, asc.data_ptr() & 15 == 0, aam.data_ptr() & 15 == 0, bd.data_ptr() & 15 == 0,
                     bsc.data_ptr() & 15 == 0, bam.data_ptr() & 15 == 0, bias is None or bias.data_ptr() & 15 == 0)
-    key = (aligned_ptrs, a.shape, b.shape, a.config.scale_layout, b.config.scale_layout, a.config.e4m3_max, b.config.e4m3_max,
-           pr3045, out_dtype, ad.device, ad.dtype, ad.stride(), asc.dtype, asc.shape, asc.stride(), aam.dtype, aam.shape,
-           bd.dtype, bd.stride(), bsc.dtype, bsc.shape, bsc.stride(), bam.dtype, bam.shape,
+    key = (aligned_ptrs, k, a_layout, b_layout, e_max_a, e_max_b, pr3045, out_dtype, ad.device, ad.dtype, ad.shape,
+           ad.stride(), asc.dtype, asc.shape, asc.stride(), aam.dtype, aam.shape, bd.dtype, bd.shape, bd.stride(),
+           bsc.dtype, bsc.shape, bsc.stride(), bam.dtype, bam.shape,
            None if bias is None else (bias.dtype, bias.shape, bias.stride()))
     plan = _EAGER_GEMMS.get(key)
     if plan is None:
         if len(_EAGER_GEMMS) >= 4096:
             _EAGER_GEMMS.clear()
-        plan = _EAGER_GEMMS[key] = _EagerGemm(a, b, bias, out_dtype, pr3045, aligned_ptrs)
+        plan = _EAGER_GEMMS[key] = _EagerGemm(ad, asc, aam, a_layout, e_max_a, bd, bsc, bam, b_layout, e_max_b, bias, k,
+                                              out_dtype, pr3045, aligned_ptrs)
     launch = plan.launch
     if launch is None:
         if plan.dequant is None:
-            return None
+            m, n = ad.shape[0], bd.shape[0]
+            out = torch.empty((m, n), dtype=out_dtype, device=ad.device)
+            return _launch(ad, asc, a_layout, aam, bd, bsc, b_layout, bam, None, bias, out, m=m, n=n, k=k, num_experts=1,
+                           e_max_a=e_max_a, e_max_b=e_max_b, accumulate=False, grouped=False, pr3045=pr3045)
         config, decode, flags, inv_e, m, n, k = plan.dequant
         out = torch.empty(plan.out_shape, dtype=out_dtype, device=ad.device)
-        a_op = operand(ad, asc, a.config.scale_layout, aam, k)
-        b_op = operand(bd, bsc, b.config.scale_layout, bam, k)
+        a_op = operand(ad, asc, a_layout, aam, k)
+        b_op = operand(bd, bsc, b_layout, bam, k)
         return dequant_mm.gemm(a_op, b_op, bias if bias is not None else a_op.amax, out, flags, m, n, k, inv_e, config,
                                decode)
     out = torch.empty(plan.out_shape, dtype=out_dtype, device=ad.device)
@@ -372,15 +373,17 @@ def _eager_gemm(a, b, bias, out_dtype, pr3045: bool):
 # ------------------------------------------------------------------------------ Python wrappers
 def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulate=False):
     """``a @ b^T`` of two NVFP4Tensors' rowwise copies (checked by :func:`nvfp4lab.ops.nvfp4_gemm`,
-    which also handles M, N or K == 0). Writes ``out`` in place when given. Eager (untraced) calls
-    without ``out`` run through a plan cached per operand kinds (:class:`_EagerGemm`)."""
+    which also handles M, N or K == 0). Writes ``out`` in place when given. Calls without ``out`` run
+    through a plan cached per operand kinds (:class:`_EagerGemm`): eager ones directly, traced ones
+    through the custom op, whose implementation runs the same plan."""
     if out is None:
-        pr3045 = _pr3045(a, b)
-        if not tracing(a.rowwise_data):
-            result = _eager_gemm(a, b, bias, out_dtype, pr3045)
-            if result is not None:
-                return result
-        return _gemm_op(*operand_args(a), *operand_args(b), bias, a.k, out_dtype, pr3045)
+        ac, bc = a.config, b.config  # operand_args and _pr3045 inline (the eager host path)
+        args = (a.rowwise_data, a.rowwise_scale, a.rowwise_amax, ac.scale_layout, ac.e4m3_max, b.rowwise_data,
+                b.rowwise_scale, b.rowwise_amax, bc.scale_layout, bc.e4m3_max, bias, a.shape[-1], out_dtype,
+                ac.numerics == "te_pr3045" and bc.numerics == "te_pr3045")
+        if tracing(args[0]):
+            return _gemm_op.op(*args)
+        return _dense_gemm(*args)
     _gemm_out_op(*operand_args(a), *operand_args(b), bias, a.k, out, bool(accumulate), _pr3045(a, b))
     return out
 

@@ -1,12 +1,13 @@
 """NVFP4 quantize kernels: rowwise and columnwise outputs of every recipe from one read of x.
 
-Passes over x (M, K), each a ``torch.library`` custom op with a fake implementation
-(``torch.compile(fullgraph=True)`` and CUDA-graph capture work, no host sync):
+:func:`quantize` is one ``torch.library`` custom op, ``nvfp4lab::nvfp4_quantize``, with a fake implementation
+(``torch.compile(fullgraph=True)`` and CUDA-graph capture work, no host sync); eager and traced calls
+run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
 
-1. ``nvfp4_amax``, only for outer amaxes the caller did not supply: per tensor, per row (M,), per
-   column (K,), per tensor of the bf16 RHT output, or per column of PR 3045's fp32 RHT output
-   (``nvfp4_quantize_details.amax``).
-2. ``nvfp4_quantize_cast``, one read of x for both outputs (``nvfp4_quantize_details.cast``):
+1. the amax pass (:func:`compute_amax` alone), only for outer amaxes the caller did not supply: per
+   tensor, per row (M,), per column (K,), per tensor of the bf16 RHT output, or per column of PR 3045's
+   fp32 RHT output (``nvfp4_quantize_details.amax``).
+2. the cast (:func:`cast_outputs` alone), one read of x for both outputs (``nvfp4_quantize_details.cast``):
    * ``cast16_kernel`` (every recipe without 4over6): 16-row groups x 128 columns per one-warp
      program (four groups in a row when a plain columnwise output is written); per-token recipes
      first compute their global scales once per row and column (``pt_scales_kernel``); RHT in
@@ -78,7 +79,7 @@ from .nvfp4_quantize_details.cast import (
 )
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
-           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_amax", "nvfp4_quantize_cast", "quantize"]
+           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_quantize", "quantize"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
@@ -97,57 +98,43 @@ def _amax_launch(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: in
 
 
 def compute_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int, block_m: int = 0,
-                 block_k: int = 0, num_warps: int = 0, table_e6: float = 0.0):
-    """The outer amaxes of :func:`nvfp4_amax` (None for mode 0), in one launch. ``table_e6`` > 0 (both
-    modes per-token or none): each is returned as the (3, n) per-token table of the cast
-    (``pt_scales_kernel``'s layout; the amax is row 0)."""
+                 block_k: int = 0, num_warps: int = 0):
+    """The amax pass alone (benchmarks, tests; :func:`quantize` runs it through its plan): the outer
+    amaxes of x (M, K) for the two outputs as fp32 device tensors, None for mode 0, in one launch.
+
+    row_mode: 0 none, 1 per tensor (1,), 2 per row (M,).
+    col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,),
+    4 per column of PR 3045's fp32 RHT(x^T) (K,).
+    block_m, block_k, num_warps: an explicit tile (0: opt_flags' choice).
+    """
     m, k = x.shape
     row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
     # the amax of nothing is 0; per-token passes accumulate into their zeroed outputs (opt_flags.amax_direct)
-    zeroed = x.numel() == 0 or opt_flags.amax_direct(row_mode, col_mode, table_e6)
+    zeroed = x.numel() == 0 or opt_flags.amax_direct(row_mode, col_mode, 0.0)
     make = torch.zeros if zeroed else torch.empty
-    lead = (3,) if table_e6 else ()
-    row_amax = make(lead + (row_size,), dtype=torch.float32, device=x.device) if row_mode != AMAX_NONE else None
-    col_amax = make(lead + (col_size,), dtype=torch.float32, device=x.device) if col_mode != AMAX_NONE else None
+    row_amax = make((row_size,), dtype=torch.float32, device=x.device) if row_mode != AMAX_NONE else None
+    col_amax = make((col_size,), dtype=torch.float32, device=x.device) if col_mode != AMAX_NONE else None
     if x.numel() and (row_amax is not None or col_amax is not None):
-        amax_launch = _amax_launch(m, k, row_mode, col_mode, rht_sign_mask, table_e6, block_m, block_k, num_warps,
+        amax_launch = _amax_launch(m, k, row_mode, col_mode, rht_sign_mask, 0.0, block_m, block_k, num_warps,
                                    (x.device, x.dtype, aligned(x)))
         launch_amax(amax_launch, x, row_amax, col_amax, row_size if row_amax is not None else 0,
                     col_size if col_amax is not None else 0)
     return row_amax, col_amax
 
 
-def _or_empty(t: Optional[torch.Tensor], device, dtype=torch.float32) -> torch.Tensor:
-    return t if t is not None else torch.empty(0, dtype=dtype, device=device)
-
-
-@custom_op("nvfp4lab::nvfp4_amax", mutates_args=())
-def nvfp4_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int, block_m: int = 0,
-               block_k: int = 0, num_warps: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outer amax of x (M, K) for the two outputs, as fp32 device tensors (no host sync).
-
-    row_mode: 0 none (returns a (0,) tensor), 1 per tensor (1,), 2 per row (M,).
-    col_mode: 0 none, 1 per tensor (1,), 2 per column (K,), 3 per tensor of bf16(RHT(x^T)) (1,),
-    4 per column of PR 3045's fp32 RHT(x^T) (K,).
-    block_m, block_k, num_warps: an explicit tile (0: opt_flags' choice).
-    """
-    row_amax, col_amax = compute_amax(x, row_mode, col_mode, rht_sign_mask, block_m, block_k, num_warps)
-    return _or_empty(row_amax, x.device), _or_empty(col_amax, x.device)
-
-
-@nvfp4_amax.register_fake
-def _nvfp4_amax_fake(x, row_mode, col_mode, rht_sign_mask, block_m=0, block_k=0, num_warps=0):
-    m, k = x.shape
-    row_size, col_size = _amax_sizes(m, k, row_mode, col_mode)
-    return x.new_empty(row_size, dtype=torch.float32), x.new_empty(col_size, dtype=torch.float32)
-
-
 def cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask,
                  four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m=0, block_k=0, num_warps=0,
-                 poison=False, tables=False, pr3045=False) -> tuple:
-    """The outputs (row_data, row_scale, col_data, col_scale) of :func:`nvfp4_quantize_cast`, absent
-    ones None. ``tables``: the per-token amaxes are given as the cast's (3, n) tables (TE main's
-    numerics); ``pr3045``: PR 3045's numerics."""
+                 poison=False, pr3045=False) -> tuple:
+    """The cast pass alone (benchmarks, tests; :func:`quantize` runs it through its plan): quantize x
+    (M, K) with the given fp32 outer amaxes into (row_data, row_scale, col_data, col_scale), absent
+    ones None.
+
+    rht_sign_mask < 0 means no RHT. four_over_six: 0 off, 1 MAE, 2 MSE. stochastic_rounding takes
+    ``seed_tensor`` (int64 (1,) on x.device, read inside the kernel) when given, else the int ``seed``.
+    block_m, block_k, num_warps: an explicit tile (0: opt_flags' choice). poison: fill the outputs
+    with 0xFF before the kernels write them (tests). pr3045: PR 3045's numerics (per_token casts only;
+    with RHT its fp32 transform). Combinations no recipe has are a ValueError.
+    """
     m, k = x.shape
     dev = x.device
     row_data = uninitialized((m, k // 2), dev, poison) if rowwise else None
@@ -158,52 +145,8 @@ def cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, 
     if x.numel():
         launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
                     rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m=block_m,
-                    block_k=block_k, num_warps=num_warps, tables=tables, pr3045=pr3045)
+                    block_k=block_k, num_warps=num_warps, pr3045=pr3045)
     return outputs
-
-
-@custom_op("nvfp4lab::nvfp4_quantize_cast", mutates_args=())
-def nvfp4_quantize_cast(
-    x: torch.Tensor,
-    row_amax: Optional[torch.Tensor],
-    col_amax: Optional[torch.Tensor],
-    seed_tensor: Optional[torch.Tensor],
-    seed: int,
-    rowwise: bool,
-    columnwise: bool,
-    block_2d: bool,
-    per_token: bool,
-    rht_sign_mask: int,
-    four_over_six: int,
-    e4m3_max: float,
-    stochastic_rounding: bool,
-    scale_layout: str,
-    block_m: int = 0,
-    block_k: int = 0,
-    num_warps: int = 0,
-    poison: bool = False,
-    pr3045: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Quantize x (M, K) with the given outer amaxes; returns (row_data, row_scale, col_data, col_scale).
-
-    Absent outputs are (0,) uint8 tensors. rht_sign_mask < 0 means no RHT. four_over_six: 0 off,
-    1 MAE, 2 MSE. stochastic_rounding takes ``seed_tensor`` (int64 (1,) on x.device, read inside the
-    kernel) when given, else the int ``seed``. block_m, block_k, num_warps: an explicit tile (0:
-    opt_flags' choice). poison: fill the outputs with 0xFF before the kernels write them (tests).
-    pr3045: PR 3045's numerics (per_token casts only; with RHT its fp32 transform).
-    """
-    outputs = cast_outputs(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
-                           rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, block_m, block_k,
-                           num_warps, poison, pr3045=pr3045)
-    return tuple(_or_empty(t, x.device, torch.uint8) for t in outputs)
-
-
-@nvfp4_quantize_cast.register_fake
-def _nvfp4_quantize_cast_fake(x, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d, per_token,
-                              rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
-                              block_m=0, block_k=0, num_warps=0, poison=False, pr3045=False):
-    m, k = x.shape
-    return tuple(x.new_empty(shape, dtype=torch.uint8) for shape in cast_shapes(m, k, rowwise, columnwise, scale_layout))
 
 
 # ------------------------------------------------------------------------------- entry point
@@ -295,7 +238,11 @@ class _EagerPlan:
                                                  num_warps=num_warps, pr3045=self.pr3045)
         return steps
 
-    def __call__(self, x, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps) -> NVFP4Tensor:
+    def parts(self, x, amax, columnwise_amax, seed_tensor, seed: int, block_m: int, block_k: int,
+              num_warps: int) -> tuple:
+        """Quantize x: (row_data, row_scale, row_amax, col_data, col_scale, col_amax), None where the
+        config asks for no such copy; with :attr:`shared` the column amax is the row amax tensor.
+        ``seed_tensor`` / ``seed``: the SR seed as :func:`draw_seed` gives it."""
         dev = x.device
         make = torch.zeros if self.zeroed_amax else torch.empty
         row_computed = col_computed = None
@@ -311,12 +258,6 @@ class _EagerPlan:
         else:
             row_amax, col_amax = _output_amaxes(self.config, amax, columnwise_amax, row_computed,
                                                 row_computed if self.shared else col_computed)
-        seed_tensor, seed_int = None, 0
-        if self.config.stochastic_rounding:
-            if seed is not None:
-                seed_int = int(seed) % (1 << 63)
-            else:
-                seed_tensor, seed_int = draw_seed(x, generator, False)
         poison = self.poison
         outputs = []
         for i, shape in enumerate(self.out_shapes):
@@ -329,14 +270,24 @@ class _EagerPlan:
             else:
                 outputs.append(torch.empty(shape, dtype=torch.uint8, device=dev))
         if not self.empty:
-            run_cast(self._steps(x, seed_tensor, seed_int, block_m, block_k, num_warps), x, outputs, row_amax,
-                     col_amax, seed_tensor, seed_int, tables=self.tables)
+            run_cast(self._steps(x, seed_tensor, seed, block_m, block_k, num_warps), x, outputs, row_amax,
+                     col_amax, seed_tensor, seed, tables=self.tables)
         if self.tables:  # the amaxes are the tables' first rows
             row_amax = row_amax[0] if row_amax is not None else None
             col_amax = col_amax[0] if col_amax is not None else None
         row_data, row_scale, col_data, col_scale = outputs  # None where the config asks for no such copy
+        return row_data, row_scale, row_amax, col_data, col_scale, col_amax
+
+    def __call__(self, x, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps) -> NVFP4Tensor:
+        seed_tensor, seed_int = None, 0
+        if self.config.stochastic_rounding:
+            if seed is not None:
+                seed_int = int(seed) % (1 << 63)
+            else:
+                seed_tensor, seed_int = draw_seed(x, generator, False)
+        parts = self.parts(x, amax, columnwise_amax, seed_tensor, seed_int, block_m, block_k, num_warps)
         # the container directly: the plan makes exactly the copies the config asks for (from_parts' check)
-        return NVFP4Tensor(x.shape, x.dtype, self.config, row_data, row_scale, row_amax, col_data, col_scale, col_amax)
+        return NVFP4Tensor(x.shape, x.dtype, self.config, *parts)
 
 
 _EAGER_PLANS: dict = {}
@@ -354,6 +305,96 @@ def _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, p
         plan = _EAGER_PLANS[key] = _EagerPlan(config, m, k, x.dtype, x.device, x_aligned, amax is not None,
                                               columnwise_amax is not None, block_m, block_k, num_warps, poison)
     return plan
+
+
+@functools.lru_cache(maxsize=256)
+def _config(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
+            scale_layout, numerics) -> NVFP4QuantConfig:
+    """The config of :func:`nvfp4_quantize`'s fields (its checks raise on combinations no recipe has)."""
+    return NVFP4QuantConfig(block=block, rowwise=rowwise, columnwise=columnwise, per_token=per_token, rht=rht,
+                            rht_sign_mask=rht_sign_mask, four_over_six=four_over_six, e4m3_max=e4m3_max,
+                            stochastic_rounding=stochastic_rounding, scale_layout=scale_layout, numerics=numerics)
+
+
+def _config_fields(config: NVFP4QuantConfig) -> tuple:
+    return (config.block, config.rowwise, config.columnwise, config.per_token, config.rht, config.rht_sign_mask,
+            config.four_over_six, config.e4m3_max, config.stochastic_rounding, config.scale_layout, config.numerics)
+
+
+def _shared_amax(config: NVFP4QuantConfig, amax, columnwise_amax) -> bool:
+    """Whether one per-tensor amax of the amax pass serves both copies (:class:`_EagerPlan`'s ``shared``):
+    :func:`nvfp4_quantize` then returns it once, as the row amax."""
+    row_mode, col_mode = amax_modes(config, amax, columnwise_amax)
+    return row_mode == col_mode == AMAX_TENSOR
+
+
+@custom_op("nvfp4lab::nvfp4_quantize", mutates_args=())
+def nvfp4_quantize(
+    x: torch.Tensor,
+    amax: Optional[torch.Tensor],
+    columnwise_amax: Optional[torch.Tensor],
+    seed_tensor: Optional[torch.Tensor],
+    seed: int,
+    block: str,
+    rowwise: bool,
+    columnwise: bool,
+    per_token: bool,
+    rht: bool,
+    rht_sign_mask: int,
+    four_over_six: Optional[str],
+    e4m3_max: float,
+    stochastic_rounding: bool,
+    scale_layout: str,
+    numerics: str,
+    block_m: int = 0,
+    block_k: int = 0,
+    num_warps: int = 0,
+    poison: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize` of x (M, K) as one op (traced calls): the config as its fields
+    (:class:`~nvfp4lab.config.NVFP4QuantConfig`, not ``broadcast_2d``), the optional outer amaxes, the SR seed
+    as :func:`draw_seed` gives it (``seed_tensor``: int64 (1,) on x.device, read by the kernel, else the
+    int ``seed``). Returns the container's (row_data, row_scale, row_amax, col_data, col_scale, col_amax);
+    absent copies are (0,) tensors (uint8 data and scales, fp32 amax), and so is the column amax where the
+    row amax serves both copies (:func:`_shared_amax`: no output aliases another). Runs the cached plan
+    of eager calls (:class:`_EagerPlan`).
+    """
+    config = _config(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
+                     stochastic_rounding, scale_layout, numerics)
+    plan = _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison)
+    parts = plan.parts(x, amax, columnwise_amax, seed_tensor, seed, block_m, block_k, num_warps)
+    if plan.shared:
+        parts = parts[:5] + (None,)
+    dev = x.device
+    return tuple(t if t is not None else torch.empty(0, dtype=torch.float32 if i % 3 == 2 else torch.uint8, device=dev)
+                 for i, t in enumerate(parts))
+
+
+@nvfp4_quantize.register_fake
+def _nvfp4_quantize_fake(x, amax, columnwise_amax, seed_tensor, seed, block, rowwise, columnwise, per_token, rht,
+                         rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, numerics,
+                         block_m=0, block_k=0, num_warps=0, poison=False):
+    m, k = x.shape
+    row_data, row_scale, col_data, col_scale = (x.new_empty(shape, dtype=torch.uint8)
+                                                for shape in cast_shapes(m, k, rowwise, columnwise, scale_layout))
+    no_amax = x.new_empty(0, dtype=torch.float32)
+    if not rowwise:
+        row_amax = no_amax
+    elif amax is not None:
+        row_amax = torch.empty_like(amax)  # the caller's, copied
+    else:
+        row_amax = x.new_empty(m if per_token else 1, dtype=torch.float32)
+    if not columnwise:
+        col_amax = no_amax
+    elif columnwise_amax is not None:
+        col_amax = torch.empty_like(columnwise_amax)
+    elif amax is not None and not rht and not per_token:  # the caller's per-tensor amax serves both copies
+        col_amax = torch.empty_like(amax)
+    elif amax is None and rowwise and not rht and not per_token:  # the row amax (_shared_amax)
+        col_amax = x.new_empty(0, dtype=torch.float32)
+    else:
+        col_amax = x.new_empty(k if per_token else 1, dtype=torch.float32)
+    return row_data, row_scale, row_amax, col_data, col_scale, col_amax
 
 
 def quantize(
@@ -378,8 +419,9 @@ def quantize(
     tile gives the same bits.
     poison: fill the outputs with 0xFF before the kernels write them (tests).
 
-    Traced calls (torch.compile, fake tensors) go through the custom ops; eager calls run the same
-    launchers directly, through a plan cached per config, shape and argument kinds (:class:`_EagerPlan`).
+    Eager calls run a plan cached per config, shape and argument kinds (:class:`_EagerPlan`); traced
+    calls (torch.compile, fake tensors) go through the one custom op :func:`nvfp4_quantize`, whose
+    implementation runs the same plan.
     """
     if config.broadcast_2d:  # PR 3045's 2D weight: TE main's per-tensor 16x16 cast, amax into the vectors
         inner = quantize(x2d, config.per_tensor_2d(), amax=amax, columnwise_amax=columnwise_amax, seed=seed,
@@ -388,28 +430,16 @@ def quantize(
     if not tracing(x2d):
         plan = _eager_plan(config, x2d, amax, columnwise_amax, block_m, block_k, num_warps, poison)
         return plan(x2d, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps)
-    row_mode, col_mode = amax_modes(config, amax, columnwise_amax)
-    shared = row_mode == col_mode == AMAX_TENSOR  # one per-tensor amax serves both copies
-    if shared:
-        col_mode = AMAX_NONE
-    rht_mask = config.rht_sign_mask if config.rht else 0
-    row_computed, col_computed = nvfp4_amax(x2d, row_mode, col_mode, rht_mask, block_m, block_k, num_warps)
-    row_amax, col_amax = _output_amaxes(config, amax, columnwise_amax, row_computed,
-                                        row_computed if shared else (col_computed if col_mode != AMAX_NONE else None))
-
     seed_tensor, seed_int = None, 0
     if config.stochastic_rounding:
         if seed is not None:
             seed_int = int(seed) % (1 << 63)
         else:
             seed_tensor, seed_int = draw_seed(x2d, generator, True)
-    row_data, row_scale, col_data, col_scale = nvfp4_quantize_cast(
-        x2d, row_amax, col_amax, seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16",
-        config.per_token, config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
-        config.e4m3_max, config.stochastic_rounding, config.scale_layout, block_m, block_k, num_warps, poison,
-        pr3045=config.numerics == "te_pr3045")
-    return NVFP4Tensor.from_parts(
-        x2d.shape, x2d.dtype, config,
-        rowwise=(row_data, row_scale, row_amax) if config.rowwise else None,
-        columnwise=(col_data, col_scale, col_amax) if config.columnwise else None,
-    )
+    parts = nvfp4_quantize(x2d, amax, columnwise_amax, seed_tensor, seed_int, *_config_fields(config), block_m, block_k,
+                           num_warps, poison)
+    row_data, row_scale, row_amax, col_data, col_scale, col_amax = (
+        t if present else None for t, present in zip(parts, (config.rowwise,) * 3 + (config.columnwise,) * 3))
+    if _shared_amax(config, amax, columnwise_amax):
+        col_amax = row_amax
+    return NVFP4Tensor(x2d.shape, x2d.dtype, config, row_data, row_scale, row_amax, col_data, col_scale, col_amax)

@@ -24,7 +24,7 @@ from ..launch import keep_buffers
 from .common import ONE_SIXTH, abs_bits, global_scales, in_normal_range, load_rows, program_columns
 from .rht import finish16_bits, rht_rows_fp32, rht_tile
 
-# amax modes of the two outputs (see nvfp4lab.kernels.nvfp4_quantize.nvfp4_amax)
+# amax modes of the two outputs (see nvfp4lab.kernels.nvfp4_quantize.compute_amax)
 AMAX_NONE, AMAX_TENSOR, AMAX_PER_TOKEN, AMAX_TENSOR_RHT, AMAX_PER_TOKEN_RHT = 0, 1, 2, 3, 4
 
 
