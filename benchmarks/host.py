@@ -3,10 +3,10 @@
 Part 1, host microseconds per call of every public op on tiny tensors (GPU work negligible), mean of
 ``--calls`` calls after a warm-up, beside torch.mm and ``x.abs().amax()`` of the same size; with the
 previous version of the package (a copy importable as ``nvfp4lab_prev``, e.g. ``.gpu/prev``) in the
-same process when present. Part 2 leaves the previous version out unless ``--prev-steps``: a second
-copy of the package in the process makes every eager step pay longer Python garbage-collection
-pauses (measured: MoE eager 3.36 ms alone, 4.52 ms with the copy loaded); time the previous version's
-steps with its own tree's script in the same device call instead.
+same process when present; part 2 times its steps too with ``--prev-steps``. The host's speed
+drifts during a run (eager steps of one module measured 1.55-2.40 ms minutes apart on one machine), so
+eager steps are medians of interleaved rounds and compiled steps are compared with the eager step
+timed beside them.
 
 Part 2, the Linear and GroupedLinear fwd+bwd+SGD step (te_default) against BF16 in the same mode:
 eager (wall time per step, host included), torch.compile of the module in the default mode ("compile")
@@ -205,7 +205,14 @@ def graph_ms(step, device, iters):
     return wall_ms(graph.replay, device, iters)
 
 
-def part_steps(device, iters, compile_modes, prev, only_cases=None):
+def median(values):
+    return sorted(values)[len(values) // 2]
+
+
+def part_steps(device, iters, compile_modes, prev, only_cases=None, rounds=3):
+    """Each case's variants are built first; eager steps are timed in ``rounds`` interleaved rounds
+    (median), and each compiled mode in rounds alternating with the same module's eager step (the
+    host's speed drifts within a run: ratios come from measurements side by side)."""
     rows = []
     cases = CASES if not SMOKE else [("linear", 64, 64, 64), ("moe", 128, 64, 32)]
     for kind, tokens, k, n in cases:
@@ -216,10 +223,16 @@ def part_steps(device, iters, compile_modes, prev, only_cases=None):
         variants = [("nvfp4", True, None), ("bf16", False, None)]
         if prev is not None:
             variants.append(("prev", True, prev))
+        built = {}
         for label, quantized, lib in variants:
             module, x, dy, splits = build(kind, tokens, k, n, quantized, device, lib)
-            step = step_of(module, x, dy, splits)
-            row[f"{label}_eager"] = wall_ms(step, device, iters)
+            built[label] = (module, x, dy, splits, step_of(module, x, dy, splits))
+        eager = {label: [] for label in built}
+        for _ in range(rounds):
+            for label, (*_, step) in built.items():
+                eager[label].append(wall_ms(step, device, iters))
+        for label, (module, x, dy, splits, step) in built.items():
+            row[f"{label}_eager"] = median(eager[label])
             if device.type == "cuda":
                 try:
                     row[f"{label}_graph"] = graph_ms(step, device, iters)
@@ -228,12 +241,18 @@ def part_steps(device, iters, compile_modes, prev, only_cases=None):
             if compile_modes and label != "prev":
                 for mode, options in (("compile", {}), ("compile_ro", dict(mode="reduce-overhead"))):
                     torch._dynamo.reset()
-                    compiled = torch.compile(module, **options)
+                    compiled = step_of(module, x, dy, splits, torch.compile(module, **options))
                     try:
-                        row[f"{label}_{mode}"] = wall_ms(step_of(module, x, dy, splits, compiled), device, iters, warmup=3)
+                        wall_ms(compiled, device, 1, warmup=3)
+                        times, beside = [], []
+                        for _ in range(rounds):
+                            times.append(wall_ms(compiled, device, iters, warmup=1))
+                            beside.append(wall_ms(step, device, iters, warmup=1))
+                        row[f"{label}_{mode}"] = median(times)
+                        row[f"{label}_{mode}_vs_eager"] = median(times) / median(beside)
                     except Exception as err:  # noqa: BLE001 - reported in the row
                         row[f"{label}_{mode}_error"] = f"{type(err).__name__}: {err}"[:160]
-            del module, x, dy
+        del built
         rows.append(row)
         print_step_row(row, flush=True)
     return rows
@@ -259,6 +278,11 @@ def print_step_row(row, flush=False):
     n_e, n_g = get("nvfp4_eager"), get("nvfp4_graph")
     if n_e and n_g:
         print(f"  eager / graph (nvfp4): {n_e / n_g:.2f}x")
+    for label in ("nvfp4", "bf16"):
+        ratios = [f"{mode} {row[f'{label}_{mode}_vs_eager']:.2f}x" for mode in ("compile", "compile_ro")
+                  if f"{label}_{mode}_vs_eager" in row]
+        if ratios:
+            print(f"  {label} compiled / eager beside it: " + ", ".join(ratios))
     for key, value in row.items():
         if key.endswith("_error"):
             print(f"  {key}: {value}")
@@ -273,7 +297,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-prev", action="store_true", help="do not load the previous version")
     parser.add_argument("--only", choices=("ops", "steps"), default=None)
     parser.add_argument("--prev-steps", action="store_true",
-                        help="also time the previous version's steps in this process (adds GC pauses to all)")
+                        help="also time the previous version's steps (interleaved with this version's)")
     parser.add_argument("--cases", default=None,
                         help="comma-separated parts of the step cases' names to run (e.g. 'moe' or '4096 x 2048')")
     parser.add_argument("--out", type=Path, default=None)

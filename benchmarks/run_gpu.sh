@@ -6,7 +6,7 @@
 # Stage inputs first (git-ignored, carried): python tools/stage_gpu_inputs.py --golden ../shared/golden
 #   ../shared/golden_pr3045 --prev COMMIT [--minilm]
 # "prev" runs the quantize / gemm / linear benchmarks of the previous version (.gpu/prev_tree, its own scripts)
-# in the same call, for before/after tables (host: its steps); "host" loads .gpu/prev for the per-call columns only.
+# in the same call, for before/after tables; "host" loads it too (.gpu/prev) for its previous-version columns.
 set -u
 cd "$(dirname "$0")/.."
 MODE=${1:-quick}; shift || true
@@ -38,12 +38,11 @@ for b in quantize dequantize mxfp8 grouped gemm linear; do
   extra=""; [ "$b" = linear ] && extra="--breakdown 12"  # + each preset's costliest kernels
   [ -f "$script" ] && step "$b" "$BENCH_LIMIT" python3 "$script" $QUICK $extra --out "$OUT/$b.json"
 done
-step host "$BENCH_LIMIT" python3 benchmarks/host.py $QUICK --out "$OUT/host.json"
+step host "$BENCH_LIMIT" python3 benchmarks/host.py $QUICK --prev-steps --out "$OUT/host.json"
 # the previous version's own scripts on its own package, same machine and call
 if [ -d .gpu/prev_tree ]; then
-  step prev $((BENCH_LIMIT * 4)) bash -c 'cd .gpu/prev_tree && for b in '"${PREV_BENCHES:-quantize gemm linear host}"'; do
-    extra=""; [ "$b" = host ] && extra="--only steps --no-compile"  # its steps in a process of its own
-    PYTHONPATH=$PWD/src python3 benchmarks/$b.py '"$QUICK"' $extra --out "'"$OUT"'/prev_$b.json" > "'"$OUT"'/prev_$b.log" 2>&1; echo "prev $b rc=$?"; done'
+  step prev $((BENCH_LIMIT * 3)) bash -c 'cd .gpu/prev_tree && for b in '"${PREV_BENCHES:-quantize gemm linear}"'; do
+    PYTHONPATH=$PWD/src python3 benchmarks/$b.py '"$QUICK"' --out "'"$OUT"'/prev_$b.json" > "'"$OUT"'/prev_$b.log" 2>&1; echo "prev $b rc=$?"; done'
 fi
 step train "$BENCH_LIMIT" python3 -m nvfp4lab train --device cuda --size medium --steps ${TRAIN_STEPS:-100} --recipes bf16 te \
   --no-progress --out "$OUT/train"
