@@ -233,7 +233,7 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
         ``.to()`` / ``.cuda()`` / ``.half()``; returns False (and changes nothing) for weights that
         are not plain tensors of one device and dtype (e.g. FSDP2's DTensors) or on the meta device."""
         weights = self.weights
-        if any(type(w) is not nn.Parameter or w.is_meta for w in weights):
+        if any(type(w) is not nn.Parameter or type(w.data) is not torch.Tensor or w.is_meta for w in weights):
             return False
         if F.packed_weights(weights) is not None:
             return True
