@@ -147,6 +147,16 @@ def _grouped_epilogue_launch(m: int, n: int, num_experts: int, flags: tuple, int
                   dict(**dict(flags), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, enable_fp_fusion=False))
 
 
+def _grouped_epilogue(acc, a_amax, b_amax, bias, out, offs, m: int, n: int, num_experts: int, inv_e: float,
+                      flags: dict) -> None:
+    """One :func:`grouped_epilogue_kernel` launch over the fp32 product (m, n) of ``num_experts`` experts
+    (``bias`` / ``offs``: any stand-in tensor where ``flags`` leaves them unread)."""
+    args = (acc, a_amax, b_amax, bias, out, offs, m, n, num_experts, out.stride(0), out.stride(1), inv_e)
+    spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:6]], args[9:11])
+    interpreted = not out.is_cuda or opt_flags.interpreting()
+    _grouped_epilogue_launch(m, n, num_experts, tuple(flags.items()), interpreted, spec)(*args)
+
+
 def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate: bool, splits, n: int, k: int,
                  inv_e: float, config, decode: int, pr3045: bool = False) -> torch.Tensor:
     """Grouped with host split sizes: A (all experts' rows) and B (all experts' weights) expanded once
@@ -165,10 +175,7 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
     flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode, ACCUMULATE=accumulate,
                  OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045)
     bias_arg = bias if bias is not None else a.amax  # a stand-in pointer that BIAS_MODE=0 never reads
-    args = (acc, a.amax, b.amax, bias_arg, out, offs, m, n, len(splits), out.stride(0), out.stride(1), inv_e)
-    spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:6]], args[9:11])
-    interpreted = not out.is_cuda or opt_flags.interpreting()
-    _grouped_epilogue_launch(m, n, len(splits), tuple(flags.items()), interpreted, spec)(*args)
+    _grouped_epilogue(acc, a.amax, b.amax, bias_arg, out, offs, m, n, len(splits), inv_e, flags)
     return out
 
 
@@ -197,8 +204,5 @@ def grouped_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, offs, splits
     flags = dict(A_AMAX_ROWS=a_mode == 2, B_AMAX_MODE=b_mode, BIAS_MODE=0, ACCUMULATE=False,
                  OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045,
                  A_AMAX_EXPERT=a_mode == 1, EXPERT_ROWS=n_a)
-    args = (acc, a_amax, b_amax, a_amax, out2, a_amax, num * n_a, n_b, num, out2.stride(0), out2.stride(1), inv_e)
-    spec = (out.device, *[(t.dtype, aligned(t)) for t in args[:6]], args[9:11])
-    interpreted = not out.is_cuda or opt_flags.interpreting()
-    _grouped_epilogue_launch(num * n_a, n_b, num, tuple(flags.items()), interpreted, spec)(*args)
+    _grouped_epilogue(acc, a_amax, b_amax, a_amax, out2, a_amax, num * n_a, n_b, num, inv_e, flags)
     return out
