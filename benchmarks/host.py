@@ -36,7 +36,12 @@ if SMOKE:
 import torch  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "src"))
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 import nvfp4lab  # noqa: E402
+from nvfp4lab.kernels.launch import Launch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 PREV_DIR = ROOT / ".gpu" / "prev"
 MOE_SPLITS = [1152, 896, 1088, 960, 1216, 832, 1024, 1024]
@@ -110,27 +115,82 @@ def op_calls(lib, device):
     ], qg
 
 
+@triton.jit
+def _fill_kernel(out_ptr, n, BLOCK: tl.constexpr):
+    """The least a launch can do: one program storing zeros (host.py's floor of one Triton launch)."""
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32), mask=offs < n)
+
+
+_ALLOCATING = ("empty", "zeros", "full", "new_empty", "new_zeros", "new_full", "empty_like", "zeros_like", "empty_strided")
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten ops of a call, and among them the allocating factories (empty, zeros, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.allocations = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        self.allocations += func.overloadpacket.__name__ in _ALLOCATING
+        return func(*args, **(kwargs or {}))
+
+
+def op_counts(fn) -> tuple[int, int, int]:
+    """(Triton launches, allocating aten ops, aten ops) of one call of ``fn`` (warm: plans built)."""
+    fn()
+    launches = [0]
+    real_call = Launch.__call__
+
+    def counting(self, *args):
+        launches[0] += 1
+        return real_call(self, *args)
+
+    Launch.__call__ = counting
+    try:
+        with _CountOps() as counter:
+            fn()
+    finally:
+        Launch.__call__ = real_call
+    return launches[0], counter.allocations, counter.ops
+
+
 def part_ops(device, calls, prev):
     x = torch.randn(128, 256, device=device, dtype=torch.bfloat16)
     w = torch.randn(256, 256, device=device, dtype=torch.bfloat16)
+    buf = torch.empty(128, device=device)
+    fill = Launch(_fill_kernel, (1,), dict(BLOCK=128))  # a launch as the package's kernels make it (cached, direct)
+    # the floors the ops are made of: one allocation, one Triton launch; an op's host time is at least
+    # its launches and allocations times these
     base = [("torch.mm 128x256x256", lambda: torch.mm(x, w)), ("x.abs().amax()", lambda: x.abs().amax()),
-            ("torch.empty(1024)", lambda: torch.empty(1024, device=device))]
+            ("torch.empty(1024)", lambda: torch.empty(1024, device=device)),
+            ("one Triton launch (nvfp4lab Launch)", lambda: fill(buf, 128))]
     mm_us = host_us(base[0][1], device, calls)
     rows = [dict(op=name, us=round(host_us(fn, device, calls), 1)) for name, fn in base]
+    empty_us, launch_us = rows[2]["us"], rows[3]["us"]
     new, _ = op_calls(nvfp4lab, device)
     old = dict(op_calls(prev, device)[0]) if prev is not None else {}
     for name, fn in new:
         row = dict(op=name, us=round(host_us(fn, device, calls), 1))
+        row["launches"], row["allocations"], row["aten_ops"] = op_counts(fn)
+        # what the call's launches and allocations cost at the floors above, before any Python of its own
+        row["floor_us"] = round(row["launches"] * launch_us + row["allocations"] * empty_us, 1)
         if name in old:
             row["prev_us"] = round(host_us(old[name], device, calls), 1)
         rows.append(row)
-    print(f"\nHost time per call (us, mean of {calls}; tiny tensors; torch.mm = {mm_us:.1f} us)")
-    print(f"{'op':<40} {'nvfp4lab':>9} {'x mm':>6} {'previous':>9} {'new/prev':>9}")
+    print(f"\nHost time per call (us, mean of {calls}; tiny tensors; torch.mm = {mm_us:.1f} us); launches, allocations "
+          "and aten ops of one call; floor = launches x one launch + allocations x torch.empty")
+    print(f"{'op':<40} {'nvfp4lab':>9} {'x mm':>6} {'launch':>6} {'alloc':>5} {'aten':>4} {'floor':>6} {'previous':>9} "
+          f"{'new/prev':>9}")
     for row in rows:
         prev_us = row.get("prev_us")
         ratio = f"{row['us'] / prev_us:9.2f}" if prev_us else " " * 9
         prev_s = f"{prev_us:9.1f}" if prev_us else " " * 9
-        print(f"{row['op']:<40} {row['us']:9.1f} {row['us'] / mm_us:6.2f} {prev_s} {ratio}", flush=True)
+        counts = (f"{row['launches']:6d} {row['allocations']:5d} {row['aten_ops']:4d} {row['floor_us']:6.1f}"
+                  if "launches" in row else " " * 24)
+        print(f"{row['op']:<40} {row['us']:9.1f} {row['us'] / mm_us:6.2f} {counts} {prev_s} {ratio}", flush=True)
     return rows
 
 
