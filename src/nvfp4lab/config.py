@@ -179,7 +179,6 @@ class MXFP8QuantConfig(HashOnce):
     __hash__ = HashOnce.__hash__
 
 
-@functools.lru_cache(maxsize=256)
 def with_copies(config, rowwise: bool, columnwise: bool):
     """``config`` (an NVFP4 or MXFP8 config) asking for exactly these copies; cached in eager mode
     (configs are frozen), so rebuilding a one-copy container costs no validation."""

@@ -5,6 +5,7 @@ GEMM numerics per preset are checked in tests/functional/test_linear.py; here th
 the functional path and train.
 """
 import copy
+import warnings
 
 import pytest
 import torch
@@ -484,8 +485,12 @@ def _assert_aot_eager_compile_equals_eager(model, x, *args):
     x.grad = None
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     torch.manual_seed(1)
-    yc = compiled(x, *args)
-    yc.square().sum().backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yc = compiled(x, *args)
+        yc.square().sum().backward()
+    # Dynamo skips an lru_cache wrapper it meets (and warns): the package calls its caches in eager mode only
+    assert not [str(w.message) for w in caught if "lru_cache" in str(w.message)]
     assert torch.equal(yc, y) and torch.equal(x.grad, gx)
     assert all(torch.equal(a, b) for a, b in zip(_grads(model), grads))
 
