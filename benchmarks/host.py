@@ -1,7 +1,9 @@
 """Benchmark: what eager users pay on the host, and the training step in eager, compiled and graph modes.
 
 Part 1, host microseconds per call of every public op on tiny tensors (GPU work negligible), mean of
-``--calls`` calls after a warm-up, beside torch.mm and ``x.abs().amax()`` of the same size; with the
+``--calls`` calls after a warm-up, beside torch.mm and ``x.abs().amax()`` of the same size, with each op's
+Triton launches, allocations and aten ops per call and its floor (those launches and allocations at the cost of
+one torch.empty and one Triton launch, timed in the same run); with the
 previous version of the package (a copy importable as ``nvfp4lab_prev``, e.g. ``.gpu/prev``) in the
 same process when present; part 2 times its steps too with ``--prev-steps``. The host's speed
 drifts during a run (eager steps of one module measured 1.55-2.40 ms minutes apart on one machine), so
