@@ -548,7 +548,7 @@ def nvfp4_grouped_gemm(
        compared with ``offs`` where offs is checked, not for device offs on the Triton path, where
        the per-expert cuBLAS path follows m_splits and the one-launch kernel offs). With it, on the
        GPU, experts of at least 128 rows on average (and 2^30 multiply-adds each) run as per-expert
-       cuBLAS GEMMs on FP16-expanded operands, as dense GEMMs of that size do; without it, or for
+       cuBLAS GEMMs on expanded operands, as dense GEMMs of that size do; without it, or for
        smaller experts, one Triton launch covers all experts. A list of activations gives it here.
     Per expert the result is exactly :func:`nvfp4_gemm` of its rows and weights.
     """

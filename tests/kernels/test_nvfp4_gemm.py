@@ -246,6 +246,74 @@ def test_dequant_mm_path(k):
         assert_equal(got, want)
 
 
+@pytest.fixture
+def scaled_mm_calls(monkeypatch):
+    """The products the dequant_mm path ran with cuBLAS' epilogue (True) or without (False: fp32 product and the
+    epilogue kernel), in call order."""
+    calls = []
+    real = dequant_mm._scaled_mm
+
+    def spy(a16, b16, out, bias=None):
+        run = real(a16, b16, out, bias)
+        calls.append(run is not None)
+        return run
+    monkeypatch.setattr(dequant_mm, "_scaled_mm", spy)
+    real_mm = dequant_mm._mm_f32
+    monkeypatch.setattr(dequant_mm, "_mm_f32", lambda *args, **kwargs: calls.append(False) or real_mm(*args, **kwargs))
+    return calls
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("amax_a,amax_b,out_dtype,bias_dtype,cublas", [
+    ("tensor", "tensor", torch.bfloat16, None, True), ("tensor", "tensor", torch.bfloat16, torch.bfloat16, False),
+    ("tensor", "tensor", torch.float32, torch.float32, True), ("tensor", "tensor", torch.float32, torch.bfloat16, False),
+    ("tensor", "tensor", torch.float16, None, False), ("token", "tensor", torch.bfloat16, None, False),
+    ("tensor", "token", torch.bfloat16, None, False)])
+def test_dequant_mm_cublas_epilogue(amax_a, amax_b, out_dtype, bias_dtype, cublas, device, scaled_mm_calls):
+    """Where alpha is one number (A and B per tensor) and the output is bf16 / fp32 (with a bias: both fp32), the
+    dequant_mm path expands the operands to BF16 and scales (and adds the bias) in cuBLAS' epilogue (on the CPU its
+    PyTorch twin) with the alpha kernel's value; other outputs / biases and per-token amaxes take the fp32 product
+    and the epilogue kernel. Equal to the reference either way (exact operands), misaligned / strided output rows
+    included."""
+    gen = torch.Generator().manual_seed(71)
+    m, n, k = (333, 1000, 1056) if device == "cuda" else (40, 72, 96)
+    a = exact_operand(m, k, gen, amax=amax_a, device=device, layout="swizzled")
+    b = exact_operand(n, k, gen, amax=amax_b, device=device)
+    bias = None if bias_dtype is None else (torch.randn(n, generator=gen) * 100).to(device, bias_dtype)
+    want = gemm(a, b, "ref", out_dtype=out_dtype, bias=bias)
+    rule = G.GemmConfig(32, 32, 64, dequant_mm=True) if device == "cpu" else None
+    for contiguous in (True, False):
+        out = poisoned((m, n), out_dtype, device) if contiguous else poisoned((m, n + 3), out_dtype, device)[:, 1:n + 1]
+        scaled_mm_calls.clear()
+        G.run(a, b, out, bias=bias, config=rule or opt_flags.DENSE_RULES["default"]["dequant"])
+        assert_equal(out, want)
+        if not cublas:
+            assert scaled_mm_calls and True not in scaled_mm_calls
+        elif contiguous or device == "cpu":  # (cuBLASLt may have no algorithm for 2-byte aligned rows)
+            assert scaled_mm_calls == [True]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("a_per_expert,b_per_expert", [(False, False), (False, True), (True, True)])
+def test_alpha_kernel_like_ref(a_per_expert, b_per_expert, device):
+    """alpha[e] of the alpha kernel is the reference's alpha of expert e's amaxes (apply_alpha of acc = 1): the
+    rescaled one where fl(amax_a * amax_b) overflows for finite amaxes, inf like the reference's; a zero after the
+    last entry (cuBLAS' beta)."""
+    gen = torch.Generator().manual_seed(72)
+    e = 37
+    a_amax = torch.rand(e if a_per_expert else 1, generator=gen) * 10
+    b_amax = torch.rand(e if b_per_expert else 1, generator=gen) * 10
+    a_amax[0], b_amax[0] = 1e20, 1e19  # overflow: the rescaled alpha
+    if b_per_expert:
+        b_amax[-1] = float("inf")
+    inv_e = G.gemm_inv(448.0, 256.0)
+    alpha = dequant_mm._alphas(a_amax.to(device), b_amax.to(device), e, a_per_expert, b_per_expert, inv_e).cpu()
+    a_each, b_each = a_amax.expand(e), b_amax.expand(e)
+    want = ref.gemm.apply_alpha(torch.ones(e, 1), a_each, b_each, 448.0, 256.0).diagonal()
+    assert torch.equal(alpha[:-1].view(torch.int32), want.view(torch.int32))
+    assert alpha[-1].item() == 0.0 and torch.isinf(a_each * b_each).any()
+
+
 def test_dense_only_configs_fall_back_for_grouped():
     """A stream / dequant_mm config given to a grouped GEMM runs the grouped kernel instead."""
     gen = torch.Generator().manual_seed(55)
@@ -276,9 +344,12 @@ def test_grouped_equals_per_expert(amax_a, amax_b):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("amax_a", ["tensor", "token"])
-def test_alpha_of_huge_amaxes_like_ref(amax_a, device):
+@pytest.mark.parametrize("dequant", [False, True], ids=["default", "dequant_mm"])
+def test_alpha_of_huge_amaxes_like_ref(amax_a, dequant, device):
     """fl(amax_a * amax_b) overflows for 1e20 * 1e19 (TE: inf, and NaN where acc = 0): the epilogue
-    forms alpha from amax / 2^64 each and scales back, bit for bit as the reference; zeros stay zero."""
+    forms alpha from amax / 2^64 each and scales back, bit for bit as the reference; zeros stay zero.
+    On the dequant_mm path with A per tensor, cuBLAS' epilogue takes alpha = fl(fl(alpha_low * 2^64) * 2^64)
+    (dequant_mm's docstring): the same bits."""
     gen = torch.Generator().manual_seed(43)
     a = exact_operand(48, 64, gen, amax=amax_a, device=device)
     b = exact_operand(40, 64, gen, device=device)
@@ -287,9 +358,10 @@ def test_alpha_of_huge_amaxes_like_ref(amax_a, device):
         a.rowwise_amax[::5] = 3e38  # results past fp32's range: inf, as the exact result
     b.rowwise_amax = torch.tensor([1e19], device=device)
     a.rowwise_data[:16] = 0  # zero rows: exactly 0 (not NaN)
+    config = G.GemmConfig(32, 32, 64, dequant_mm=True) if dequant else None
     for out_dtype in (torch.float32, torch.bfloat16):
         want = gemm(a, b, "ref", out_dtype=out_dtype)
-        assert_equal(gemm(a, b, "triton", out_dtype=out_dtype), want)
+        assert_equal(G.run(a, b, poisoned((48, 40), out_dtype, device), config=config), want)
         assert not want.isnan().any() and (want[:16] == 0).all()
         if out_dtype == torch.float32 and amax_a == "tensor":
             assert want.isfinite().all()
@@ -360,7 +432,8 @@ def test_grouped_list_of_activations_quantized():
 
 
 @pytest.mark.parametrize("amax_a,b_amax,bias_dim,out_dtype", [
-    ("token", "expert", 2, torch.float32), ("tensor", "row", 1, torch.bfloat16), ("token", "one", 0, torch.float16)])
+    ("token", "expert", 2, torch.float32), ("tensor", "row", 1, torch.bfloat16), ("token", "one", 0, torch.float16),
+    ("tensor", "expert", 0, torch.bfloat16), ("tensor", "one", 0, torch.float32)])  # the last two: cuBLAS' epilogue
 def test_grouped_dequant_mm_host_splits(amax_a, b_amax, bias_dim, out_dtype):
     """With host split sizes, a dequant_mm config runs one cuBLAS-style GEMM per expert on the expanded
     operands and one epilogue over all rows (experts straddling its row tiles): equal to the per-expert
@@ -668,6 +741,34 @@ def test_gpu_dequant_mm():
         out = poisoned((m, n), torch.bfloat16)
         G.run(a, b, out, bias=bias, config=rule, decode=decode)
         assert_equal(out, want)
+
+
+@pytest.mark.gpu
+def test_gpu_cublas_epilogue_default_dispatch_graph_and_compile(scaled_mm_calls):
+    """A large per-tensor GEMM takes the dequant_mm path with cuBLAS' epilogue by default: eager, captured in a
+    CUDA graph (its workspace and alpha from the graph's pool) and compiled; equal to the reference. Where alpha
+    itself passes fp32's range (amax_a * amax_b * inv_e >= 2^128), the results are TE's: inf, NaN where acc = 0."""
+    gen = torch.Generator().manual_seed(73)
+    m, n, k = 1024, 1536, 1024
+    a = exact_operand(m, k, gen, device="cuda")
+    b = exact_operand(n, k, gen, layout="swizzled", device="cuda")
+    want = gemm(a, b, "ref")
+    assert_equal(gemm(a, b, "triton"), want)
+    assert scaled_mm_calls == [True]
+    out = poisoned((m, n), torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        G.nvfp4_gemm(a, b, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_equal(out, want)
+    compiled = torch.compile(lambda x, y: G.nvfp4_gemm(x, y, out_dtype=torch.bfloat16), fullgraph=True)
+    assert_equal(compiled(a, b), want)
+    a.rowwise_data[:8] = 0
+    a.rowwise_amax.fill_(3e38)
+    b.rowwise_amax.fill_(3e38)
+    got = gemm(a, b, "triton", out_dtype=torch.float32)
+    assert got[:8].isnan().all() and not got[8:].isfinite().any() and got[8:].isinf().any()
 
 
 @pytest.mark.gpu

@@ -30,8 +30,9 @@ from M, the GPU and, for grouped GEMMs, whether the split sizes are known on the
 * :mod:`~.nvfp4_gemm_details.fused`: decodes both operands per tile in registers (dense and grouped;
   for large M, B expanded to FP16 once and only A decoded per tile);
 * :mod:`~.nvfp4_gemm_details.stream`: dense, M <= 64, a weight stream with K split over programs;
-* :mod:`~.nvfp4_gemm_details.dequant_mm`: large M, both operands expanded to FP16, cuBLAS fp32-output
-  GEMM, an epilogue kernel (grouped with host split sizes: per expert).
+* :mod:`~.nvfp4_gemm_details.dequant_mm`: large M, both operands expanded (exact), cuBLAS: with its own
+  epilogue and a device alpha (:mod:`~.nvfp4_gemm_details.cublaslt`) where alpha is one number per product,
+  else fp32 output and an epilogue kernel (grouped with host split sizes: per expert).
 
 Decoders (``decode``): 1, PTX inline asm (the GPU's; its text is run by a PTX emulator in the tests);
 0, portable bit placement (the interpreter's, or where a tile does not fit the PTX decoder's packing).

@@ -2,8 +2,9 @@
 
 * :mod:`.common`: device helpers and the epilogue shared by every path, host helpers for operands.
 * :mod:`.fused`: the fused-decode kernel (both operands decoded per tile; dense and grouped) and the
-  FP16 expansion kernel.
+  expansion kernel (FP16 or BF16 q * s).
 * :mod:`.stream`: the weight-stream kernel for few rows of A (dense, M <= 64).
-* :mod:`.dequant_mm`: operands expanded to FP16, cuBLAS fp32-output GEMM, epilogue kernel (large M).
+* :mod:`.dequant_mm`: operands expanded, cuBLAS with its own epilogue or an epilogue kernel (large M);
+  :mod:`.cublaslt`: the cuBLASLt binding it calls.
 * :mod:`.opt_flags`: tiles, splits and the choice of path (:class:`.opt_flags.GemmConfig`).
 """

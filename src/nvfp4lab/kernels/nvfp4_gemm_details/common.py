@@ -101,6 +101,17 @@ def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax
 
 
 @triton.jit
+def gemm_alpha(a2, b2, inv_e):
+    """(alpha, alpha_low, overflow): alpha = fl(fl(a2 * b2) * inv_e) as TE's cuBLAS alpha; where fl(a2 * b2)
+    overflows for finite amaxes (``overflow``), alpha_low = fl(fl(fl(a2 / 2^64) * fl(b2 / 2^64)) * inv_e), whose
+    product with acc is scaled back by 2^64 twice (:func:`nvfp4lab.ref.gemm.apply_alpha`)."""
+    prod = a2 * b2
+    overflow = (tl.abs(prod) == float("inf")) & (tl.abs(a2) < float("inf")) & (tl.abs(b2) < float("inf"))
+    alpha_low = ((a2 * 5.421010862427522e-20) * (b2 * 5.421010862427522e-20)) * inv_e  # 2^-64 each (exact)
+    return prod * inv_e, alpha_low, overflow
+
+
+@triton.jit
 def finish(acc, a2, b2, bias, out_ptrs, omask, inv_e, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
            OUT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, EPI_PR3045: tl.constexpr):
     """The epilogue's arithmetic and store, once the operands are loaded: ``a2`` (BLOCK_M, 1) and ``b2``
@@ -108,12 +119,9 @@ def finish(acc, a2, b2, bias, out_ptrs, omask, inv_e, HAS_BIAS: tl.constexpr, AC
     if EPI_PR3045:
         res = ((acc * a2) * b2) * inv_e
     else:
-        prod = a2 * b2
-        res = acc * (prod * inv_e)
-        overflow = (tl.abs(prod) == float("inf")) & (tl.abs(a2) < float("inf")) & (tl.abs(b2) < float("inf"))
-        rescaled = ((acc * (((a2 * 5.421010862427522e-20) * (b2 * 5.421010862427522e-20)) * inv_e))
-                    * 1.8446744073709552e19) * 1.8446744073709552e19  # 2^-64 each, then 2^64 twice (exact)
-        res = tl.where(overflow, rescaled, res)
+        alpha, alpha_low, overflow = gemm_alpha(a2, b2, inv_e)
+        rescaled = ((acc * alpha_low) * 1.8446744073709552e19) * 1.8446744073709552e19  # 2^64 twice (exact)
+        res = tl.where(overflow, rescaled, acc * alpha)
     if HAS_BIAS:
         res = res + bias
     if ACCUMULATE:

@@ -1,17 +1,30 @@
-"""The NVFP4 GEMM for large M: operands expanded to FP16, one cuBLAS GEMM, one epilogue kernel.
+"""The NVFP4 GEMM for large M: operands expanded to FP16, cuBLAS, and the epilogue in cuBLAS or in a kernel of its own.
 
 Both operands are expanded to FP16 q * s in one launch of :func:`.fused.expand` (exact: every product of an E2M1 value
 and an E4M3 scale is an FP16 normal number or zero; the same permutation of K within every block_k tile
-on both sides, so the products pair up as in the definition). cuBLAS multiplies them with fp32
-accumulation and fp32 output, and :func:`epilogue_kernel` applies the reference epilogue (alpha, bias,
-out_old, cast) in one pass. Temporaries: 2MK + 2NK bytes of FP16 (freed before the epilogue) and 4MN bytes
-of fp32. Grouped GEMMs with host split sizes expand A and B once, then run one cuBLAS GEMM per non-empty
-expert and one epilogue over all rows (:func:`grouped_epilogue_kernel`, each row's expert read from the
-device row ends): 2 launches + one cuBLAS call per non-empty expert.
+on both sides, so the products pair up as in the definition). Then one of two epilogues:
+
+* cuBLAS' own (:mod:`.cublaslt`), where alpha is one number per product (A's and B's amax per tensor or per
+  expert), without accumulation or PR 3045's order, into a bf16 / fp32 output with unit column stride: the
+  operands are expanded to BF16 instead, a one-program kernel (:func:`alpha_kernel`) writes alpha[e] =
+  fl(fl(amax_a * amax_b) * inv_e) per expert to device memory, and cuBLASLt writes fl(acc * alpha[e]) (plus the
+  bias in fp32: its bias epilogue, with fp32 outputs only) rounded once to the output's dtype. This is TE's own GEMM (cuBLAS with a device
+  alpha). Where fl(amax_a * amax_b) overflows for finite amaxes, alpha[e] = fl(fl(alpha_low * 2^64) * 2^64):
+  fl(acc * alpha) then equals the reference's fl(fl(fl(acc * alpha_low) * 2^64) * 2^64)
+  (:func:`nvfp4lab.ref.gemm.apply_alpha`), because acc is 0 or at least 2^-20 in magnitude (a sum of multiples of
+  2^-20), so fl(acc * alpha_low) is never subnormal; only where alpha itself passes fp32's range
+  (amax_a * amax_b * inv_e >= 2^128) the result is inf (NaN where acc = 0), as TE's, where the reference keeps the
+  finite values of its unbounded exponent range.
+* otherwise cuBLAS with fp32 output and :func:`epilogue_kernel` (alpha, bias, out_old, cast) in one pass.
+
+Temporaries: 2MK + 2NK bytes of expanded operands (and 4MN bytes of fp32 for the kernel epilogue). Grouped GEMMs with host split
+sizes expand A and B once, then run one cuBLAS GEMM per non-empty expert and, on the kernel-epilogue path, one
+epilogue over all rows (:func:`grouped_epilogue_kernel`, each row's expert read from the device row ends).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 import triton
@@ -20,8 +33,8 @@ import triton.language as tl
 from ...layout import cdiv, roundup
 from ..formats import soft_bf16_loads, to_f32
 from ..launch import Launch, aligned
-from . import opt_flags
-from .common import epilogue, finish
+from . import cublaslt, opt_flags
+from .common import epilogue, finish, gemm_alpha
 from .fused import expand, expand_split_k
 
 
@@ -99,6 +112,70 @@ def grouped_epilogue_kernel(
            SOFT_BF16, EPI_PR3045)
 
 
+@triton.jit
+def alpha_kernel(a_amax_ptr, b_amax_ptr, alpha_ptr, num, inv_e, A_PER_EXPERT: tl.constexpr,
+                 B_PER_EXPERT: tl.constexpr, BLOCK: tl.constexpr):
+    """cuBLAS' alphas: alpha[e] (e < ``num``) = fl(fl(amax_a * amax_b) * inv_e) with A's and B's amax of expert e
+    (A_PER_EXPERT / B_PER_EXPERT) or the one; fl(fl(alpha_low * 2^64) * 2^64) where fl(amax_a * amax_b) overflows
+    (module docstring). alpha[num] = 0 (cuBLAS' beta)."""
+    offs = tl.arange(0, BLOCK)
+    idx = tl.where(offs < num, offs, 0)
+    zero = tl.zeros((BLOCK,), dtype=tl.int32)
+    amax_a = tl.load(a_amax_ptr + (idx if A_PER_EXPERT else zero))
+    amax_b = tl.load(b_amax_ptr + (idx if B_PER_EXPERT else zero))
+    alpha, alpha_low, overflow = gemm_alpha(amax_a, amax_b, inv_e)
+    alpha = tl.where(overflow, (alpha_low * 1.8446744073709552e19) * 1.8446744073709552e19, alpha)
+    tl.store(alpha_ptr + offs, tl.where(offs < num, alpha, 0.0), mask=offs <= num)
+
+
+@functools.lru_cache(maxsize=4096)
+def _alpha_launch(num: int, a_per_expert: bool, b_per_expert: bool, spec) -> Launch:
+    """The alpha kernel's launch for ``num`` alphas (``spec``: its tensors' device and alignments, the cache key
+    only)."""
+    return Launch(alpha_kernel, (1,), dict(A_PER_EXPERT=a_per_expert, B_PER_EXPERT=b_per_expert,
+                                           BLOCK=triton.next_power_of_2(num + 1), num_warps=1, enable_fp_fusion=False))
+
+
+def _alphas(a_amax, b_amax, num: int, a_per_expert: bool, b_per_expert: bool, inv_e: float) -> torch.Tensor:
+    """A new fp32 (num + 1,) vector from :func:`alpha_kernel`."""
+    alpha = torch.empty(num + 1, dtype=torch.float32, device=a_amax.device)
+    spec = (alpha.device, aligned(a_amax), aligned(b_amax))
+    _alpha_launch(num, a_per_expert, b_per_expert, spec)(a_amax, b_amax, alpha, num, inv_e)
+    return alpha
+
+
+def _cublas_epilogue(flags: dict, out: torch.Tensor) -> bool:
+    """Whether cuBLAS' epilogue (one alpha per product, a bias per output column into fp32 outputs) computes these
+    flags' epilogue into ``out`` on its device (module docstring): then the operands are expanded to BF16."""
+    if (flags["A_AMAX_ROWS"] or flags["B_AMAX_MODE"] == 2 or flags["ACCUMULATE"] or flags["EPI_PR3045"]
+            or out.dtype not in (torch.bfloat16, torch.float32) or out.stride(-1) != 1
+            or (flags["BIAS_MODE"] and out.dtype != torch.float32)):
+        return False
+    return not out.is_cuda or cublaslt.available()
+
+
+def _scaled_mm(a16, b16, out, bias=None):
+    """The callable that writes out = alpha[e] * (a16 @ b16^T) [+ bias] (args a16, b16, alpha, out, e, bias):
+    cuBLASLt's plan on the GPU, its PyTorch twin on the CPU; None where cuBLASLt has no plan (the kernel epilogue
+    then)."""
+    if not out.is_cuda:
+        return cublaslt.matmul_torch if cublaslt.supports(a16, b16, out, bias) else None
+    return cublaslt.plan(a16, b16, out, bias)
+
+
+def _per_expert_scaled_mm(products, a_amax, b_amax, num_experts: int, a_per_expert: bool, b_per_expert: bool,
+                          inv_e: float) -> bool:
+    """Runs every (a16, b16, out, expert, bias or None) product with cuBLAS' epilogue and one alpha vector (E + 1
+    entries) and returns True; False (nothing run) where cuBLASLt has no plan for one of them."""
+    runs = [_scaled_mm(a16, b16, out, bias) for a16, b16, out, _, bias in products]
+    if any(run is None for run in runs):
+        return False
+    alpha = _alphas(a_amax, b_amax, num_experts, a_per_expert, b_per_expert, inv_e)
+    for run, (a16, b16, out, e, bias) in zip(runs, products):
+        run(a16, b16, alpha, out, e, bias)
+    return True
+
+
 @functools.lru_cache(maxsize=4096)
 def _epilogue_launch(m: int, n: int, flags: tuple, interpreted: bool, spec) -> Launch:
     """The epilogue kernel's launch for one product shape; ``spec``: its tensors' device, dtypes,
@@ -117,9 +194,9 @@ def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
     return out
 
 
-def _expand_both(a, b, k, config, decode):
-    """FP16 q * s of all rows of A and of B (same K permutation), in one launch."""
-    return expand(a, k, config.block_k, opt_flags.expand_decode(decode, config.block_k), b)
+def _expand_both(a, b, k, config, decode, dtype=torch.float16):
+    """q * s of all rows of A and of B (same K permutation) in ``dtype``, in one launch."""
+    return expand(a, k, config.block_k, opt_flags.expand_decode(decode, config.block_k), b, dtype)
 
 
 def _mm_f32(a16, b16, out=None):
@@ -131,8 +208,13 @@ def _mm_f32(a16, b16, out=None):
 
 
 def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, config, decode: int) -> torch.Tensor:
-    """Dense: both operands expanded, one fp32-output matmul, the epilogue. Writes ``out`` (M, N)."""
-    a16, b16 = _expand_both(a, b, k, config, decode)
+    """Dense: both operands expanded, one matmul with cuBLAS' epilogue or an fp32-output one and the epilogue
+    kernel. Writes ``out`` (M, N)."""
+    cublas = _cublas_epilogue(flags, out)
+    a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
+    if cublas and _per_expert_scaled_mm([(a16, b16, out, 0, bias if flags["BIAS_MODE"] else None)], a.amax, b.amax,
+                                        1, False, False, inv_e):
+        return out
     acc = _mm_f32(a16, b16)
     del a16, b16
     return _dequant_epilogue(acc, a.amax, b.amax, bias, out, flags, m, n, inv_e)
@@ -160,20 +242,25 @@ def _grouped_epilogue(acc, a_amax, b_amax, bias, out, offs, m: int, n: int, num_
 def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate: bool, splits, n: int, k: int,
                  inv_e: float, config, decode: int, pr3045: bool = False) -> torch.Tensor:
     """Grouped with host split sizes: A (all experts' rows) and B (all experts' weights) expanded once
-    each, then per expert one fp32-output matmul into its rows of a shared fp32 buffer, and one epilogue
+    each, then per expert one matmul into its rows: with cuBLAS' epilogue (one alpha vector for all
+    experts) where the flags allow, else with fp32 output into a shared buffer and one epilogue kernel
     over all rows, each with its expert's amax and bias (``offs``: the device row ends, the sizes
     ``splits`` holds); per element the dense path's arithmetic, expert by expert."""
-    a16, b16 = _expand_both(a, b, k, config, decode)
     m = a.data.shape[0]
-    acc = torch.empty((m, n), dtype=torch.float32, device=a.data.device)
-    row = 0
-    for e, m_e in enumerate(splits):
-        r0, row = row, row + m_e
-        if m_e != 0:
-            _mm_f32(a16[r0:row], b16[e * n:(e + 1) * n], out=acc[r0:row])
-    del a16, b16
     flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode, ACCUMULATE=accumulate,
                  OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045)
+    cublas = _cublas_epilogue(flags, out)
+    a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
+    ends = list(itertools.accumulate(splits))
+    parts = [(e, end - m_e, end) for e, (m_e, end) in enumerate(zip(splits, ends)) if m_e != 0]
+    biases = [None if bias_mode == 0 else (bias if bias_mode == 1 else bias[e]) for e in range(len(splits))]
+    if cublas and _per_expert_scaled_mm([(a16[r0:r1], b16[e * n:(e + 1) * n], out[r0:r1], e, biases[e])
+                                         for e, r0, r1 in parts], a.amax, b.amax, len(splits), False, b_mode == 1, inv_e):
+        return out
+    acc = torch.empty((m, n), dtype=torch.float32, device=a.data.device)
+    for e, r0, r1 in parts:
+        _mm_f32(a16[r0:r1], b16[e * n:(e + 1) * n], out=acc[r0:r1])
+    del a16, b16
     bias_arg = bias if bias is not None else a.amax  # a stand-in pointer that BIAS_MODE=0 never reads
     _grouped_epilogue(acc, a.amax, b.amax, bias_arg, out, offs, m, n, len(splits), inv_e, flags)
     return out
@@ -184,13 +271,29 @@ def grouped_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, offs, splits
     """Experts' products over their own contraction length (MoE weight gradients): ``out`` (E, n_a, n_b)
     gets out[e] = A_e @ B_e^T for the bulk copies split along K (split e: A_e (n_a, m_e), B_e (n_b, m_e);
     ``offs`` the device split offsets (E + 1,), ``splits`` the same sizes on the host). Both operands
-    expanded in one launch (:func:`.fused.expand_split_k`), one fp32-output cuBLAS GEMM per non-empty
-    expert into its rows of a shared fp32 buffer (zeros for empty ones), one epilogue over all rows
-    (expert = row // n_a): A's amax per expert (``a_mode`` 1) or per row (2), B's per expert
-    (``b_mode`` 1) or per (expert, row of B) (2)."""
+    expanded in one launch (:func:`.fused.expand_split_k`), one cuBLAS GEMM per non-empty expert (zeros for
+    empty ones): with cuBLAS' epilogue into out[e] when A's amax is per expert (``a_mode`` 1), else with fp32
+    output into its rows of a shared buffer and one epilogue kernel over all rows (expert = row // n_a; A's amax
+    per row, ``a_mode`` 2). B's amax per expert (``b_mode`` 1) or per (expert, row of B) (2)."""
     num = len(splits)
+    out2 = out.view(num * n_a, n_b)
+    flags = dict(A_AMAX_ROWS=a_mode == 2, B_AMAX_MODE=b_mode, BIAS_MODE=0, ACCUMULATE=False,
+                 OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045,
+                 A_AMAX_EXPERT=a_mode == 1, EXPERT_ROWS=n_a)
+    cublas = _cublas_epilogue(flags, out2)
     a16, b16, starts = expand_split_k(a_data, a_scale, n_a, b_data, b_scale, n_b, offs, splits, config.block_k,
-                                      opt_flags.expand_decode(decode, config.block_k))
+                                      opt_flags.expand_decode(decode, config.block_k),
+                                      torch.bfloat16 if cublas else torch.float16)
+    if cublas:  # one alpha per expert
+        products = []
+        for e, (m_e, col) in enumerate(zip(splits, starts)):
+            if m_e == 0:
+                out[e].zero_()
+            else:
+                width = roundup(m_e, config.block_k)
+                products.append((a16[:, col:col + width], b16[:, col:col + width], out[e], e, None))
+        if _per_expert_scaled_mm(products, a_amax, b_amax, num, True, True, inv_e):
+            return out
     acc = torch.empty((num * n_a, n_b), dtype=torch.float32, device=out.device)
     for e, (m_e, col) in enumerate(zip(splits, starts)):
         rows = acc[e * n_a:(e + 1) * n_a]
@@ -200,9 +303,5 @@ def grouped_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, offs, splits
             width = roundup(m_e, config.block_k)
             _mm_f32(a16[:, col:col + width], b16[:, col:col + width], out=rows)
     del a16, b16
-    out2 = out.view(num * n_a, n_b)
-    flags = dict(A_AMAX_ROWS=a_mode == 2, B_AMAX_MODE=b_mode, BIAS_MODE=0, ACCUMULATE=False,
-                 OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045,
-                 A_AMAX_EXPERT=a_mode == 1, EXPERT_ROWS=n_a)
     _grouped_epilogue(acc, a_amax, b_amax, a_amax, out2, a_amax, num * n_a, n_b, num, inv_e, flags)
     return out

@@ -287,9 +287,9 @@ def expand_kernel(
     A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Operands (rows, K) codes + scales -> fp16 q * s (rows, roundup(K, BLOCK_K)), each BLOCK_K tile
-    in the decoder's permuted order (as the GEMM decodes A with the same BLOCK_K), zeros past K; row
-    tiles [0, a_tiles) expand A, the following ones B (two operands, one launch)."""
+    """Operands (rows, K) codes + scales -> q * s (rows, roundup(K, BLOCK_K)) in the output pointers' type (FP16
+    or BF16), each BLOCK_K tile in the decoder's permuted order (as the GEMM decodes A with the same BLOCK_K),
+    zeros past K; row tiles [0, a_tiles) expand A, the following ones B (two operands, one launch)."""
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     if pid_r < a_tiles:
@@ -309,7 +309,7 @@ def expand_split_k_kernel(
 ):
     """Two bulk copies split along their contraction dim (split e of an operand with R rows: the (R, m_e)
     matrix of codes at R * offs[e] / 2 bytes and compact scales at R * offs[e] / 16; ``offs``: the
-    (E + 1,) cumulative split offsets, each m_e a multiple of 16) -> fp16 (R, sum_e roundup(m_e, BLOCK_K)):
+    (E + 1,) cumulative split offsets, each m_e a multiple of 16) -> FP16 / BF16 (R, sum_e roundup(m_e, BLOCK_K)):
     split e's :func:`expand_kernel` tiles in the columns after those of the splits before it. Column
     tile ``pid_k`` finds its split by walking the offsets (A's row tiles first, then B's)."""
     pid_r = tl.program_id(0)
@@ -339,20 +339,21 @@ def expand_split_k_kernel(
 
 
 def expand_split_k(a_data, a_scale, a_rows: int, b_data, b_scale, b_rows: int, offs, splits, block_k: int,
-                   decode: int) -> tuple:
-    """FP16 q * s of two bulk copies split along K (see :func:`expand_split_k_kernel`), in one launch:
-    (a16 (a_rows, W), b16 (b_rows, W), column starts of the splits) with W = sum roundup(m_e, block_k)."""
+                   decode: int, dtype: torch.dtype = torch.float16) -> tuple:
+    """q * s of two bulk copies split along K (see :func:`expand_split_k_kernel`) in ``dtype`` (FP16 or BF16: exact
+    either way), in one launch: (a16 (a_rows, W), b16 (b_rows, W), column starts of the splits) with
+    W = sum roundup(m_e, block_k)."""
     starts, width = [], 0
     for m_e in splits:
         starts.append(width)
         width += roundup(m_e, block_k)
     device = a_data.device
-    a16 = torch.empty((a_rows, width), dtype=torch.float16, device=device)
-    b16 = torch.empty((b_rows, width), dtype=torch.float16, device=device)
+    a16 = torch.empty((a_rows, width), dtype=dtype, device=device)
+    b16 = torch.empty((b_rows, width), dtype=dtype, device=device)
     if width:
         args = (a_data, a_scale, a16, a_rows, width, b_data, b_scale, b16, b_rows, width, offs, len(splits),
                 cdiv(a_rows, opt_flags.EXPAND_ROWS), TAB_LO)
-        spec = (device, offs.dtype, *(aligned(t) for t in (a_data, a_scale, b_data, b_scale, offs)))
+        spec = (device, offs.dtype, dtype, *(aligned(t) for t in (a_data, a_scale, b_data, b_scale, offs)))
         _expand_split_k_launch(a_rows, b_rows, width // block_k, block_k, decode, spec)(*args)
     return a16, b16, starts
 
@@ -376,22 +377,22 @@ def _expand_launch(a_rows: int, b_rows: int, k: int, block_k: int, decode: int, 
                                             BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k, num_warps=4))
 
 
-def expand(a, k: int, block_k: int, decode: int, b=None) -> tuple:
-    """FP16 q * s of all rows of operand ``a`` (and of ``b`` when given, in the same launch), each
-    (rows, roundup(k, block_k)) in the decoder's permuted order per block_k tile, zeros past k.
-    Returns (a16, b16 or None)."""
+def expand(a, k: int, block_k: int, decode: int, b=None, dtype: torch.dtype = torch.float16) -> tuple:
+    """q * s in ``dtype`` (FP16 or BF16: exact either way) of all rows of operand ``a`` (and of ``b`` when
+    given, in the same launch), each (rows, roundup(k, block_k)) in the decoder's permuted order per
+    block_k tile, zeros past k. Returns (a16, b16 or None)."""
     width = roundup(k, block_k)
     a_rows = a.data.shape[0]
-    a16 = torch.empty((a_rows, width), dtype=torch.float16, device=a.data.device)
+    a16 = torch.empty((a_rows, width), dtype=dtype, device=a.data.device)
     a_args = (a.data, a.scale, a16, a_rows, a.data.stride(0), a.scale_stride, a.cols4, width)
     if b is None:
         b16, b_args, b_rows = None, a_args, 0
     else:
         b_rows = b.data.shape[0]
-        b16 = torch.empty((b_rows, width), dtype=torch.float16, device=a.data.device)
+        b16 = torch.empty((b_rows, width), dtype=dtype, device=a.data.device)
         b_args = (b.data, b.scale, b16, b_rows, b.data.stride(0), b.scale_stride, b.cols4, width)
     args = (*a_args, *b_args, k, cdiv(a_rows, opt_flags.EXPAND_ROWS), TAB_LO)
-    spec = (a16.device, a.data.dtype, aligned(a.data), aligned(a.scale), aligned(b_args[0]), aligned(b_args[1]),
+    spec = (a16.device, a.data.dtype, dtype, aligned(a.data), aligned(a.scale), aligned(b_args[0]), aligned(b_args[1]),
             args[4:7], args[12:15])
     _expand_launch(a_rows, b_rows, k, block_k, decode, a.swizzled, (b if b is not None else a).swizzled, spec)(*args)
     return a16, b16

@@ -5,8 +5,8 @@ Paths (:func:`resolve_config` picks one per call; an explicit ``config`` overrid
 * M <= 64, dense: the weight-stream kernel (``GemmConfig.stream``). A decode GEMM is a read of B plus
   the decoding of every code; the stream kernel is built around B and splits K over programs until
   every SM streams (:func:`stream_splits`).
-* large M (M >= ``dequant_min_m`` and M N K >= ``dequant_min_mnk``), dense: both operands expanded to
-  FP16 once, one cuBLAS fp32-output GEMM, one epilogue kernel (``GemmConfig.dequant_mm``); grouped GEMMs
+* large M (M >= ``dequant_min_m`` and M N K >= ``dequant_min_mnk``), dense: both operands expanded
+  once, one cuBLAS GEMM with its epilogue or an epilogue kernel (``GemmConfig.dequant_mm``); grouped GEMMs
   whose split sizes are known on the host take it per expert when the average expert is that large.
 * otherwise (and every grouped GEMM without host split sizes): the fused-decode kernel. Medium M decodes
   both operands per tile (decode work per FLOP falls as 1/BLOCK_M + 1/BLOCK_N); large M expands B to
@@ -40,8 +40,9 @@ class GemmConfig:
     maxnreg: Optional[int] = None  # cap registers (ptxas .maxnreg), e.g. for 2 CTAs per SM
     b_predecode: bool = False  # fused kernel: expand B to fp16 once (one extra pass), then decode only A per tile
     split_k: int = 1  # stream kernel only (see below)
-    # Dense only: expand both operands to FP16 q * s (exact) with the expansion kernel (block_k = its tile),
-    # cuBLAS FP16 GEMM with fp32 output, then the epilogue kernel. Temporary memory 2MK + 2NK + 4MN bytes.
+    # Dense only: expand both operands to q * s (exact) with the expansion kernel (block_k = its tile), then
+    # cuBLAS (see dequant_mm: its own epilogue, or fp32 output and the epilogue kernel). Temporary memory
+    # 2MK + 2NK (+ 4MN) bytes.
     dequant_mm: bool = False
     # Dense only, the weight-stream kernel (M <= 64): block_k = 128 V; split_k = K splits over programs,
     # 0 lets the launcher split K for about ctas_per_sm programs per SM; a_pre decodes A once up front
@@ -73,7 +74,7 @@ CONFIGS = {"H100": HOPPER, "H200": HOPPER, "default": HOPPER}
 #   217 registers (2 programs per SM), and a second wave of programs costs more than fewer splits
 #   (max_resident=2).
 # * dequant: from M = 128 and 2^30 multiply-adds on, the expansion's O((M + N) K) traffic is small against
-#   cuBLAS' rate on the FP16 operands.
+#   cuBLAS' rate on the 16-bit operands.
 HOPPER_DENSE = dict(
     stream=((16, GemmConfig(16, 128, 128, 8, 4, 3, maxnreg=128, stream=True, a_pre=True, split_k=0, ctas_per_sm=2)),
             (32, GemmConfig(32, 128, 128, 8, 4, 3, stream=True, a_pre=True, split_k=0, ctas_per_sm=2,
@@ -89,7 +90,7 @@ DENSE_RULES = {"H100": HOPPER_DENSE, "H200": HOPPER_DENSE, "default": HOPPER_DEN
 # (numpy runs whole tiles, so fewer programs is what makes the interpreter fast).
 INTERPRET_SMALL = GemmConfig(32, 32, 64, 4, 4, 1)
 INTERPRET_LARGE = GemmConfig(64, 64, 128, 4, 4, 1)
-# Rows per program of the FP16 expansion kernel.
+# Rows per program of the expansion kernel.
 EXPAND_ROWS = 64
 
 
