@@ -15,7 +15,7 @@ import torch
 from .layout import roundup
 from .ref.swizzle import compact_scales
 from .runtime import host_ints_on_device
-from .tensors import NVFP4Tensor, cumulative_offsets
+from .tensors import GroupedNVFP4Tensor, NVFP4Tensor, cumulative_offsets
 
 
 def check_rowwise(name: str, t) -> None:
@@ -23,6 +23,32 @@ def check_rowwise(name: str, t) -> None:
         raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
     if t.rowwise_data is None:
         raise ValueError(f"{name} has no rowwise copy: the GEMM reads rowwise data (quantize with rowwise=True)")
+
+
+_TOKEN_CONFIGS: dict = {}
+
+
+def token_operand(bulk: GroupedNVFP4Tensor, amax: torch.Tensor) -> NVFP4Tensor:
+    """The rowwise copy of a grouped tensor (M, K) as one GEMM operand with ``amax`` as its rowwise amax: per row
+    (M,), or per split (E,) for GEMMs told so (``a_per_expert`` of the grouped GEMM kernel). No copy of codes or
+    scales; the config is the bulk's, rowwise only, per-token, 1x16, compact scales."""
+    config = bulk.config
+    token_config = _TOKEN_CONFIGS.get(config)
+    if token_config is None:
+        token_config = replace(config, rowwise=True, columnwise=False, per_token=True, rht=False, block="1x16",
+                               scale_layout="compact")
+        if not torch.compiler.is_compiling():
+            _TOKEN_CONFIGS[config] = token_config
+    m, k = int(bulk.shape[0]), int(bulk.shape[-1])
+    return NVFP4Tensor.from_parts(torch.Size((m, k)), bulk.dtype, token_config,
+                                  rowwise=(bulk.rowwise_data, bulk.rowwise_scale, amax))
+
+
+def per_row_amax(bulk: GroupedNVFP4Tensor) -> torch.Tensor:
+    """A grouped tensor's rowwise amax per row (M,): each split's repeated over its rows (no host sync)."""
+    if bulk.config.per_token:
+        return bulk.rowwise_amax
+    return torch.repeat_interleave(bulk.rowwise_amax, bulk.split_offsets.diff(), output_size=int(bulk.shape[0]))
 
 
 def _check_list(name: str, ts, same_rows: bool) -> None:

@@ -515,7 +515,7 @@ def _check_offs_values(ends: list, m: int, m_splits) -> None:
 
 
 def nvfp4_grouped_gemm(
-    a: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
+    a: Union[NVFP4Tensor, GroupedNVFP4Tensor, Sequence[NVFP4Tensor]],
     b: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
     offs: Optional[torch.Tensor] = None,
     *,
@@ -532,7 +532,9 @@ def nvfp4_grouped_gemm(
        per token (M,) -- an activation quantized per expert split is this form with each split's
        amax repeated over its rows -- together with ``offs``; or a list of E per-expert NVFP4Tensors
        (M_e, K), concatenated here by :func:`nvfp4lab.moe.concat_tokens` (one copy of codes and
-       scales; offs must then be None).
+       scales; offs must then be None); or a :class:`GroupedNVFP4Tensor` (its rowwise copy; each split is an
+       expert's rows, ``offs`` must be None: its split offsets are used), whose per-split amax the GEMM
+       reads as is (large GEMMs then scale in cuBLAS' epilogue, one alpha per expert).
     b: the weights, either one NVFP4Tensor of logical shape (E, N, K) (rowwise amax (1,), (E,) per
        expert or (E*N,) per row), or a list of E NVFP4Tensors (N, K), stacked here by
        :func:`nvfp4lab.moe.stack_weights` (one copy; stack once and pass the result to avoid it).
@@ -552,7 +554,18 @@ def nvfp4_grouped_gemm(
        smaller experts, one Triton launch covers all experts. A list of activations gives it here.
     Per expert the result is exactly :func:`nvfp4_gemm` of its rows and weights.
     """
-    if isinstance(a, NVFP4Tensor):
+    a_experts = bulk = None  # a's amax per expert (E,): a grouped tensor quantized per split
+    if isinstance(a, GroupedNVFP4Tensor):
+        if a.rowwise_data is None:
+            raise ValueError("a has no rowwise copy: the GEMM reads rowwise data (quantize with rowwise=True)")
+        if offs is not None:
+            raise ValueError("offs must be None when a is a GroupedNVFP4Tensor (its split_offsets say which rows belong "
+                             "to which expert)")
+        offs = a.split_offsets[1:]
+        if not a.config.per_token:
+            a_experts = a.rowwise_amax
+        bulk, a = a, moe.token_operand(a, a.rowwise_amax)
+    elif isinstance(a, NVFP4Tensor):
         moe.check_rowwise("a", a)
         if offs is None:
             raise ValueError("offs is required when a is one NVFP4Tensor (it says which rows belong to which expert)")
@@ -577,6 +590,8 @@ def nvfp4_grouped_gemm(
     m, k = a.m, a.k
     n = b.m // num_experts
     device = a.rowwise_data.device
+    if bulk is not None and offs.numel() != num_experts:
+        raise ValueError(f"a must have E = {num_experts} splits (one per expert of b), got {offs.numel()}")
     _check_tensor("offs", offs, (torch.int32, torch.int64))
     if offs.shape != (num_experts,):
         raise ValueError(f"offs must have shape (E,) = ({num_experts},) (one cumulative row end per expert), got {tuple(offs.shape)}")
@@ -588,7 +603,7 @@ def nvfp4_grouped_gemm(
             raise TypeError(f"m_splits must be a list or tuple of ints, got {m_splits!r}")
         if len(m_splits) != num_experts or sum(m_splits) != m or min(m_splits) < 0:
             raise ValueError(f"m_splits must hold E = {num_experts} sizes >= 0 summing to M = {m}, got {list(m_splits)}")
-    if a.rowwise_amax.numel() not in (1, m):
+    if a_experts is None and a.rowwise_amax.numel() not in (1, m):
         raise ValueError(f"a's rowwise_amax must have 1 or M = {m} elements, got {a.rowwise_amax.numel()}")
     if b.rowwise_amax.numel() not in (1, num_experts, num_experts * n):
         raise ValueError(f"b's rowwise_amax must have 1, E = {num_experts} or E*N = {num_experts * n} elements, "
@@ -616,7 +631,9 @@ def nvfp4_grouped_gemm(
         return result.to(out_dtype)
     if backend == "triton":
         return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
-                                               accumulate=accumulate, splits=m_splits)
+                                               accumulate=accumulate, splits=m_splits, a_per_expert=a_experts is not None)
+    if a_experts is not None:  # the reference reads a per-row amax
+        a = moe.token_operand(bulk, moe.per_row_amax(bulk))
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
 
 

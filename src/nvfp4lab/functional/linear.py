@@ -445,20 +445,6 @@ def _grouped_quantize(recipe, tensor: str, x2, sizes, offsets, *, rowwise: bool,
     return ops.quantize_nvfp4_grouped_bulk(x2, list(sizes), split_offsets=offsets, config=config, backend=backend)
 
 
-def _token_operand(bulk) -> NVFP4Tensor:
-    """The bulk rowwise buffers as one (M, K) GEMM operand with per-row amax (each split's amax
-    repeated over its rows, no host sync)."""
-    m, k = int(bulk.shape[0]), int(bulk.shape[-1])
-    if bulk.config.per_token:
-        amax = bulk.rowwise_amax
-    else:
-        amax = torch.repeat_interleave(bulk.rowwise_amax, bulk.split_offsets.diff(), output_size=m)
-    config = _replaced(bulk.config, rowwise=True, columnwise=False, per_token=True, rht=False, block="1x16",
-                       scale_layout="compact")
-    return NVFP4Tensor.from_parts(torch.Size((m, k)), bulk.dtype, config,
-                                  rowwise=(bulk.rowwise_data, bulk.rowwise_scale, amax))
-
-
 def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdtype, need_dgrad, need_wgrads, backend):
     """y of all experts in one grouped quantize + one grouped GEMM. Returns (y, tensors to save, meta)."""
     m, k = x2.shape
@@ -476,8 +462,7 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
         else:
             stacked = stack_grouped_weights(qweights, columnwise=need_dgrad, backend=backend)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
-    y = ops.nvfp4_grouped_gemm(_token_operand(qx), stacked[0], qx.split_offsets[1:], out_dtype=cdtype, bias=bias,
-                               backend=backend, m_splits=list(sizes))
+    y = ops.nvfp4_grouped_gemm(qx, stacked[0], out_dtype=cdtype, bias=bias, backend=backend, m_splits=list(sizes))
     if padded:
         y = layout.unpad(y)
     meta = dict(m=m, n=n, k=k, x_dtype=x_dtype, w_dtypes=[w.dtype for w in weights],
@@ -514,8 +499,7 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
     if need_dgrad:
         shape, dtype, config = meta["w_meta"]
         w = NVFP4Tensor.from_parts(shape, dtype, config, rowwise=tuple(saved[4:7]))
-        dx = ops.nvfp4_grouped_gemm(_token_operand(qdy), w, qdy.split_offsets[1:], out_dtype=meta["x_dtype"],
-                                    backend=backend, m_splits=list(sizes))
+        dx = ops.nvfp4_grouped_gemm(qdy, w, out_dtype=meta["x_dtype"], backend=backend, m_splits=list(sizes))
         if padded:
             dx = layout.unpad(dx)
     if any_wgrad:

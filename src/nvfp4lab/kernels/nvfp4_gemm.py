@@ -63,7 +63,7 @@ __all__ = ["GemmConfig", "grouped_wgrad", "nvfp4_gemm", "nvfp4_grouped_gemm", "n
 def _launch(
     a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
     *, m, n, k, num_experts, e_max_a, e_max_b, accumulate, grouped, config=None, decode=None, splits=None,
-    pr3045=False,
+    pr3045=False, a_per_expert=False,
 ):
     """Dispatch one GEMM to its path (see the module docstring) and return ``out``."""
     device = a_data.device
@@ -86,10 +86,12 @@ def _launch(
     config = opt_flags.resolve_config(config, m, n, k, num_experts, grouped, splits is not None, device)
     if grouped and config.dequant_mm:  # host split sizes: per-expert cuBLAS GEMMs on expanded operands
         return dequant_mm.grouped_gemm(a, b, bias, out, offs, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
-                                       config, decode, pr3045=bool(pr3045))
-    flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
+                                       config, decode, pr3045=bool(pr3045), a_per_expert=bool(a_per_expert))
+    flags = dict(A_AMAX_ROWS=a.amax.numel() != 1 and not a_per_expert, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
                  ACCUMULATE=bool(accumulate), OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(device),
                  EPI_PR3045=bool(pr3045))
+    if a_per_expert:
+        flags["A_AMAX_EXPERT"] = True
     bias_arg = bias if bias is not None else a.amax  # a stand-in pointer that BIAS_MODE=0 never reads
     if config.stream:
         return stream.gemm(a, b, bias_arg, out, flags, m, n, k, inv_e, config, decode)
@@ -141,18 +143,18 @@ def _grouped_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
     offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype,
-    splits: Optional[List[int]] = None, pr3045: bool = False,
+    splits: Optional[List[int]] = None, pr3045: bool = False, a_per_expert: bool = False,
 ) -> torch.Tensor:
     m, n = a_data.shape[0], b_data.shape[0] // num_experts
     out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
     return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
                    m=m, n=n, k=k, num_experts=num_experts, e_max_a=e_max_a, e_max_b=e_max_b,
-                   accumulate=False, grouped=True, splits=splits, pr3045=pr3045)
+                   accumulate=False, grouped=True, splits=splits, pr3045=pr3045, a_per_expert=a_per_expert)
 
 
 @_grouped_op.register_fake
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
-      bias, k, out_dtype, splits=None, pr3045=False):
+      bias, k, out_dtype, splits=None, pr3045=False, a_per_expert=False):
     return a_data.new_empty((a_data.shape[0], b_data.shape[0] // num_experts), dtype=out_dtype)
 
 
@@ -161,16 +163,17 @@ def _grouped_out_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, b_layout: str, e_max_b: float,
     offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out: torch.Tensor,
-    accumulate: bool, splits: Optional[List[int]] = None, pr3045: bool = False,
+    accumulate: bool, splits: Optional[List[int]] = None, pr3045: bool = False, a_per_expert: bool = False,
 ) -> None:
     _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
             m=a_data.shape[0], n=b_data.shape[0] // num_experts, k=k, num_experts=num_experts,
-            e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True, splits=splits, pr3045=pr3045)
+            e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True, splits=splits, pr3045=pr3045,
+            a_per_expert=a_per_expert)
 
 
 @_grouped_out_op.register_fake
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
-      bias, k, out, accumulate, splits=None, pr3045=False):
+      bias, k, out, accumulate, splits=None, pr3045=False, a_per_expert=False):
     return None
 
 
@@ -390,14 +393,15 @@ def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulat
 
 
 def nvfp4_grouped_gemm(a, b, offs, num_experts, *, out_dtype=torch.bfloat16, bias=None, out=None,
-                       accumulate=False, splits=None):
+                       accumulate=False, splits=None, a_per_expert=False):
     """Grouped ``a[rows of e] @ b[e]^T`` for the bulk ``a`` (M, K) and the stacked ``b`` (E*N rows);
     checked by :func:`nvfp4lab.ops.nvfp4_grouped_gemm`. ``offs``: device int tensor (E,) of cumulative
-    row ends; ``splits``: the same sizes on the host, or None (then always the one-launch kernel)."""
+    row ends; ``splits``: the same sizes on the host, or None (then always the one-launch kernel);
+    ``a_per_expert``: a's rowwise amax holds one value per expert (E,) instead of (1,) / (M,)."""
     splits = None if splits is None else [int(s) for s in splits]
     if out is None:
         return _grouped_op(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k,
-                           out_dtype, splits, _pr3045(a, b))
+                           out_dtype, splits, _pr3045(a, b), bool(a_per_expert))
     _grouped_out_op(*operand_args(a), *operand_args(b), offs, num_experts, bias, a.k, out,
-                    bool(accumulate), splits, _pr3045(a, b))
+                    bool(accumulate), splits, _pr3045(a, b), bool(a_per_expert))
     return out

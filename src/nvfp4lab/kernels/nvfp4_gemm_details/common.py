@@ -72,13 +72,17 @@ def scale_offsets(rows, cols, stride, cols4, SWIZZLED: tl.constexpr):
 def epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr,
              BIAS_MODE: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr, EPI_PR3045: tl.constexpr = False):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr, EPI_PR3045: tl.constexpr = False,
+             A_AMAX_EXPERT: tl.constexpr = False):
     """alpha per element from the two amax vectors, bias, out_old, cast: the reference's roundings
     (:func:`nvfp4lab.ref.gemm.apply_alpha`, with its rescaled alpha where fl(amax_a * amax_b)
     overflows for finite amaxes). SOFT_BF16: bf16 bias / out_old loaded by bits (the interpreter).
     EPI_PR3045: PR 3045's order fl(fl(fl(amax_a[i] * acc) * amax_b[j]) * inv_e) instead of
-    acc * fl(fl(amax_a[i] * amax_b[j]) * inv_e) (:func:`nvfp4lab.ref.gemm.pr3045_scaled`)."""
-    if A_AMAX_ROWS:
+    acc * fl(fl(amax_a[i] * amax_b[j]) * inv_e) (:func:`nvfp4lab.ref.gemm.pr3045_scaled`). A_AMAX_EXPERT: A's
+    amax of the tile's expert (grouped)."""
+    if A_AMAX_EXPERT:
+        amax_a = tl.load(a_amax_ptr + expert + tl.zeros((BLOCK_M,), dtype=tl.int32))
+    elif A_AMAX_ROWS:
         amax_a = tl.load(a_amax_ptr + rows_a)
     else:
         amax_a = tl.load(a_amax_ptr + tl.zeros((BLOCK_M,), dtype=tl.int32))

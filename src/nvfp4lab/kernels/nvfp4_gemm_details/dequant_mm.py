@@ -240,22 +240,24 @@ def _grouped_epilogue(acc, a_amax, b_amax, bias, out, offs, m: int, n: int, num_
 
 
 def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate: bool, splits, n: int, k: int,
-                 inv_e: float, config, decode: int, pr3045: bool = False) -> torch.Tensor:
+                 inv_e: float, config, decode: int, pr3045: bool = False, a_per_expert: bool = False) -> torch.Tensor:
     """Grouped with host split sizes: A (all experts' rows) and B (all experts' weights) expanded once
     each, then per expert one matmul into its rows: with cuBLAS' epilogue (one alpha vector for all
     experts) where the flags allow, else with fp32 output into a shared buffer and one epilogue kernel
     over all rows, each with its expert's amax and bias (``offs``: the device row ends, the sizes
     ``splits`` holds); per element the dense path's arithmetic, expert by expert."""
     m = a.data.shape[0]
-    flags = dict(A_AMAX_ROWS=a.amax.numel() != 1, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode, ACCUMULATE=accumulate,
-                 OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device), EPI_PR3045=pr3045)
+    flags = dict(A_AMAX_ROWS=a.amax.numel() != 1 and not a_per_expert, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
+                 ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device),
+                 EPI_PR3045=pr3045, A_AMAX_EXPERT=a_per_expert)
     cublas = _cublas_epilogue(flags, out)
     a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
     ends = list(itertools.accumulate(splits))
     parts = [(e, end - m_e, end) for e, (m_e, end) in enumerate(zip(splits, ends)) if m_e != 0]
     biases = [None if bias_mode == 0 else (bias if bias_mode == 1 else bias[e]) for e in range(len(splits))]
     if cublas and _per_expert_scaled_mm([(a16[r0:r1], b16[e * n:(e + 1) * n], out[r0:r1], e, biases[e])
-                                         for e, r0, r1 in parts], a.amax, b.amax, len(splits), False, b_mode == 1, inv_e):
+                                         for e, r0, r1 in parts], a.amax, b.amax, len(splits), a_per_expert,
+                                        b_mode == 1, inv_e):
         return out
     acc = torch.empty((m, n), dtype=torch.float32, device=a.data.device)
     for e, r0, r1 in parts:

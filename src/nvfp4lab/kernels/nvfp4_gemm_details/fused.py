@@ -153,6 +153,7 @@ def nvfp4_gemm_kernel(
     B_PRE: tl.constexpr,  # b_ptr is B already expanded by expand_kernel: fp16 (rows, roundup(K, BLOCK_K))
     SOFT_BF16: tl.constexpr = False,  # bf16 bias / out_old loaded by bits (the interpreter)
     EPI_PR3045: tl.constexpr = False,  # PR 3045's epilogue order (common.epilogue)
+    A_AMAX_EXPERT: tl.constexpr = False,  # grouped: A amax per expert (E,)
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -258,7 +259,7 @@ def nvfp4_gemm_kernel(
 
     epilogue(acc, offs_m, offs_n, mask_m, mask_n, rows_a, rows_b, expert, a_amax_ptr, b_amax_ptr, bias_ptr,
              out_ptr, N, stride_om, stride_on, inv_e, A_AMAX_ROWS, B_AMAX_MODE, BIAS_MODE, ACCUMULATE,
-             OUT_BF16, BLOCK_M, BLOCK_N, SOFT_BF16, EPI_PR3045)
+             OUT_BF16, BLOCK_M, BLOCK_N, SOFT_BF16, EPI_PR3045, A_AMAX_EXPERT)
 
 
 
