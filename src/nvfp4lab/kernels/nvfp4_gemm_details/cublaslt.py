@@ -177,8 +177,8 @@ def available() -> bool:
 def supports(a16: torch.Tensor, b16: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> bool:
     """Whether the tensors' dtypes and strides are the plan's: BF16 operands, a bf16 / fp32 ``out``, each with unit
     stride along its last dimension, and a bias only with fp32 ``out`` (fp32, contiguous, 16-byte aligned): into a
-    bf16 output cuBLAS' bias epilogue does not round fl(alpha * acc) + bias the reference's way (13 of 333000
-    elements differed on an H200)."""
+    bf16 output cuBLAS' bias epilogue does not round fl(alpha * acc) + bias the reference's way (figures in
+    benchmarks/RESULTS.md)."""
     return (out.dtype in _DTYPES and a16.dtype == b16.dtype == torch.bfloat16 and out.stride(-1) == 1
             and a16.stride(-1) == 1 and b16.stride(-1) == 1
             and (bias is None or (out.dtype == bias.dtype == torch.float32 and bias.is_contiguous()
