@@ -1,25 +1,27 @@
-"""The NVFP4 GEMM for large M: operands expanded to FP16, cuBLAS, and the epilogue in cuBLAS or in a kernel of its own.
+"""The NVFP4 GEMM for large M: operands expanded (exact), cuBLAS, and the epilogue in cuBLAS or in a kernel of its own.
 
-Both operands are expanded to FP16 q * s in one launch of :func:`.fused.expand` (exact: every product of an E2M1 value
-and an E4M3 scale is an FP16 normal number or zero; the same permutation of K within every block_k tile
-on both sides, so the products pair up as in the definition). Then one of two epilogues:
+Both operands are expanded to q * s in one launch of :func:`.fused.expand` (exact in FP16 and in BF16: every product
+of an E2M1 value and an E4M3 scale has at most 5 significant bits and lies in [2^-10, 2688] or is zero; the same
+permutation of K within every block_k tile on both sides, so the products pair up as in the definition). Then one of
+two epilogues:
 
 * cuBLAS' own (:mod:`.cublaslt`), where alpha is one number per product (A's and B's amax per tensor or per
   expert), without accumulation or PR 3045's order, into a bf16 / fp32 output with unit column stride: the
-  operands are expanded to BF16 instead, a one-program kernel (:func:`alpha_kernel`) writes alpha[e] =
+  operands are expanded to BF16, a one-program kernel (:func:`alpha_kernel`) writes alpha[e] =
   fl(fl(amax_a * amax_b) * inv_e) per expert to device memory, and cuBLASLt writes fl(acc * alpha[e]) (plus the
-  bias in fp32: its bias epilogue, with fp32 outputs only) rounded once to the output's dtype. This is TE's own GEMM (cuBLAS with a device
-  alpha). Where fl(amax_a * amax_b) overflows for finite amaxes, alpha[e] = fl(fl(alpha_low * 2^64) * 2^64):
-  fl(acc * alpha) then equals the reference's fl(fl(fl(acc * alpha_low) * 2^64) * 2^64)
-  (:func:`nvfp4lab.ref.gemm.apply_alpha`), because acc is 0 or at least 2^-20 in magnitude (a sum of multiples of
-  2^-20), so fl(acc * alpha_low) is never subnormal; only where alpha itself passes fp32's range
+  bias in fp32: its bias epilogue, with fp32 outputs only) rounded once to the output's dtype. This is TE's own
+  GEMM (cuBLAS with a device alpha). Where fl(amax_a * amax_b) overflows for finite amaxes, alpha[e] =
+  fl(fl(alpha_low * 2^64) * 2^64): fl(acc * alpha) then equals the reference's fl(fl(fl(acc * alpha_low) * 2^64)
+  * 2^64) (:func:`nvfp4lab.ref.gemm.apply_alpha`), because acc is 0 or at least 2^-20 in magnitude (a sum of
+  multiples of 2^-20), so fl(acc * alpha_low) is never subnormal; only where alpha itself passes fp32's range
   (amax_a * amax_b * inv_e >= 2^128) the result is inf (NaN where acc = 0), as TE's, where the reference keeps the
   finite values of its unbounded exponent range.
-* otherwise cuBLAS with fp32 output and :func:`epilogue_kernel` (alpha, bias, out_old, cast) in one pass.
+* otherwise FP16 operands, cuBLAS with fp32 output and :func:`epilogue_kernel` (alpha, bias, out_old, cast) in one
+  pass.
 
-Temporaries: 2MK + 2NK bytes of expanded operands (and 4MN bytes of fp32 for the kernel epilogue). Grouped GEMMs with host split
-sizes expand A and B once, then run one cuBLAS GEMM per non-empty expert and, on the kernel-epilogue path, one
-epilogue over all rows (:func:`grouped_epilogue_kernel`, each row's expert read from the device row ends).
+Temporaries: 2MK + 2NK bytes of expanded operands (and 4MN bytes of fp32 for the kernel epilogue). Grouped GEMMs with
+host split sizes expand A and B once, then run one cuBLAS GEMM per non-empty expert and, on the kernel-epilogue path,
+one epilogue over all rows (:func:`grouped_epilogue_kernel`, each row's expert read from the device row ends).
 """
 from __future__ import annotations
 
