@@ -45,10 +45,10 @@ class _HeuristicResult(ctypes.Structure):
 
 
 def _candidates():
-    for major in (13, 12):
-        yield f"libcublasLt.so.{major}"
-    for root in {os.path.dirname(os.path.dirname(torch.__file__))}:
-        yield from sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcublasLt.so*")), reverse=True)
+    """The library's sonames, then the copies in the ``nvidia`` wheels beside torch."""
+    yield from ("libcublasLt.so.13", "libcublasLt.so.12")
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    yield from sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcublasLt.so*")), reverse=True)
 
 
 @functools.lru_cache(maxsize=None)
