@@ -35,8 +35,10 @@ step conf 150 bash -c 'for d in "$NVFP4LAB_GOLDEN" .gpu/golden_pr3045; do [ -d "
 step tests ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
-  extra=""; [ "$b" = linear ] && extra="--breakdown 12"  # + each preset's costliest kernels
-  [ -f "$script" ] && step "$b" "$BENCH_LIMIT" python3 "$script" $QUICK $extra --out "$OUT/$b.json"
+  extra=""; limit=$BENCH_LIMIT
+  # linear: three Linear shapes and the MoE case, + each preset's costliest kernels
+  [ "$b" = linear ] && extra="--breakdown 12" && limit=$((BENCH_LIMIT * 2))
+  [ -f "$script" ] && step "$b" "$limit" python3 "$script" $QUICK $extra --out "$OUT/$b.json"
 done
 step host "$BENCH_LIMIT" python3 benchmarks/host.py $QUICK --prev-steps --out "$OUT/host.json"
 # the previous version's own scripts on its own package, same machine and call

@@ -49,6 +49,22 @@ def test_linear_benchmark_moe_smoke_run(tmp_path):
         assert f"MoE 8x 224->64, 256 tok / {row['preset']}: kernel ms per kind" in proc.stdout
 
 
+def test_linear_benchmark_shapes(tmp_path):
+    """--linear-shapes: one Linear case per M x K x N, each against its own BF16 row; a malformed list is refused
+    with the option's name."""
+    out = tmp_path / "results.json"
+    run_script("linear.py", "--device", "cpu", "--quick", "--cases", "linear", "--presets", "te_default",
+               "--linear-shapes", "64x32x48,32x64x32", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["case"], row["preset"]) for row in rows] == [
+        ("Linear 32->48, 64 tok", "bf16 nn.Linear"), ("Linear 32->48, 64 tok", "te_default"),
+        ("Linear 64->32, 32 tok", "bf16 nn.Linear"), ("Linear 64->32, 32 tok", "te_default")]
+    assert all("error" not in row and row["step_ms"] > 0 for row in rows)
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "linear.py"), "--device", "cpu", "--linear-shapes", "64x32"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--linear-shapes" in bad.stderr and "MxKxN" in bad.stderr
+
+
 def test_fsdp_benchmark_smoke_run(tmp_path):
     """benchmarks/fsdp.py on 2 gloo processes (CPU, 2 layers of 256): every configuration is timed and
     every check of the FP4 all-gather configurations runs and passes (gathered weight, all-gather bytes,
