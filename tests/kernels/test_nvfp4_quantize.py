@@ -994,6 +994,7 @@ for name, kwargs in json.loads(sys.argv[1]).items():
                 frontend(cast16_kernel, sig, meta16, 1)
                 frontend(cast16_kernel, sig, dict(meta16, GROUPS=4), 1)
                 frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
+                frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0, GROUPS=4), 1)
         else:
             meta = opt_flags.constexprs(opt_flags.four_over_six_meta(
                 8192, 8192, cfg.rowwise, cfg.columnwise, block_2d, cfg.per_token, FOUR_OVER_SIX_CODES[cfg.four_over_six],

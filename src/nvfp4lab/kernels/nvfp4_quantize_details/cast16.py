@@ -119,9 +119,10 @@ def cast16_kernel(
     Layout: with bf16 input, BLOCK_K = 128 and one warp, each thread loads 16 bytes of 8 of the 16
     rows (see ``r16``): a rowwise block spans two threads, and so does a columnwise block, each thread
     packing one of its two words (one shuffle per block amax; scale math duplicated in the pair).
-    GROUPS (1, 2 or 4; 1 when GROUPED): consecutive 16-row groups per program, cast one after the other;
-    their columnwise words and scales are stored together, so that each column's row of the (K, M/2)
-    output gets 8 * GROUPS contiguous bytes from one program instead of 8-byte pieces.
+    GROUPS (1, 2 or 4): consecutive 16-row groups per program, cast one after the other; their
+    columnwise words and scales are stored together, so that each column's row of the (K, M/2) output
+    gets 8 * GROUPS contiguous bytes from one program instead of 8-byte pieces (GROUPED: each group in
+    its own split, contiguous where the groups share one).
     """
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
@@ -152,10 +153,40 @@ def cast16_kernel(
             m_blocks = M // 16
             cols = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
             groups = g0 + tl.arange(0, GROUPS)
-            ok = (cols < K)[:, None] & (g0 + slot // 2 < m_blocks)[None, :]
-            tl.store(col_data_ptr + (cols * m_blocks + g0)[:, None] * 2 + slot[None, :], words, mask=ok)
-            csoff = scale_offsets(cols[:, None], groups[None, :], m_blocks, LAYOUT)
-            tl.store(col_scale_ptr + csoff, scales.to(tl.uint8), mask=(cols < K)[:, None] & (groups < m_blocks)[None, :])
+            if GROUPED:
+                # each group's own split (groups may straddle splits): its block in the bulk layout, per
+                # word slot and per group; contiguous when the program's groups share a split
+                slot_blk = _grouped_col_blocks(offsets_ptr, group_split_ptr, g0 + slot // 2, cols, M, K)
+                ok = (cols < K)[:, None] & (g0 + slot // 2 < m_blocks)[None, :]
+                ok = ok & (slot_blk >= 0) & (slot_blk < m_blocks * K)
+                tl.store(col_data_ptr + slot_blk * 2 + (slot % 2)[None, :], words, mask=ok)
+                csoff = _grouped_col_blocks(offsets_ptr, group_split_ptr, groups, cols, M, K)  # compact
+                sok = (cols < K)[:, None] & (groups < m_blocks)[None, :] & (csoff >= 0) & (csoff < m_blocks * K)
+            else:
+                ok = (cols < K)[:, None] & (g0 + slot // 2 < m_blocks)[None, :]
+                tl.store(col_data_ptr + (cols * m_blocks + g0)[:, None] * 2 + slot[None, :], words, mask=ok)
+                csoff = scale_offsets(cols[:, None], groups[None, :], m_blocks, LAYOUT)
+                sok = (cols < K)[:, None] & (groups < m_blocks)[None, :]
+            tl.store(col_scale_ptr + csoff, scales.to(tl.uint8), mask=sok)
+
+
+@triton.jit
+def _last_group_at_most(g, M):
+    """g, or the last 16-row group of M rows for the groups past it (a multi-group program's tail, whose
+    stores are masked): the index of a valid group_split entry."""
+    return tl.minimum(g, tl.cdiv(M, 16) - 1)
+
+
+@triton.jit
+def _grouped_col_blocks(offsets_ptr, group_split_ptr, g, cols, M, K):
+    """Columnwise block index [BLOCK_K, len(g)] in the grouped bulk layout of the 16-row groups g (each in
+    the split the amax pass recorded) and columns cols: a split of R rows starting at row S holds a
+    (K, R / 16) block matrix from block S / 16 * K on."""
+    g_ok = g < M // 16
+    split = tl.load(group_split_ptr + g, mask=g_ok, other=0)
+    start = tl.load(offsets_ptr + split, mask=g_ok, other=0)
+    split_blocks = (tl.load(offsets_ptr + split + 1, mask=g_ok, other=0) - start) // 16
+    return (start // 16 * K + (g - start // 16))[None, :] + cols[:, None] * split_blocks[None, :]
 
 
 @triton.jit
@@ -201,7 +232,7 @@ def _cast16_group(
             pass  # the tables: only EXACT tiles read the amax, below
         elif GROUPED:
             if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
-                outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + g))
+                outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + _last_group_at_most(g, M)))
             else:
                 outer = tl.load(row_amax_ptr + split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
         else:
@@ -247,7 +278,7 @@ def _cast16_group(
     # ---------------------------------------------------- columnwise: the 16 rows are one block per column
     if COLWISE:
         if GROUPED:
-            split = tl.load(group_split_ptr + g)
+            split = tl.load(group_split_ptr + _last_group_at_most(g, M))
             start = tl.load(offsets_ptr + split)
             split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
             blk2 = start // 16 * K + cols * split_blocks + (g - start // 16)  # bulk layout, [BLOCK_K]

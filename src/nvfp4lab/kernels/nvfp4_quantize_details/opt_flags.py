@@ -132,19 +132,17 @@ def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, 
     return (stochastic_rounding or rht) and not block_2d and m * k >= SPLIT_CAST_MIN_ELEMENTS
 
 
-def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, rht: bool, sr: bool, grouped: bool = False,
+def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, rht: bool, sr: bool,
                 block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> tuple[int, int, int]:
     """(GROUPS, BLOCK_K, num_warps) of ``cast16_kernel``.
 
     GROUPS (16-row groups per program; block_m / 16 rounded down to 1, 2 or 4 when given): 4 for casts
-    with a columnwise output, whose (K, M/2) rows then get 32-byte pieces (a full sector) per program;
-    1 for rowwise-only casts (nothing to gain), for per-token, RHT and SR casts (bound by instructions:
-    more groups per program did not make them faster), and for grouped casts (a split may end inside
-    four groups). At most the 16-row groups of m, rounded up to a power of 2."""
+    with a plain columnwise output (grouped ones included: each group finds its own split), whose
+    (K, M/2) rows then get 32-byte pieces (a full sector) per program; 1 for rowwise-only casts
+    (nothing to gain) and for per-token, RHT and SR casts (bound by instructions: more groups per
+    program did not make them faster). At most the 16-row groups of m, rounded up to a power of 2."""
     bk = block_k or CAST16_BLOCK_K
-    if grouped:
-        groups = 1
-    elif block_m:
+    if block_m:
         groups = 4 if block_m >= 64 else (2 if block_m >= 32 else 1)
     else:
         groups = CAST16_COL_GROUPS if columnwise and not (per_token or rht or sr) else 1
@@ -172,7 +170,7 @@ def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool,
     REUSE_2D (16x16 row+col, per tensor, no SR): the columnwise copy takes the rowwise codes when both
     outer amaxes are equal."""
     groups, bk, warps = cast16_tile(m, k, columnwise=columnwise, per_token=per_token, rht=rht_sign_mask >= 0,
-                                    sr=stochastic_rounding, grouped=split_steps is not None, block_m=block_m,
+                                    sr=stochastic_rounding, block_m=block_m,
                                     block_k=block_k, num_warps=num_warps)
     meta = dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
