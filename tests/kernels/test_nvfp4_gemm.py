@@ -265,16 +265,16 @@ def scaled_mm_calls(monkeypatch):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("amax_a,amax_b,out_dtype,bias_dtype,cublas", [
-    ("tensor", "tensor", torch.bfloat16, None, True), ("tensor", "tensor", torch.bfloat16, torch.bfloat16, False),
+    ("tensor", "tensor", torch.bfloat16, None, True), ("tensor", "tensor", torch.bfloat16, torch.bfloat16, True),
     ("tensor", "tensor", torch.float32, torch.float32, True), ("tensor", "tensor", torch.float32, torch.bfloat16, False),
     ("tensor", "tensor", torch.float16, None, False), ("token", "tensor", torch.bfloat16, None, False),
     ("tensor", "token", torch.bfloat16, None, False)])
 def test_dequant_mm_cublas_epilogue(amax_a, amax_b, out_dtype, bias_dtype, cublas, device, scaled_mm_calls):
-    """Where alpha is one number (A and B per tensor) and the output is bf16 / fp32 (with a bias: both fp32), the
-    dequant_mm path expands the operands to BF16 and scales (and adds the bias) in cuBLAS' epilogue (on the CPU its
-    PyTorch twin) with the alpha kernel's value; other outputs / biases and per-token amaxes take the fp32 product
-    and the epilogue kernel. Equal to the reference either way (exact operands), misaligned / strided output rows
-    included."""
+    """Where alpha is one number (A and B per tensor) and the output is bf16 / fp32 (with a bias: of the output's
+    dtype, into 16-byte aligned rows), the dequant_mm path expands the operands to BF16 and scales (and adds the
+    bias) in cuBLAS' epilogue (on the CPU its PyTorch twin) with the alpha kernel's value; other outputs / biases,
+    per-token amaxes and a bias into 2-byte aligned rows take the fp32 product and the epilogue kernel. Equal to the
+    reference either way (exact operands), misaligned / strided output rows included."""
     gen = torch.Generator().manual_seed(71)
     m, n, k = (333, 1000, 1056) if device == "cuda" else (40, 72, 96)
     a = exact_operand(m, k, gen, amax=amax_a, device=device, layout="swizzled")
@@ -287,7 +287,7 @@ def test_dequant_mm_cublas_epilogue(amax_a, amax_b, out_dtype, bias_dtype, cubla
         scaled_mm_calls.clear()
         G.run(a, b, out, bias=bias, config=rule or opt_flags.DENSE_RULES["default"]["dequant"])
         assert_equal(out, want)
-        if not cublas:
+        if not cublas or (bias is not None and not contiguous):
             assert scaled_mm_calls and True not in scaled_mm_calls
         elif contiguous or device == "cpu":  # (cuBLASLt may have no algorithm for 2-byte aligned rows)
             assert scaled_mm_calls == [True]

@@ -176,18 +176,19 @@ def available() -> bool:
 
 def supports(a16: torch.Tensor, b16: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> bool:
     """Whether the tensors' dtypes and strides are the plan's: BF16 operands, a bf16 / fp32 ``out``, each with unit
-    stride along its last dimension, and a bias only with fp32 ``out`` (fp32, contiguous, 16-byte aligned): into a
-    bf16 output cuBLAS' bias epilogue does not round fl(alpha * acc) + bias the reference's way (figures in
+    stride along its last dimension; a bias of ``out``'s dtype, contiguous and 16-byte aligned, only where ``out``'s
+    rows are 16-byte aligned (address and row stride). There cuBLAS' bias epilogue rounds fl(fl(alpha * acc) + bias)
+    once, as the reference; for 2-byte aligned rows it picks kernels whose bias epilogue rounds otherwise (figures in
     benchmarks/RESULTS.md)."""
     return (out.dtype in _DTYPES and a16.dtype == b16.dtype == torch.bfloat16 and out.stride(-1) == 1
             and a16.stride(-1) == 1 and b16.stride(-1) == 1
-            and (bias is None or (out.dtype == bias.dtype == torch.float32 and bias.is_contiguous()
-                                  and bias.data_ptr() % 16 == 0)))
+            and (bias is None or (bias.dtype == out.dtype and bias.is_contiguous() and bias.data_ptr() % 16 == 0
+                                  and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0)))
 
 
 def plan(a16: torch.Tensor, b16: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Optional[Plan]:
     """The cached plan for ``out = alpha * (a16 @ b16^T) [+ bias]`` (a16 (M, K), b16 (N, K) BF16 with unit stride
-    along K; out (M, N) bf16 / fp32 with unit column stride; bias (N,) with fp32 out, on a CUDA device), or None where
+    along K; out (M, N) bf16 / fp32 with unit column stride; bias (N,) as ``supports`` says, on a CUDA device), or None where
     cuBLASLt is not available or has no algorithm for it."""
     if not supports(a16, b16, out, bias) or _library() is None:
         return None

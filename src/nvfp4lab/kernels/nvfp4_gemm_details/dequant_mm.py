@@ -9,7 +9,7 @@ two epilogues:
   expert), without accumulation or PR 3045's order, into a bf16 / fp32 output with unit column stride: the
   operands are expanded to BF16, a one-program kernel (:func:`alpha_kernel`) writes alpha[e] =
   fl(fl(amax_a * amax_b) * inv_e) per expert to device memory, and cuBLASLt writes fl(acc * alpha[e]) (plus the
-  bias in fp32: its bias epilogue, with fp32 outputs only) rounded once to the output's dtype. This is TE's own
+  bias in fp32: its bias epilogue, for 16-byte aligned output rows) rounded once to the output's dtype. This is TE's own
   GEMM (cuBLAS with a device alpha). Where fl(amax_a * amax_b) overflows for finite amaxes, alpha[e] =
   fl(fl(alpha_low * 2^64) * 2^64): fl(acc * alpha) then equals the reference's fl(fl(fl(acc * alpha_low) * 2^64)
   * 2^64) (:func:`nvfp4lab.ref.gemm.apply_alpha`), because acc is 0 or at least 2^-20 in magnitude (a sum of
@@ -147,11 +147,12 @@ def _alphas(a_amax, b_amax, num: int, a_per_expert: bool, b_per_expert: bool, in
 
 
 def _cublas_epilogue(flags: dict, out: torch.Tensor) -> bool:
-    """Whether cuBLAS' epilogue (one alpha per product, a bias per output column into fp32 outputs) computes these
-    flags' epilogue into ``out`` on its device (module docstring): then the operands are expanded to BF16."""
+    """Whether cuBLAS' epilogue (one alpha per product, a bias per output column into 16-byte aligned output rows)
+    computes these flags' epilogue into ``out`` on its device (module docstring): then the operands are expanded to
+    BF16."""
     if (flags["A_AMAX_ROWS"] or flags["B_AMAX_MODE"] == 2 or flags["ACCUMULATE"] or flags["EPI_PR3045"]
             or out.dtype not in (torch.bfloat16, torch.float32) or out.stride(-1) != 1
-            or (flags["BIAS_MODE"] and out.dtype != torch.float32)):
+            or (flags["BIAS_MODE"] and (out.data_ptr() % 16 or out.stride(0) * out.element_size() % 16))):
         return False
     return not out.is_cuda or cublaslt.available()
 
