@@ -147,12 +147,11 @@ def _alphas(a_amax, b_amax, num: int, a_per_expert: bool, b_per_expert: bool, in
 
 
 def _cublas_epilogue(flags: dict, out: torch.Tensor) -> bool:
-    """Whether cuBLAS' epilogue (one alpha per product, a bias per output column into 16-byte aligned output rows)
-    computes these flags' epilogue into ``out`` on its device (module docstring): then the operands are expanded to
-    BF16."""
+    """Whether cuBLAS' epilogue (one alpha per product, a bias per output column) can compute these flags' epilogue
+    into ``out`` on its device (module docstring): then the operands are expanded to BF16, and the product runs there
+    where :func:`cublaslt.supports` its tensors (a bias: into 16-byte aligned rows only)."""
     if (flags["A_AMAX_ROWS"] or flags["B_AMAX_MODE"] == 2 or flags["ACCUMULATE"] or flags["EPI_PR3045"]
-            or out.dtype not in (torch.bfloat16, torch.float32) or out.stride(-1) != 1
-            or (flags["BIAS_MODE"] and (out.data_ptr() % 16 or out.stride(0) * out.element_size() % 16))):
+            or out.dtype not in (torch.bfloat16, torch.float32) or out.stride(-1) != 1):
         return False
     return not out.is_cuda or cublaslt.available()
 

@@ -25,10 +25,12 @@ from .common import (
     encode_factor_pr3045,
     global_encode_pr3045,
     global_scales,
+    group_split,
     normal_range,
     pack_codes,
     scale_offsets,
     split_of,
+    split_span,
 )
 from .pt_scales import pt_table_load
 from .rht import bf16_saturating, rht16_cast16
@@ -171,21 +173,11 @@ def cast16_kernel(
 
 
 @triton.jit
-def _last_group_at_most(g, M):
-    """g, or the last 16-row group of M rows for the groups past it (a multi-group program's tail, whose
-    stores are masked): the index of a valid group_split entry."""
-    return tl.minimum(g, tl.cdiv(M, 16) - 1)
-
-
-@triton.jit
 def _grouped_col_blocks(offsets_ptr, group_split_ptr, g, cols, M, K):
     """Columnwise block index [BLOCK_K, len(g)] in the grouped bulk layout of the 16-row groups g (each in
     the split the amax pass recorded) and columns cols: a split of R rows starting at row S holds a
     (K, R / 16) block matrix from block S / 16 * K on."""
-    g_ok = g < M // 16
-    split = tl.load(group_split_ptr + g, mask=g_ok, other=0)
-    start = tl.load(offsets_ptr + split, mask=g_ok, other=0)
-    split_blocks = (tl.load(offsets_ptr + split + 1, mask=g_ok, other=0) - start) // 16
+    _, start, split_blocks = split_span(offsets_ptr, group_split_ptr, g, M)
     return (start // 16 * K + (g - start // 16))[None, :] + cols[:, None] * split_blocks[None, :]
 
 
@@ -232,7 +224,7 @@ def _cast16_group(
             pass  # the tables: only EXACT tiles read the amax, below
         elif GROUPED:
             if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
-                outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + _last_group_at_most(g, M)))
+                outer = tl.zeros([1, 1], tl.float32) + tl.load(row_amax_ptr + group_split(group_split_ptr, g, M))
             else:
                 outer = tl.load(row_amax_ptr + split_of(rows, offsets_ptr, num_splits, SPLIT_STEPS))[:, None]
         else:
@@ -278,9 +270,7 @@ def _cast16_group(
     # ---------------------------------------------------- columnwise: the 16 rows are one block per column
     if COLWISE:
         if GROUPED:
-            split = tl.load(group_split_ptr + _last_group_at_most(g, M))
-            start = tl.load(offsets_ptr + split)
-            split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
+            split, start, split_blocks = split_span(offsets_ptr, group_split_ptr, g, M)
             blk2 = start // 16 * K + cols * split_blocks + (g - start // 16)  # bulk layout, [BLOCK_K]
             unit_base = start // 16 * K + (g - start // 16) * 2  # SR: the same, in 2x8 units
             unit_stride = split_blocks * 2

@@ -123,6 +123,21 @@ def split_of(r, offsets_ptr, num_splits, STEPS: tl.constexpr):
 
 
 @triton.jit
+def group_split(group_split_ptr, g, M):
+    """Split of the 16-row group g (scalar or tensor) as the amax pass recorded it; groups past the M rows
+    (a multi-group program's tail, whose stores are masked) read the last group's entry."""
+    return tl.load(group_split_ptr + tl.minimum(g, tl.cdiv(M, 16) - 1))
+
+
+@triton.jit
+def split_span(offsets_ptr, group_split_ptr, g, M):
+    """(split, its first row, its 16-row blocks) of the 16-row group g (``group_split``)."""
+    split = group_split(group_split_ptr, g, M)
+    start = tl.load(offsets_ptr + split)
+    return split, start, (tl.load(offsets_ptr + split + 1) - start) // 16
+
+
+@triton.jit
 def scale_offsets(i, j, ncols, LAYOUT: tl.constexpr):
     """Offset of scale (i, j) of an (R, ncols) matrix in the compact / padded / swizzled buffer."""
     if LAYOUT == 0:

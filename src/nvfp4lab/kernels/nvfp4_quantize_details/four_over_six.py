@@ -28,9 +28,11 @@ from .common import (
     correct_div,
     encode_factor,
     global_scales,
+    group_split,
     normal_range,
     scale_offsets,
     split_of,
+    split_span,
 )
 
 
@@ -359,7 +361,7 @@ def four_over_six_kernel(
             N_ROW: tl.constexpr = 8
         elif GROUPED:
             if COLWISE or BLOCK_2D:  # splits of whole 16-row groups: one split for the tile
-                outer = tl.zeros([1, 1, 1], tl.float32) + tl.load(row_amax_ptr + tl.load(group_split_ptr + g))
+                outer = tl.zeros([1, 1, 1], tl.float32) + tl.load(row_amax_ptr + group_split(group_split_ptr, g, M))
                 N_ROW: tl.constexpr = 1
             else:
                 outer = tl.load(row_amax_ptr + split_of(row3, offsets_ptr, num_splits, SPLIT_STEPS))
@@ -394,9 +396,7 @@ def four_over_six_kernel(
         else:
             cbamax = tl.max(tl.max(abs_bits(xc), axis=3), axis=2).to(tl.float32, bitcast=True)
         if GROUPED:
-            split = tl.load(group_split_ptr + g)
-            start = tl.load(offsets_ptr + split)
-            split_blocks = (tl.load(offsets_ptr + split + 1) - start) // 16
+            split, start, split_blocks = split_span(offsets_ptr, group_split_ptr, g, M)
             blk2 = start // 16 * K + col3 * split_blocks + (g - start // 16)  # bulk layout
             if PER_TOKEN:
                 couter = tl.load(col_amax_ptr + split * K + col3, mask=col_ok3, other=0.0)
