@@ -13,12 +13,13 @@ from .ops import (
     quantize_nvfp4,
     quantize_nvfp4_grouped,
     quantize_nvfp4_grouped_bulk,
+    quantize_nvfp4_operands,
     swizzle_scales,
     unswizzle_scales,
 )
 from .recipes import MXFP8Recipe, NVFP4Recipe
 from .te_recipes import NVFP4BlockScaling, NVFP4PerTokenBlockScaling
-from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor
+from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Operand, NVFP4Tensor
 from .version import __version__
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "dequantize_mxfp8", "dequantize_nvfp4", "nvfp4_gemm", "nvfp4_grouped_gemm", "nvfp4_grouped_wgrad",
     "quantize_mxfp8", "quantize_nvfp4",
     "quantize_nvfp4_grouped", "quantize_nvfp4_grouped_bulk", "GroupedNVFP4Tensor",
+    "quantize_nvfp4_operands", "NVFP4Operand",
     "swizzle_scales", "unswizzle_scales",
     "NVFP4Recipe", "MXFP8Recipe", "NVFP4BlockScaling", "NVFP4PerTokenBlockScaling", "autocast",
     "Linear", "GroupedLinear", "convert",

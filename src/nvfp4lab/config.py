@@ -192,3 +192,16 @@ def with_copies(config, rowwise: bool, columnwise: bool):
 @functools.lru_cache(maxsize=1024)
 def _with_copies_cached(config, rowwise: bool, columnwise: bool):
     return dataclasses.replace(config, rowwise=rowwise, columnwise=columnwise)
+
+
+def operand_config(config: NVFP4QuantConfig, columnwise: bool) -> NVFP4QuantConfig:
+    """The config of one copy of ``config`` used as a rowwise GEMM operand: that copy alone, and for the
+    columnwise copy without RHT (its values are RHT(x^T) already). Cached in eager mode."""
+    if torch.compiler.is_compiling():
+        return dataclasses.replace(config, rowwise=True, columnwise=False, rht=config.rht and not columnwise)
+    return _operand_config_cached(config, columnwise)
+
+
+@functools.lru_cache(maxsize=1024)
+def _operand_config_cached(config, columnwise: bool):
+    return dataclasses.replace(config, rowwise=True, columnwise=False, rht=config.rht and not columnwise)

@@ -27,7 +27,7 @@ from .checks import check_multiple as _check_multiple
 from .checks import check_tensor as _check_tensor
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
 from .runtime import compiling, graph_capturing, host_ints_on_device  # noqa: F401  (ops.compiling etc. are public)
-from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor, cumulative_offsets, register_dequantize
+from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Operand, NVFP4Tensor, cumulative_offsets, register_dequantize
 
 try:  # the Triton backend; the reference backend needs no Triton
     from .kernels import dequantize as dequant_kernels
@@ -212,6 +212,54 @@ def quantize_nvfp4(
         out = ref.nvfp4.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, generator=generator)
     out.shape = x.shape
     return out
+
+
+def quantize_nvfp4_operands(
+    x: torch.Tensor,
+    *,
+    config: NVFP4QuantConfig,
+    rowwise_operand: bool = True,
+    columnwise_operand: bool = True,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
+) -> tuple:
+    """:func:`quantize_nvfp4` of a 2-D ``x`` (M, K) where the named copies come as :class:`NVFP4Operand`: the exact
+    BF16 values q * s that the Hopper GEMM (:func:`nvfp4_gemm`) consumes, written by the cast itself (the rowwise
+    operand (M, K), the columnwise one (K, M): x^T, or RHT(x^T) with RHT), so the GEMM expands nothing for them.
+    The same codes and scales as :func:`quantize_nvfp4` with the same seed; 16 bits per element, so for the copies
+    a pass consumes at once (a layer's gradient), not for saved ones.
+
+    Returns (packed, row, col): an NVFP4Tensor holding the config's other copies (None when none remain) and the
+    operands (None where not asked or not in the config). Recipes without ``four_over_six`` (whose cast has no
+    operand output) and without PR 3045's 2D weight config; M and K multiples of 16.
+    """
+    _check_tensor("x", x)
+    if not isinstance(config, NVFP4QuantConfig):
+        raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
+    if config.four_over_six or config.broadcast_2d:
+        raise ValueError("quantize_nvfp4_operands: configs without four_over_six and without PR 3045's 2D weight "
+                         "(broadcast_2d) only")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    m, k = x.shape
+    if k % 16:
+        _check_multiple("x.shape[1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
+    if m % 16 and (config.columnwise or config.block == "16x16"):
+        _check_multiple("x.shape[0] (M)", m, 16, "columnwise and 16x16 outputs block 16 rows")
+    if seed is not None:
+        check_seed(seed)
+        if generator is not None:
+            raise ValueError("seed and generator: pass one of them, not both")
+    backend = resolve_backend(backend, x.device)
+    if backend == "triton":
+        x2 = x if x.is_contiguous() else x.contiguous()
+        return nvfp4_quantize.quantize_operands(x2, config, row_operand=rowwise_operand, col_operand=columnwise_operand,
+                                                seed=seed, generator=generator)
+    if config.stochastic_rounding and generator is None and seed is not None:
+        generator = torch.Generator(device=x.device).manual_seed(int(seed))
+    t = ref.nvfp4.quantize(x, config, generator=generator)
+    return ref.gemm.expanded_operands(t, rowwise_operand, columnwise_operand)
 
 
 
@@ -447,15 +495,15 @@ def _check_out(out, accumulate: bool, m: int, n: int, out_dtype: torch.dtype) ->
 
 
 # ------------------------------------------------------------------------------------------ GEMM
-def _check_same_numerics(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
+def _check_same_numerics(a, b) -> None:
     if a.config.numerics != b.config.numerics:
         raise ValueError(f"a and b must share numerics (a {a.config.numerics!r}, b {b.config.numerics!r}): PR 3045's "
                          "per-token GEMM takes two PR 3045 operands (its epilogue order differs from TE main's)")
 
 
 def nvfp4_gemm(
-    a: NVFP4Tensor,
-    b: NVFP4Tensor,
+    a: Union[NVFP4Tensor, NVFP4Operand],
+    b: Union[NVFP4Tensor, NVFP4Operand],
     *,
     out_dtype: torch.dtype = torch.bfloat16,
     bias: Optional[torch.Tensor] = None,
@@ -467,10 +515,14 @@ def nvfp4_gemm(
 
     a: logical (M, K); b: logical (N, K). Per-tensor or per-token amax on either side; each side's own
     E (448/256). bias: (N,). out: (M, N) written in place (and added to first when ``accumulate``).
+    Either operand may be an :class:`NVFP4Operand` (:func:`quantize_nvfp4_operands`): its values are used as they
+    are (on the GPU the product then runs on expanded operands, whatever its size).
     """
     for name, t in (("a", a), ("b", b)):
+        if isinstance(t, NVFP4Operand):
+            continue
         if not isinstance(t, NVFP4Tensor):
-            raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
+            raise TypeError(f"{name} must be an NVFP4Tensor or NVFP4Operand, got {type(t).__name__}")
         if t.rowwise_data is None:
             raise ValueError(f"{name} has no rowwise copy: nvfp4_gemm reads rowwise data (quantize with rowwise=True)")
     k = a.k
@@ -481,7 +533,7 @@ def nvfp4_gemm(
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, n = a.m, b.m
-    device = a.rowwise_data.device
+    device = a.device
     if bias is not None:
         _check_tensor("bias", bias)
         if bias.shape != (n,):
@@ -502,6 +554,16 @@ def nvfp4_gemm(
     if backend == "triton":
         return gemm_kernels.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
     return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
+
+
+def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] = None) -> bool:
+    """Whether :func:`nvfp4_gemm` of an (m, n, k) product on ``device`` expands its operands to BF16 anyway
+    (the Triton backend's large-M path on a GPU): then operands cast as :class:`NVFP4Operand` by
+    :func:`quantize_nvfp4_operands` save that expansion. False on the reference backend and the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda" or resolve_backend(backend, device) != "triton":
+        return False
+    return gemm_kernels.takes_expanded(m, n, k, device)
 
 
 def _check_offs_values(ends: list, m: int, m_splits) -> None:

@@ -148,6 +148,37 @@ class NVFP4Tensor(_DeviceMoves):
 
 
 @dataclass
+class NVFP4Operand(_DeviceMoves):
+    """One NVFP4 copy in the form the Hopper GEMM consumes: ``values`` (rows, K) BF16, the exact products
+    q * s of its E2M1 codes and E4M3 block scales (K in natural order; every product has at most 5
+    significant bits), with the copy's outer ``amax`` (fp32 (1,) or (rows,)) and ``config`` (that of the copy
+    as a rowwise GEMM operand, see :func:`nvfp4lab.functional.transposed_operand`). A value of the copy is
+    ``values * amax / (6 * e4m3_max)``. Made by :func:`nvfp4lab.ops.quantize_nvfp4_operands`, taken by
+    :func:`nvfp4lab.ops.nvfp4_gemm` for either operand; 16 bits per element, so a transient of a pass,
+    not a storage format (save :class:`NVFP4Tensor` copies)."""
+
+    values: torch.Tensor
+    amax: torch.Tensor
+    config: NVFP4QuantConfig
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    @property
+    def m(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.values.shape[1])
+
+    @property
+    def e4m3_max(self) -> float:
+        return self.config.e4m3_max
+
+
+@dataclass
 class MXFP8Tensor(_DeviceMoves):
     """MXFP8: E4M3/E5M2 bits (uint8) with E8M0 scales, one per 32 elements.
 

@@ -135,6 +135,27 @@ def _gemm_matrix(t: MXFP8Tensor, copy: str, backend) -> torch.Tensor:
     return _dequantize(t, "columnwise", torch.float32, backend).t()
 
 
+def _operands_apply(recipe, tensor: str, rowwise: bool, columnwise: bool, device, backend) -> bool:
+    """Whether a pass may cast ``tensor`` with BF16 operand outputs (:func:`nvfp4lab.ops.quantize_nvfp4_operands`):
+    NVFP4 recipes of the quantized backward whose config has such a cast (no 4over6, not PR 3045's 2D weight), in
+    eager mode (a compiled graph keeps the packed path). Each GEMM then takes them where
+    :func:`nvfp4lab.ops.gemm_takes_operands` (it expands its operands to BF16 anyway)."""
+    if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized" or ops.compiling():
+        return False
+    config = _tensor_config(recipe, tensor, rowwise, columnwise)
+    return not (config.four_over_six or config.broadcast_2d)
+
+
+def _takes_operands(m: int, n: int, k: int, device, backend) -> bool:
+    """:func:`nvfp4lab.ops.gemm_takes_operands`, cached per problem in eager mode."""
+    return _takes_operands_cached(m, n, k, device, backend)
+
+
+@functools.lru_cache(maxsize=1024)
+def _takes_operands_cached(m: int, n: int, k: int, device, backend) -> bool:
+    return ops.gemm_takes_operands(m, n, k, device, backend)
+
+
 def quantized_gemm(a: QuantizedTensor, a_copy: str, b: QuantizedTensor, b_copy: str, *, out_dtype, bias=None, backend=None):
     """A @ B^T where A (B) is the GEMM-orientation matrix of the named copy of a (b): the rowwise copy
     of an (M, K) tensor is x itself, the columnwise copy is x^T."""
@@ -195,10 +216,20 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     w_columnwise = mode == "quantized" and need_dgrad
     m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
     meta["m_pad"] = m_pad
-    qx = quantize_tensor(recipe, "input", _pad_rows(x2, m_pad), rowwise=True, columnwise=x_columnwise, backend=backend)
+    x_op = None
+    if _operands_apply(recipe, "input", True, x_columnwise, x2.device, backend) and _takes_operands(
+            m_pad, n, k, x2.device, backend):  # the fprop operand straight from the cast; the saved copy packed
+        qx, x_op, _ = ops.quantize_nvfp4_operands(_pad_rows(x2, m_pad), config=_tensor_config(
+            recipe, "input", True, x_columnwise), columnwise_operand=False, backend=backend)
+    else:
+        qx = quantize_tensor(recipe, "input", _pad_rows(x2, m_pad), rowwise=True, columnwise=x_columnwise,
+                             backend=backend)
     if qweight is None or (w_columnwise and qweight.columnwise_data is None):
         qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
-    y = quantized_gemm(qx, "rowwise", qweight, "rowwise", out_dtype=cdtype, bias=bias, backend=backend)
+    if x_op is not None:
+        y = ops.nvfp4_gemm(x_op, qweight, out_dtype=cdtype, bias=bias, backend=backend)
+    else:
+        y = quantized_gemm(qx, "rowwise", qweight, "rowwise", out_dtype=cdtype, bias=bias, backend=backend)
     if m_pad != m:
         y = y[:m]
     if mode == "quantized":
@@ -232,11 +263,28 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
         qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
         if need_dgrad or need_wgrad:
             rows = meta["m_pad"] if need_wgrad else m
-            qdy = quantize_tensor(recipe, "grad", _pad_rows(dy2, rows), rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
+            dy_rows = _pad_rows(dy2, rows)
+            row_op = col_op = False
+            if _operands_apply(recipe, "grad", need_dgrad, need_wgrad, device, backend):
+                row_op = need_dgrad and _takes_operands(rows, k, n, device, backend)
+                col_op = need_wgrad and _takes_operands(n, k, rows, device, backend)
+            if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast
+                qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(
+                    dy_rows, config=_tensor_config(recipe, "grad", need_dgrad, need_wgrad), rowwise_operand=row_op,
+                    columnwise_operand=col_op, backend=backend)
+            else:
+                qdy = quantize_tensor(recipe, "grad", dy_rows, rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
+                dy_row = dy_col = None
             if need_dgrad:
-                dx = quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
+                if dy_row is not None:
+                    dx = ops.nvfp4_gemm(dy_row, transposed_operand(qw), out_dtype=meta["x_dtype"], backend=backend)[:m]
+                else:
+                    dx = quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
             if need_wgrad:
-                dw = quantized_gemm(qdy, "columnwise", qx, "columnwise", out_dtype=meta["w_dtype"], backend=backend)
+                if dy_col is not None:
+                    dw = ops.nvfp4_gemm(dy_col, transposed_operand(qx), out_dtype=meta["w_dtype"], backend=backend)
+                else:
+                    dw = quantized_gemm(qdy, "columnwise", qx, "columnwise", out_dtype=meta["w_dtype"], backend=backend)
         return dx, dw, db
     if mode == "dequantized":
         qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])

@@ -54,7 +54,8 @@ import torch
 from .formats import soft_bf16_loads
 from .launch import custom_op, tracing
 from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
-from .nvfp4_gemm_details.common import gemm_inv, operand
+from ..tensors import NVFP4Operand
+from .nvfp4_gemm_details.common import EXPANDED, gemm_inv, operand
 from .nvfp4_gemm_details.opt_flags import GemmConfig
 
 __all__ = ["GemmConfig", "grouped_wgrad", "nvfp4_gemm", "nvfp4_grouped_gemm", "nvfp4_grouped_wgrad", "run"]
@@ -84,6 +85,11 @@ def _launch(
         decode = opt_flags.default_decode(device)
     inv_e = gemm_inv(e_max_a, e_max_b)
     config = opt_flags.resolve_config(config, m, n, k, num_experts, grouped, splits is not None, device)
+    if a.expanded or b.expanded:
+        if grouped:
+            raise ValueError("operands given expanded (NVFP4Operand) are for dense GEMMs only")
+        if not config.dequant_mm:
+            config = opt_flags.dequant_config(device)
     if grouped and config.dequant_mm:  # host split sizes: per-expert cuBLAS GEMMs on expanded operands
         return dequant_mm.grouped_gemm(a, b, bias, out, offs, b_mode, bias_mode, bool(accumulate), splits, n, k, inv_e,
                                        config, decode, pr3045=bool(pr3045), a_per_expert=bool(a_per_expert))
@@ -269,13 +275,22 @@ def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, con
                    splits=None if splits is None else list(splits), pr3045=_pr3045(a, b))
 
 
+def takes_expanded(m: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether a dense (m, n, k) GEMM on ``device`` runs the dequant_mm path by default, which expands its
+    operands to BF16 (so :class:`~nvfp4lab.NVFP4Operand` inputs save that work)."""
+    return opt_flags.takes_expanded(m, n, k, device)
+
+
 def _pr3045(a, b) -> bool:
     """PR 3045's epilogue order: both operands have its numerics (ops checks that they agree)."""
     return a.config.numerics == "te_pr3045" and b.config.numerics == "te_pr3045"
 
 
 def operand_args(t):
-    """The custom ops' arguments for one NVFP4Tensor operand (its rowwise copy)."""
+    """The custom ops' arguments for one NVFP4Tensor operand (its rowwise copy) or NVFP4Operand (its values;
+    the amax stands in for the scales, never read)."""
+    if type(t) is NVFP4Operand:
+        return (t.values, t.amax, t.amax, EXPANDED, float(t.config.e4m3_max))
     return (t.rowwise_data, t.rowwise_scale, t.rowwise_amax, t.scale_layout, float(t.e4m3_max))
 
 
@@ -301,6 +316,8 @@ class _EagerGemm:
         if any(not op.swizzled and op.scale is not raw for op, raw in ((a_op, asc), (b_op, bsc))):
             return  # a strided scale matrix is copied per call
         config = opt_flags.resolve_config(None, m, n, k, 1, False, False, device)
+        if a_op.expanded or b_op.expanded:
+            config = opt_flags.dequant_config(device)
         if config.stream or config.b_predecode:
             return
         b_mode = 0 if b_op.amax.numel() == 1 else (2 if b_op.amax.numel() == n and n != 1 else 1)  # as _launch's
@@ -376,15 +393,19 @@ def _dense_gemm(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_a
 
 # ------------------------------------------------------------------------------ Python wrappers
 def nvfp4_gemm(a, b, *, out_dtype=torch.bfloat16, bias=None, out=None, accumulate=False):
-    """``a @ b^T`` of two NVFP4Tensors' rowwise copies (checked by :func:`nvfp4lab.ops.nvfp4_gemm`,
+    """``a @ b^T`` of two NVFP4Tensors' rowwise copies or NVFP4Operands (dequant_mm path, expanding only the
+    packed one) (checked by :func:`nvfp4lab.ops.nvfp4_gemm`,
     which also handles M, N or K == 0). Writes ``out`` in place when given. Calls without ``out`` run
     through a plan cached per operand kinds (:class:`_EagerGemm`): eager ones directly, traced ones
     through the custom op, whose implementation runs the same plan."""
     if out is None:
-        ac, bc = a.config, b.config  # operand_args and _pr3045 inline (the eager host path)
-        args = (a.rowwise_data, a.rowwise_scale, a.rowwise_amax, ac.scale_layout, ac.e4m3_max, b.rowwise_data,
-                b.rowwise_scale, b.rowwise_amax, bc.scale_layout, bc.e4m3_max, bias, a.shape[-1], out_dtype,
-                ac.numerics == "te_pr3045" and bc.numerics == "te_pr3045")
+        ac, bc = a.config, b.config
+        if type(a) is NVFP4Operand or type(b) is NVFP4Operand:
+            args = (*operand_args(a), *operand_args(b), bias, a.k, out_dtype, _pr3045(a, b))
+        else:  # operand_args and _pr3045 inline (the eager host path)
+            args = (a.rowwise_data, a.rowwise_scale, a.rowwise_amax, ac.scale_layout, ac.e4m3_max, b.rowwise_data,
+                    b.rowwise_scale, b.rowwise_amax, bc.scale_layout, bc.e4m3_max, bias, a.shape[-1], out_dtype,
+                    ac.numerics == "te_pr3045" and bc.numerics == "te_pr3045")
         if tracing(args[0]):
             return _gemm_op.op(*args)
         return _dense_gemm(*args)

@@ -52,9 +52,9 @@ from typing import Optional
 
 import torch
 
-from ..config import NVFP4QuantConfig
+from ..config import NVFP4QuantConfig, operand_config, with_copies
 from ..ref.nvfp4 import broadcast_amax
-from ..tensors import NVFP4Tensor
+from ..tensors import NVFP4Operand, NVFP4Tensor
 from .formats import soft_bf16_loads
 from .launch import Launch, aligned, arg_key, custom_op, tracing
 from .nvfp4_quantize_details import opt_flags
@@ -79,7 +79,7 @@ from .nvfp4_quantize_details.cast import (
 )
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
-           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_quantize", "quantize"]
+           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_quantize", "quantize", "quantize_operands"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
@@ -190,10 +190,11 @@ class _EagerPlan:
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
                  "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
-                 "empty", "zeroed_amax")
+                 "empty", "zeroed_amax", "operands", "out_dtypes")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
-                 col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool):
+                 col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool,
+                 operands: tuple = (False, False)):
         row_mode, col_mode = amax_modes(config, True if amax_given else None, True if col_amax_given else None)
         self.shared = row_mode == col_mode == AMAX_TENSOR
         if self.shared:
@@ -222,9 +223,13 @@ class _EagerPlan:
                      config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
                      config.e4m3_max, config.stochastic_rounding, config.scale_layout)
         self.pr3045 = config.numerics == "te_pr3045"
-        shapes = cast_shapes(m, k, config.rowwise, config.columnwise, config.scale_layout)
-        self.out_shapes = [shape if present else None for shape, present in
-                           zip(shapes, (config.rowwise,) * 2 + (config.columnwise,) * 2)]
+        self.operands = operands = (operands[0] and config.rowwise, operands[1] and config.columnwise)
+        shapes = cast_shapes(m, k, config.rowwise, config.columnwise, config.scale_layout, operands)
+        present = (config.rowwise, config.rowwise and not operands[0], config.columnwise,
+                   config.columnwise and not operands[1])
+        self.out_shapes = [shape if p else None for shape, p in zip(shapes, present)]
+        self.out_dtypes = (torch.bfloat16 if operands[0] else torch.uint8, torch.uint8,
+                           torch.bfloat16 if operands[1] else torch.uint8, torch.uint8)
         # scale buffers with padding are zero-filled (scale_buffer's rule)
         self.zero_scales = (shapes[1] != (m, k // 16), shapes[3] != (k, m // 16))
         self.poison = poison
@@ -235,7 +240,7 @@ class _EagerPlan:
         steps = self.steps.get(key)
         if steps is None:
             steps = self.steps[key] = cast_steps(x, seed_tensor, seed, *self.args, block_m=block_m, block_k=block_k,
-                                                 num_warps=num_warps, pr3045=self.pr3045)
+                                                 num_warps=num_warps, pr3045=self.pr3045, operands=self.operands)
         return steps
 
     def parts(self, x, amax, columnwise_amax, seed_tensor, seed: int, block_m: int, block_k: int,
@@ -263,6 +268,9 @@ class _EagerPlan:
         for i, shape in enumerate(self.out_shapes):
             if shape is None:
                 outputs.append(None)
+            elif self.out_dtypes[i] is torch.bfloat16:  # a BF16 operand
+                outputs.append(torch.full(shape, float("nan"), dtype=torch.bfloat16, device=dev) if poison
+                               else torch.empty(shape, dtype=torch.bfloat16, device=dev))
             elif i & 1 and self.zero_scales[i >> 1]:
                 outputs.append(torch.zeros(shape, dtype=torch.uint8, device=dev))
             elif poison:
@@ -293,17 +301,19 @@ class _EagerPlan:
 _EAGER_PLANS: dict = {}
 
 
-def _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison) -> _EagerPlan:
+def _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison,
+                operands: tuple = (False, False)) -> _EagerPlan:
     m, k = x.shape
     x_aligned = aligned(x)
     key = (config, m, k, x.dtype, x.device, x_aligned, amax is None, columnwise_amax is None, block_m, block_k,
-           num_warps, poison)
+           num_warps, poison, operands)
     plan = _EAGER_PLANS.get(key)
     if plan is None:
         if len(_EAGER_PLANS) >= 4096:
             _EAGER_PLANS.clear()
         plan = _EAGER_PLANS[key] = _EagerPlan(config, m, k, x.dtype, x.device, x_aligned, amax is not None,
-                                              columnwise_amax is not None, block_m, block_k, num_warps, poison)
+                                              columnwise_amax is not None, block_m, block_k, num_warps, poison,
+                                              operands)
     return plan
 
 
@@ -350,6 +360,8 @@ def nvfp4_quantize(
     block_k: int = 0,
     num_warps: int = 0,
     poison: bool = False,
+    row_operand: bool = False,
+    col_operand: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`quantize` of x (M, K) as one op (traced calls): the config as its fields
     (:class:`~nvfp4lab.config.NVFP4QuantConfig`, not ``broadcast_2d``), the optional outer amaxes, the SR seed
@@ -357,11 +369,12 @@ def nvfp4_quantize(
     int ``seed``). Returns the container's (row_data, row_scale, row_amax, col_data, col_scale, col_amax);
     absent copies are (0,) tensors (uint8 data and scales, fp32 amax), and so is the column amax where the
     row amax serves both copies (:func:`_shared_amax`: no output aliases another). Runs the cached plan
-    of eager calls (:class:`_EagerPlan`).
+    of eager calls (:class:`_EagerPlan`). ``row_operand`` / ``col_operand``: that copy's data is the BF16
+    GEMM operand (M, K) / (K, M) and its scale a (0,) tensor (:func:`quantize_operands`).
     """
     config = _config(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
                      stochastic_rounding, scale_layout, numerics)
-    plan = _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison)
+    plan = _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison, (row_operand, col_operand))
     parts = plan.parts(x, amax, columnwise_amax, seed_tensor, seed, block_m, block_k, num_warps)
     if plan.shared:
         parts = parts[:5] + (None,)
@@ -373,10 +386,14 @@ def nvfp4_quantize(
 @nvfp4_quantize.register_fake
 def _nvfp4_quantize_fake(x, amax, columnwise_amax, seed_tensor, seed, block, rowwise, columnwise, per_token, rht,
                          rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, numerics,
-                         block_m=0, block_k=0, num_warps=0, poison=False):
+                         block_m=0, block_k=0, num_warps=0, poison=False, row_operand=False, col_operand=False):
     m, k = x.shape
-    row_data, row_scale, col_data, col_scale = (x.new_empty(shape, dtype=torch.uint8)
-                                                for shape in cast_shapes(m, k, rowwise, columnwise, scale_layout))
+    operands = (row_operand and rowwise, col_operand and columnwise)
+    dtypes = (torch.bfloat16 if operands[0] else torch.uint8, torch.uint8,
+              torch.bfloat16 if operands[1] else torch.uint8, torch.uint8)
+    row_data, row_scale, col_data, col_scale = (
+        x.new_empty(shape, dtype=dtype)
+        for shape, dtype in zip(cast_shapes(m, k, rowwise, columnwise, scale_layout, operands), dtypes))
     no_amax = x.new_empty(0, dtype=torch.float32)
     if not rowwise:
         row_amax = no_amax
@@ -443,3 +460,53 @@ def quantize(
     if _shared_amax(config, amax, columnwise_amax):
         col_amax = row_amax
     return NVFP4Tensor(x2d.shape, x2d.dtype, config, row_data, row_scale, row_amax, col_data, col_scale, col_amax)
+
+
+def quantize_operands(
+    x2d: torch.Tensor,
+    config: NVFP4QuantConfig,
+    *,
+    row_operand: bool,
+    col_operand: bool,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    poison: bool = False,
+) -> tuple:
+    """:func:`quantize` of x (M, K) where the copies named by ``row_operand`` / ``col_operand`` (of those
+    the config asks for) come as exact BF16 GEMM operands (:class:`~nvfp4lab.tensors.NVFP4Operand`: the
+    rowwise one (M, K), the columnwise one (K, M), i.e. x^T or RHT(x^T)) written by the cast itself instead
+    of codes and scales, so the GEMM expands nothing for them. Same amax pass, same codes, same bits as
+    :func:`quantize` followed by the GEMM's expansion. Recipes of ``cast16_kernel`` only (no 4over6, not
+    PR 3045's broadcast 2D weight). Returns (packed, row, col): an NVFP4Tensor of the remaining copies
+    (None when none remain) and the operands (None where not asked)."""
+    if config.broadcast_2d or config.four_over_six:
+        raise ValueError("quantize_operands: recipes without four_over_six and without PR 3045's 2D weight only")
+    operands = (bool(row_operand) and config.rowwise, bool(col_operand) and config.columnwise)
+    seed_tensor, seed_int = None, 0
+    traced = tracing(x2d)
+    if config.stochastic_rounding:
+        if seed is not None:
+            seed_int = int(seed) % (1 << 63)
+        else:
+            seed_tensor, seed_int = draw_seed(x2d, generator, traced)
+    if not traced:
+        plan = _eager_plan(config, x2d, None, None, 0, 0, 0, poison, operands)
+        parts = plan.parts(x2d, None, None, seed_tensor, seed_int, 0, 0, 0)
+    else:
+        parts = nvfp4_quantize(x2d, None, None, seed_tensor, seed_int, *_config_fields(config), 0, 0, 0, poison,
+                               *operands)
+        if _shared_amax(config, None, None):
+            parts = parts[:5] + (parts[2],)
+    row_data, row_scale, row_amax, col_data, col_scale, col_amax = parts
+    row = col = None
+    if operands[0]:
+        row = NVFP4Operand(row_data, row_amax, operand_config(config, False))
+    if operands[1]:
+        col = NVFP4Operand(col_data, col_amax, operand_config(config, True))
+    keep_row, keep_col = config.rowwise and not operands[0], config.columnwise and not operands[1]
+    packed = None
+    if keep_row or keep_col:
+        packed = NVFP4Tensor.from_parts(x2d.shape, x2d.dtype, with_copies(config, keep_row, keep_col),
+                                        rowwise=(row_data, row_scale, row_amax) if keep_row else None,
+                                        columnwise=(col_data, col_scale, col_amax) if keep_col else None)
+    return packed, row, col

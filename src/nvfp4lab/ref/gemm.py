@@ -27,8 +27,8 @@ from typing import Optional
 
 import torch
 
-from ..config import with_copies
-from ..tensors import NVFP4Tensor
+from ..config import operand_config, with_copies
+from ..tensors import NVFP4Operand, NVFP4Tensor
 from . import codecs
 from .swizzle import compact_scales
 
@@ -39,6 +39,36 @@ def block_dequantized(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """E2M1 codes times their E4M3 block scale, without the global scale: (R, K) fp32, exact."""
     q = codecs.e2m1_decode(codecs.unpack_fp4(data))
     return q * codecs.e4m3_decode(scale).repeat_interleave(16, dim=1)
+
+
+def expanded_operands(t: NVFP4Tensor, rowwise: bool, columnwise: bool) -> tuple:
+    """(packed, row, col) of a quantized tensor, as ``ops.quantize_nvfp4_operands`` gives them: the named copies
+    (of those ``t`` holds) as :class:`NVFP4Operand` (BF16 q * s, exact; the columnwise one (K, M)), the others
+    kept in an NVFP4Tensor (None when none remain)."""
+    config, m, k = t.config, t.m, t.k
+    row = col = None
+    rowwise, columnwise = rowwise and config.rowwise, columnwise and config.columnwise
+    if rowwise:
+        values = block_dequantized(t.rowwise_data, compact_scales(t.rowwise_scale, config.scale_layout, m, k // 16))
+        row = NVFP4Operand(values.to(torch.bfloat16), t.rowwise_amax, operand_config(config, False))
+    if columnwise:
+        values = block_dequantized(t.columnwise_data, compact_scales(t.columnwise_scale, config.scale_layout, k, m // 16))
+        col = NVFP4Operand(values.to(torch.bfloat16), t.columnwise_amax, operand_config(config, True))
+    keep_row, keep_col = config.rowwise and not rowwise, config.columnwise and not columnwise
+    packed = None
+    if keep_row or keep_col:
+        packed = NVFP4Tensor.from_parts(t.shape, t.dtype, with_copies(config, keep_row, keep_col),
+                                        rowwise=(t.rowwise_data, t.rowwise_scale, t.rowwise_amax) if keep_row else None,
+                                        columnwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax)
+                                        if keep_col else None)
+    return packed, row, col
+
+
+def _operand_values(t, rows: int, k: int) -> tuple:
+    """(fp32 q * s (rows, K), amax) of a GEMM operand: an NVFP4Tensor's rowwise copy or an NVFP4Operand."""
+    if isinstance(t, NVFP4Operand):
+        return t.values.to(_F32), t.amax
+    return block_dequantized(t.rowwise_data, compact_scales(t.rowwise_scale, t.scale_layout, rows, k // 16)), t.rowwise_amax
 
 
 def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: float, e4m3_max_b: float) -> torch.Tensor:
@@ -81,16 +111,17 @@ def nvfp4_gemm(
     out: Optional[torch.Tensor] = None,
     accumulate: bool = False,
 ) -> torch.Tensor:
-    """Reference GEMM of two :class:`NVFP4Tensor` (their rowwise copies): (M, K) x (N, K) -> (M, N)."""
+    """Reference GEMM of two :class:`NVFP4Tensor` (their rowwise copies) or :class:`NVFP4Operand`: (M, K) x (N, K)
+    -> (M, N)."""
     m, k = a.m, a.k
     n = b.m
-    a_blk = block_dequantized(a.rowwise_data, compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16))
-    b_blk = block_dequantized(b.rowwise_data, compact_scales(b.rowwise_scale, b.scale_layout, n, k // 16))
+    a_blk, amax_a = _operand_values(a, m, k)
+    b_blk, amax_b = _operand_values(b, n, k)
     acc = a_blk @ b_blk.t()
     if uses_pr3045_epilogue(a, b):
-        result = pr3045_scaled(acc, a.rowwise_amax, b.rowwise_amax)
+        result = pr3045_scaled(acc, amax_a, amax_b)
     else:
-        result = apply_alpha(acc, a.rowwise_amax, b.rowwise_amax, a.e4m3_max, b.e4m3_max)
+        result = apply_alpha(acc, amax_a, amax_b, a.e4m3_max, b.e4m3_max)
     if bias is not None:
         result = result + bias.to(_F32)
     if accumulate and out is not None:

@@ -20,19 +20,30 @@ def gemm_inv(e4m3_max_a: float, e4m3_max_b: float) -> float:
     return torch.tensor(1.0 / (36.0 * e4m3_max_a * e4m3_max_b), dtype=torch.float32).item()
 
 
+# The layout name of an operand given as its exact BF16 values q * s (rows, K) (an NVFP4Operand): no scales.
+EXPANDED = "expanded"
+
+
 class Operand(NamedTuple):
     """One GEMM operand as the kernels take it."""
-    data: torch.Tensor  # packed codes (rows, K/2) uint8, unit stride along K
-    scale: torch.Tensor  # E4M3 scales: 2-D compact / padded, or the flat swizzled buffer
+    data: torch.Tensor  # packed codes (rows, K/2) uint8, unit stride along K; or BF16 q * s (rows, K) (expanded)
+    scale: torch.Tensor  # E4M3 scales: 2-D compact / padded, or the flat swizzled buffer (unused when expanded)
     scale_stride: int  # row stride of a compact / padded scale matrix (0 when swizzled)
     cols4: int  # roundup(K/16, 4) // 4: 4-column groups of the swizzled layout (0 otherwise)
     swizzled: bool
     amax: torch.Tensor  # fp32, flat: (1,) | per row | per expert
 
+    @property
+    def expanded(self) -> bool:
+        """Whether ``data`` holds the BF16 values q * s already (only the dequant_mm path takes these)."""
+        return self.data.dtype == torch.bfloat16
+
 
 def scale_args(scale: torch.Tensor, layout: str, k: int):
     """(tensor, row stride, cols4, swizzled?) for a scale buffer of the given layout."""
     k16 = k // 16
+    if layout == EXPANDED:
+        return scale, 0, 0, False
     if layout == "swizzled":
         return (scale if scale.dim() == 1 else scale.reshape(-1)), 0, roundup(k16, 4) // 4, True
     if scale.dim() != 2 or scale.stride(1) != 1:

@@ -197,12 +197,21 @@ def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
 
 
 def _expand_both(a, b, k, config, decode, dtype=torch.float16):
-    """q * s of all rows of A and of B (same K permutation) in ``dtype``, in one launch."""
-    return expand(a, k, config.block_k, opt_flags.expand_decode(decode, config.block_k), b, dtype)
+    """q * s of all rows of A and of B (same K permutation) in ``dtype``, in one launch. Where one is given
+    expanded already (BF16 in K order, :data:`.common.EXPANDED`), the other one is expanded to BF16 in K order
+    (its zero padding past K left out of the view), or nothing is launched when both are."""
+    decode = opt_flags.expand_decode(decode, config.block_k)
+    if not (a.expanded or b.expanded):
+        return expand(a, k, config.block_k, decode, b, dtype)
+    if a.expanded and b.expanded:
+        return a.data, b.data
+    packed = b if a.expanded else a
+    values = expand(packed, k, config.block_k, decode, None, torch.bfloat16, natural=True)[0][:, :k]
+    return (a.data, values) if a.expanded else (values, b.data)
 
 
 def _mm_f32(a16, b16, out=None):
-    """a16 @ b16^T with fp32 accumulation and fp32 output (into ``out`` when given)."""
+    """a16 @ b16^T (FP16 or BF16) with fp32 accumulation and fp32 output (into ``out`` when given)."""
     if a16.is_cuda:
         return torch.mm(a16, b16.t(), out_dtype=torch.float32, out=out)
     # CPU (interpreter tests): fp32 products of the exact values, fp32 accumulation
@@ -210,8 +219,8 @@ def _mm_f32(a16, b16, out=None):
 
 
 def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, config, decode: int) -> torch.Tensor:
-    """Dense: both operands expanded, one matmul with cuBLAS' epilogue or an fp32-output one and the epilogue
-    kernel. Writes ``out`` (M, N)."""
+    """Dense: both operands expanded (or given expanded), one matmul with cuBLAS' epilogue or an fp32-output one
+    and the epilogue kernel. Writes ``out`` (M, N)."""
     cublas = _cublas_epilogue(flags, out)
     a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
     if cublas and _per_expert_scaled_mm([(a16, b16, out, 0, bias if flags["BIAS_MODE"] else None)], a.amax, b.amax,

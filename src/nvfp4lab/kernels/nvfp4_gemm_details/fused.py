@@ -91,9 +91,11 @@ TAB_LO = 0x3E3C3800  # FP16 high bytes of 0, 0.5, 1, 1.5: passed as a kernel arg
 
 
 @triton.jit
-def _decode_tile(packed, scale_bits, tab_lo, ROWS: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):
+def _decode_tile(packed, scale_bits, tab_lo, ROWS: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr,
+                 NATURAL: tl.constexpr = False):
     """[ROWS, BK/2] uint8 codes + [ROWS, BK/16] uint8 E4M3 scales -> [ROWS, BK] fp16 values q * s,
-    with the K positions permuted (the same permutation for both operands, so the dot is unchanged).
+    with the K positions permuted (the same permutation for both operands, so the dot is unchanged);
+    NATURAL: in K order (the order of the BF16 operands a cast writes, :class:`~nvfp4lab.NVFP4Operand`).
 
     Why permute: an MMA operand fragment gives each of 4 lanes 2-element pairs spread over every 16
     K positions, while the codes of a lane are best read as whole 32-bit words. With byte index bits
@@ -118,8 +120,9 @@ def _decode_tile(packed, scale_bits, tab_lo, ROWS: tl.constexpr, BK: tl.constexp
         s14 = s * 16384.0  # undo the 2^-14 of the bit placement
         lo = (lo_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * s14).to(tl.float16)
         hi = (hi_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * s14).to(tl.float16)
-    v = tl.join(lo, hi)  # [ROWS, L4, MID, 4, 2, N]
-    v = tl.permute(v, (0, 2, 3, 5, 1, 4))  # [ROWS, MID, 4, N, L4, 2]
+    v = tl.join(lo, hi)  # [ROWS, L4, MID, 4, 2, N]: byte order, then the nibble (K order)
+    if not NATURAL:
+        v = tl.permute(v, (0, 2, 3, 5, 1, 4))  # [ROWS, MID, 4, N, L4, 2]
     return tl.reshape(v, (ROWS, BK))
 
 
@@ -265,7 +268,8 @@ def nvfp4_gemm_kernel(
 
 @triton.jit
 def _expand_rows(b_ptr, b_scale_ptr, out_ptr, rows, K, stride_b, stride_bs, b_cols4, stride_o, tab_lo, pid_r, pid_k,
-                 B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                 B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                 NATURAL: tl.constexpr = False):
     """One [BLOCK_R, BLOCK_K] tile of :func:`expand_kernel` for one operand."""
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = offs_r < rows
@@ -275,7 +279,7 @@ def _expand_rows(b_ptr, b_scale_ptr, out_ptr, rows, K, stride_b, stride_bs, b_co
     raw = tl.load(b_ptr + rows_b[:, None] * stride_b + kk2[None, :], mask=(kk2 < K // 2)[None, :], other=0)
     sc = tl.load(b_scale_ptr + scale_offsets(rows_b, kb, stride_bs, b_cols4, B_SWIZZLED),
                  mask=(kb < K // 16)[None, :], other=0)
-    val = _decode_tile(raw, sc, tab_lo, BLOCK_R, BLOCK_K, DECODE)
+    val = _decode_tile(raw, sc, tab_lo, BLOCK_R, BLOCK_K, DECODE, NATURAL)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows_b[:, None] * stride_o + cols[None, :], val, mask=mask_r[:, None])
 
@@ -286,19 +290,20 @@ def expand_kernel(
     b_ptr, b_scale_ptr, b_out_ptr, b_rows, stride_b, stride_bs, b_cols4, stride_bo,
     K, a_tiles, tab_lo,
     A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, NATURAL: tl.constexpr = False,
 ):
     """Operands (rows, K) codes + scales -> q * s (rows, roundup(K, BLOCK_K)) in the output pointers' type (FP16
-    or BF16), each BLOCK_K tile in the decoder's permuted order (as the GEMM decodes A with the same BLOCK_K),
-    zeros past K; row tiles [0, a_tiles) expand A, the following ones B (two operands, one launch)."""
+    or BF16), each BLOCK_K tile in the decoder's permuted order (as the GEMM decodes A with the same BLOCK_K;
+    NATURAL: in K order), zeros past K; row tiles [0, a_tiles) expand A, the following ones B (two operands,
+    one launch)."""
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     if pid_r < a_tiles:
         _expand_rows(a_ptr, a_scale_ptr, a_out_ptr, a_rows, K, stride_a, stride_as, a_cols4, stride_ao, tab_lo, pid_r,
-                     pid_k, A_SWIZZLED, DECODE, BLOCK_R, BLOCK_K)
+                     pid_k, A_SWIZZLED, DECODE, BLOCK_R, BLOCK_K, NATURAL)
     else:
         _expand_rows(b_ptr, b_scale_ptr, b_out_ptr, b_rows, K, stride_b, stride_bs, b_cols4, stride_bo, tab_lo,
-                     pid_r - a_tiles, pid_k, B_SWIZZLED, DECODE, BLOCK_R, BLOCK_K)
+                     pid_r - a_tiles, pid_k, B_SWIZZLED, DECODE, BLOCK_R, BLOCK_K, NATURAL)
 
 
 @triton.jit
@@ -369,19 +374,21 @@ def _expand_split_k_launch(a_rows: int, b_rows: int, k_tiles: int, block_k: int,
 
 @functools.lru_cache(maxsize=4096)
 def _expand_launch(a_rows: int, b_rows: int, k: int, block_k: int, decode: int, a_swizzled: bool, b_swizzled: bool,
-                   spec) -> Launch:
+                   spec, natural: bool = False) -> Launch:
     """The expansion kernel's launch for one or two operand shapes (``b_rows`` 0: A only); ``spec``:
     the tensors' device, dtypes, alignment and strides (part of the cache key only)."""
     tiles = cdiv(a_rows, opt_flags.EXPAND_ROWS) + cdiv(b_rows, opt_flags.EXPAND_ROWS)
     grid = (tiles, roundup(k, block_k) // block_k)
     return Launch(expand_kernel, grid, dict(A_SWIZZLED=a_swizzled, B_SWIZZLED=b_swizzled, DECODE=decode,
-                                            BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k, num_warps=4))
+                                            BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k, NATURAL=natural,
+                                            num_warps=4))
 
 
-def expand(a, k: int, block_k: int, decode: int, b=None, dtype: torch.dtype = torch.float16) -> tuple:
+def expand(a, k: int, block_k: int, decode: int, b=None, dtype: torch.dtype = torch.float16,
+           natural: bool = False) -> tuple:
     """q * s in ``dtype`` (FP16 or BF16: exact either way) of all rows of operand ``a`` (and of ``b`` when
     given, in the same launch), each (rows, roundup(k, block_k)) in the decoder's permuted order per
-    block_k tile, zeros past k. Returns (a16, b16 or None)."""
+    block_k tile (``natural``: in K order), zeros past k. Returns (a16, b16 or None)."""
     width = roundup(k, block_k)
     a_rows = a.data.shape[0]
     a16 = torch.empty((a_rows, width), dtype=dtype, device=a.data.device)
@@ -395,7 +402,8 @@ def expand(a, k: int, block_k: int, decode: int, b=None, dtype: torch.dtype = to
     args = (*a_args, *b_args, k, cdiv(a_rows, opt_flags.EXPAND_ROWS), TAB_LO)
     spec = (a16.device, a.data.dtype, dtype, aligned(a.data), aligned(a.scale), aligned(b_args[0]), aligned(b_args[1]),
             args[4:7], args[12:15])
-    _expand_launch(a_rows, b_rows, k, block_k, decode, a.swizzled, (b if b is not None else a).swizzled, spec)(*args)
+    _expand_launch(a_rows, b_rows, k, block_k, decode, a.swizzled, (b if b is not None else a).swizzled, spec,
+                   natural)(*args)
     return a16, b16
 
 

@@ -189,6 +189,17 @@ def resolve_config(config: Optional[GemmConfig], m: int, n: int, k: int, num_exp
     return config
 
 
+def dequant_config(device: torch.device) -> GemmConfig:
+    """The dequant_mm path's config on ``device``: the one path that takes operands given expanded (BF16)."""
+    return DENSE_RULES[gpu_key(device)]["dequant"]
+
+
+def takes_expanded(m: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether a dense (m, n, k) GEMM on ``device`` runs the dequant_mm path by default, i.e. expands its
+    operands to BF16 anyway: then a cast that writes them expanded saves the expansion."""
+    return m * n * k != 0 and choose_config(m, n, k, device).dequant_mm
+
+
 def default_decode(device: torch.device) -> int:
     """1 (PTX decoder) on CUDA, 0 (portable) under the interpreter, which cannot run inline PTX."""
     if device.type != "cuda" or interpreting():

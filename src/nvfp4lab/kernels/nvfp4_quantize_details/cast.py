@@ -38,13 +38,16 @@ def scale_buffer(rows: int, cols: int, layout: str, device, poison: bool = False
     return torch.zeros(shape, dtype=torch.uint8, device=device)
 
 
-def cast_shapes(m: int, k: int, rowwise: bool, columnwise: bool, layout: str) -> list:
-    """Shapes of (row_data, row_scale, col_data, col_scale); absent outputs are (0,)."""
+def cast_shapes(m: int, k: int, rowwise: bool, columnwise: bool, layout: str,
+                operands: tuple = (False, False)) -> list:
+    """Shapes of (row_data, row_scale, col_data, col_scale); absent outputs are (0,). A side cast as the
+    BF16 GEMM operand (``operands``: rowwise, columnwise) has data (M, K) / (K, M) and no scales."""
+    row_op, col_op = operands
     return [
-        (m, k // 2) if rowwise else (0,),
-        scale_shape(m, k // 16, layout) if rowwise else (0,),
-        (k, m // 2) if columnwise else (0,),
-        scale_shape(k, m // 16, layout) if columnwise else (0,),
+        ((m, k) if row_op else (m, k // 2)) if rowwise else (0,),
+        scale_shape(m, k // 16, layout) if rowwise and not row_op else (0,),
+        ((k, m) if col_op else (k, m // 2)) if columnwise else (0,),
+        scale_shape(k, m // 16, layout) if columnwise and not col_op else (0,),
     ]
 
 
@@ -68,9 +71,11 @@ def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
 
 
 def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six,
-                    stochastic_rounding, pr3045: bool = False) -> None:
+                    stochastic_rounding, pr3045: bool = False, operands: tuple = (False, False)) -> None:
     """The recipe rules the cast kernels rely on (those of ``NVFP4QuantConfig``), for direct op calls."""
     rht = rht_sign_mask >= 0
+    if any(operands) and four_over_six:
+        raise ValueError("BF16 operand outputs are cast by cast16_kernel: recipes without four_over_six only")
     if four_over_six not in (0, 1, 2):
         raise ValueError(f"four_over_six must be 0 (off), 1 (MAE) or 2 (MSE), got {four_over_six!r}")
     if four_over_six and (rht or stochastic_rounding):
@@ -96,15 +101,19 @@ class CastStep(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
               stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
-              pr3045, spec) -> tuple:
+              pr3045, spec, operands: tuple = (False, False)) -> tuple:
     """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts of
     ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast16_kernel`` (per-token
     tables first) or ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
     the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
     caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`).
-    ``pr3045``: PR 3045's numerics (per-token casts)."""
-    check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding, pr3045)
+    ``pr3045``: PR 3045's numerics (per-token casts). ``operands``: the sides (rowwise, columnwise) cast as BF16
+    GEMM operands (single casts through ``cast16_kernel`` only)."""
+    check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding, pr3045,
+                    operands)
     grouped = split_steps is not None
+    if any(operands) and grouped:
+        raise ValueError("BF16 operand outputs are for single casts, not grouped ones")
     tile = dict(block_k=block_k, num_warps=num_warps)
     if opt_flags.split_cast(m, k, rowwise, columnwise, block_2d, rht_sign_mask >= 0, stochastic_rounding,
                             four_over_six, grouped):
@@ -112,8 +121,8 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     else:
         sides = ((rowwise, columnwise),)
     steps = []
-    if opt_flags.use_cast_row(m, k, rowwise, columnwise, block_2d, per_token, four_over_six, stochastic_rounding, grouped,
-                              pr3045, spec[1] == torch.bfloat16, spec[2]):
+    if not operands[0] and opt_flags.use_cast_row(m, k, rowwise, columnwise, block_2d, per_token, four_over_six,
+                                                  stochastic_rounding, grouped, pr3045, spec[1] == torch.bfloat16, spec[2]):
         meta = opt_flags.cast_row_meta(m, k, scale_layout, per_token, e4m3_max, block_m=block_m, **tile)
         if per_token:  # the per-row tables (n_row = m marks them)
             tables_meta = opt_flags.pt_scales_meta(meta["E6"])
@@ -126,7 +135,8 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
         if opt_flags.use_cast16(four_over_six):
             meta = opt_flags.cast16_meta(m, k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
                                          stochastic_rounding, seed_from_ptr, scale_layout, split_steps=split_steps,
-                                         block_m=block_m, **tile, pr3045=pr3045)
+                                         block_m=block_m, **tile, pr3045=pr3045, row_operand=operands[0],
+                                         col_operand=operands[1])
             meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
             tables = None
             n_row = m if per_token and row_side else 0
@@ -148,7 +158,7 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
 def cast_steps(x, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
                stochastic_rounding, scale_layout, offsets=None, num_splits=0, split_steps=None, group_split=None,
                block_m: int = 0, block_k: int = 0, num_warps: int = 0, pr3045: bool = False,
-               amax_aligned: tuple = (True, True)) -> tuple:
+               amax_aligned: tuple = (True, True), operands: tuple = (False, False)) -> tuple:
     """The :class:`CastStep` launches of :func:`launch_cast`'s cast (its arguments; ``amax_aligned``:
     whether the row / column amax tensors are 16-byte aligned)."""
     m, k = x.shape
@@ -157,7 +167,7 @@ def cast_steps(x, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, r
             offsets is not None and aligned(offsets), group_split is not None and aligned(group_split), *amax_aligned)
     return cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
                      stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k,
-                     num_warps, pr3045, spec)
+                     num_warps, pr3045, spec, operands)
 
 
 def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, offsets=None, num_splits=0,
@@ -179,9 +189,9 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
             row_in, col_in = pt_scales_tables(step.tables, row_in, step.n_row, col_in, step.n_col)
         any_f32 = row_in if row_in is not None else col_in
         row_data, row_scale, col_data, col_scale = (o if o is not None else any_out for o in outputs)
-        if step.rowwise:
+        if step.rowwise and row_data.dtype == torch.uint8:  # packed codes as int32 words (operands: bf16)
             row_data = row_data.view(torch.int32)
-        if step.columnwise:
+        if step.columnwise and col_data.dtype == torch.uint8:
             col_data = col_data.view(torch.int32)
         # absent outputs get a present one's pointer, never written
         step.cast(
@@ -198,15 +208,17 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
                 rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout,
                 offsets=None, num_splits=0, split_steps=None, group_split=None,
                 block_m: int = 0, block_k: int = 0, num_warps: int = 0, tables: bool = False,
-                pr3045: bool = False) -> None:
+                pr3045: bool = False, operands: tuple = (False, False)) -> None:
     """Launch the cast of a recipe into ``outputs`` = (row_data, row_scale, col_data, col_scale) (absent
     ones: None) from the fp32 outer amaxes (absent: None). ``offsets`` (int64 split row offsets) with
     ``group_split`` (the grouped amax pass's int32 split of each 16-row group) and ``split_steps``
     (2^split_steps >= num_splits) makes it the grouped cast. block_m, block_k, num_warps: an explicit
     tile (0: opt_flags' choice). ``tables``: per-token amaxes given as the cast's (3, n) tables (from
-    the amax pass), so no table launch runs. ``pr3045``: PR 3045's numerics (per-token casts)."""
+    the amax pass), so no table launch runs. ``pr3045``: PR 3045's numerics (per-token casts). ``operands``:
+    the sides (rowwise, columnwise) written as BF16 GEMM operands (:func:`cast_shapes`)."""
     steps = cast_steps(x, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six,
                        e4m3_max, stochastic_rounding, scale_layout, offsets, num_splits, split_steps, group_split,
                        block_m, block_k, num_warps, pr3045,
-                       (row_amax is not None and aligned(row_amax), col_amax is not None and aligned(col_amax)))
+                       (row_amax is not None and aligned(row_amax), col_amax is not None and aligned(col_amax)),
+                       operands)
     run_cast(steps, x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, num_splits, group_split, tables)

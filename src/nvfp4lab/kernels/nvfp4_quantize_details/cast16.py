@@ -15,7 +15,7 @@ output instead of 8-byte pieces, which is what bounded the plain columnwise cast
 import triton
 import triton.language as tl
 
-from ..formats import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
+from ..formats import e2m1_decode, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
 from .common import (
     FLT_MAX,
     ONE_SIXTH,
@@ -82,6 +82,14 @@ def _scale_and_factor_pre(bamax, s_enc_sixth, s_third, PR3045: tl.constexpr = Fa
 
 
 @triton.jit
+def _operand_values(codes, scale_codes):
+    """The exact BF16 values q * s of E2M1 codes and their blocks' E4M3 scale codes (broadcast): the
+    GEMM's expanded operand (every product has at most 5 significant bits and lies in [2^-10, 2688] or is 0;
+    a NaN scale gives NaN, as the expansion)."""
+    return (e2m1_decode(codes) * e4m3_decode(scale_codes.to(tl.int32))).to(tl.bfloat16)
+
+
+@triton.jit
 def _e2m1_codes(x, enc, rbytes, SR: tl.constexpr, EXACT: tl.constexpr):
     """Codes of x scaled by enc (broadcast): stochastic, NaN-safe (EXACT tiles), or the fast encoder
     (normal-range tiles; the caller zeroes the words of blocks whose factor is NaN)."""
@@ -102,7 +110,7 @@ def cast16_kernel(
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
     REUSE_2D: tl.constexpr = False, PR3045: tl.constexpr = False, SOFT_BF16: tl.constexpr = False,
-    GROUPS: tl.constexpr = 1,
+    GROUPS: tl.constexpr = 1, ROW_OPERAND: tl.constexpr = False, COL_OPERAND: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only on the columnwise side, 1x16 blocks: ``rht16_cast16``).
@@ -125,6 +133,9 @@ def cast16_kernel(
     columnwise words and scales are stored together, so that each column's row of the (K, M/2) output
     gets 8 * GROUPS contiguous bytes from one program instead of 8-byte pieces (GROUPED: each group in
     its own split, contiguous where the groups share one).
+    ROW_OPERAND / COL_OPERAND (single casts, GROUPS = 1 with COL_OPERAND): that side is written as the exact
+    BF16 GEMM operand q * s instead of codes and scales (:func:`_operand_values`): rowwise (M, K) at
+    row_data_ptr, columnwise (K, M) at col_data_ptr, no scales (their pointers are not written).
     """
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
@@ -134,7 +145,8 @@ def cast16_kernel(
         _cast16_group(
             x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K,
             offsets_ptr, group_split_ptr, num_splits, g0, pid_k, ROWWISE, COLWISE, BLOCK_2D, PER_TOKEN, E6, SR, SEED_FROM_PTR,
-            LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, True)
+            LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, True, ROW_OPERAND,
+            COL_OPERAND)
     else:
         # a runtime loop (not unrolled), so that only one group's tile is live at a time; each group's
         # columnwise words and scales go into their slots of the per-column rows stored below
@@ -145,7 +157,8 @@ def cast16_kernel(
             w, s = _cast16_group(
                 x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M,
                 K, offsets_ptr, group_split_ptr, num_splits, g0 + j, pid_k, ROWWISE, COLWISE, BLOCK_2D, PER_TOKEN, E6, SR,
-                SEED_FROM_PTR, LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, False)
+                SEED_FROM_PTR, LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, False,
+                ROW_OPERAND, False)
             if COLWISE:
                 w_lo, w_hi = tl.split(tl.trans(w))  # [BLOCK_K] each: rows 0-7, rows 8-15
                 words = tl.where(slot[None, :] == 2 * j, w_lo[:, None], words)
@@ -189,6 +202,7 @@ def _cast16_group(
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT_STEPS: tl.constexpr, RHT: tl.constexpr, RHT_MASK: tl.constexpr,
     REUSE_2D: tl.constexpr, PR3045: tl.constexpr, SOFT_BF16: tl.constexpr, STORE_COLS: tl.constexpr,
+    ROW_OPERAND: tl.constexpr, COL_OPERAND: tl.constexpr,
 ):
     """The 16-row group g, columns tile pid_k, of ``cast16_kernel``: stores its rowwise blocks and, with
     STORE_COLS, its columnwise ones; returns the columnwise words [2, BLOCK_K] (word h = rows 8h..8h+7)
@@ -263,9 +277,15 @@ def _cast16_group(
             row_words = pack_codes(row_codes, 16, KB)
             row_scale = row_scale_x
         ok = row_ok[:, None] & blk_ok[None, :]
-        word = (rows[:, None] * k_blocks + blks[None, :]) * 2
-        tl.store(row_data_ptr + word[:, :, None] + tl.arange(0, 2)[None, None, :], row_words, mask=ok[:, :, None])
-        tl.store(row_scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), row_scale.to(tl.uint8), mask=ok)
+        if ROW_OPERAND:
+            vals = tl.reshape(_operand_values(row_codes, row_scale[:, :, None]), [16, BLOCK_K])
+            tl.store(row_data_ptr.to(tl.pointer_type(tl.bfloat16)) + rows[:, None] * K + cols[None, :], vals,
+                     mask=row_ok[:, None] & col_ok[None, :])
+        else:
+            word = (rows[:, None] * k_blocks + blks[None, :]) * 2
+            tl.store(row_data_ptr + word[:, :, None] + tl.arange(0, 2)[None, None, :], row_words, mask=ok[:, :, None])
+            tl.store(row_scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), row_scale.to(tl.uint8),
+                     mask=ok)
 
     # ---------------------------------------------------- columnwise: the 16 rows are one block per column
     if COLWISE:
@@ -339,6 +359,7 @@ def _cast16_group(
             else:
                 col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
             col_words = tl.sum(tl.reshape(col_codes, [8, 2, BLOCK_K]) << shift, axis=0)  # [2, BLOCK_K]: word h = rows 8h..8h+7
+            col_codes_o = col_codes
             if not SR:
                 col_words = tl.where((cbamax != cbamax)[None, :], 0, col_words)
         else:
@@ -358,8 +379,13 @@ def _cast16_group(
             else:
                 col_codes_x = _e2m1_codes(xf, col_enc_x[None, :], cbytes, SR, True)
             col_words = tl.sum(tl.reshape(col_codes_x, [8, 2, BLOCK_K]) << shift, axis=0)
+            col_codes_o = col_codes_x
             col_scale = col_scale_x
-        if STORE_COLS:
+        if COL_OPERAND:  # 16 consecutive rows (32 bytes) of each column's row of the (K, M) operand
+            vals = _operand_values(col_codes_o, col_scale[None, :])
+            tl.store(col_data_ptr.to(tl.pointer_type(tl.bfloat16)) + cols[None, :] * M + rows[:, None], vals,
+                     mask=row_ok[:, None] & col_ok[None, :])
+        elif STORE_COLS:
             cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
             if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only
                 cok = cok & (blk2 >= 0) & (blk2 < m_blocks * K)

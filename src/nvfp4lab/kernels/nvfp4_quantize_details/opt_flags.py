@@ -133,16 +133,19 @@ def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, 
 
 
 def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, rht: bool, sr: bool,
-                block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> tuple[int, int, int]:
+                block_m: int = 0, block_k: int = 0, num_warps: int = 0, col_operand: bool = False) -> tuple[int, int, int]:
     """(GROUPS, BLOCK_K, num_warps) of ``cast16_kernel``.
 
     GROUPS (16-row groups per program; block_m / 16 rounded down to 1, 2 or 4 when given): 4 for casts
     with a plain columnwise output (grouped ones included: each group finds its own split), whose
     (K, M/2) rows then get 32-byte pieces (a full sector) per program; 1 for rowwise-only casts
     (nothing to gain) and for per-token, RHT and SR casts (bound by instructions: more groups per
-    program did not make them faster). At most the 16-row groups of m, rounded up to a power of 2."""
+    program did not make them faster). At most the 16-row groups of m, rounded up to a power of 2.
+    A columnwise BF16 operand (``col_operand``) takes 1: each group stores its own 32-byte pieces."""
     bk = block_k or CAST16_BLOCK_K
-    if block_m:
+    if col_operand:
+        groups = 1
+    elif block_m:
         groups = 4 if block_m >= 64 else (2 if block_m >= 32 else 1)
     else:
         groups = CAST16_COL_GROUPS if columnwise and not (per_token or rht or sr) else 1
@@ -164,14 +167,15 @@ def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
 def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, rht_sign_mask: int,
                 e4m3_max: float, stochastic_rounding: bool, seed_from_ptr: bool, scale_layout: str, *,
                 split_steps: int | None = None, block_m: int = 0, block_k: int = 0, num_warps: int = 0,
-                pr3045: bool = False) -> dict:
+                pr3045: bool = False, row_operand: bool = False, col_operand: bool = False) -> dict:
     """Constexprs, num_warps and launch options of ``cast16_kernel`` (rht_sign_mask < 0: no RHT;
     split_steps: the grouped cast, 2^split_steps >= its number of splits; pr3045: PR 3045's numerics).
     REUSE_2D (16x16 row+col, per tensor, no SR): the columnwise copy takes the rowwise codes when both
-    outer amaxes are equal."""
+    outer amaxes are equal. row_operand / col_operand: that side (when cast) as the BF16 GEMM operand."""
+    col_operand = col_operand and columnwise
     groups, bk, warps = cast16_tile(m, k, columnwise=columnwise, per_token=per_token, rht=rht_sign_mask >= 0,
                                     sr=stochastic_rounding, block_m=block_m,
-                                    block_k=block_k, num_warps=num_warps)
+                                    block_k=block_k, num_warps=num_warps, col_operand=col_operand)
     meta = dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
         SR=stochastic_rounding, SEED_FROM_PTR=seed_from_ptr, LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_K=bk,
@@ -179,7 +183,7 @@ def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool,
         RHT=rht_sign_mask >= 0 and columnwise, RHT_MASK=max(rht_sign_mask, 0),
         REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
                   and rht_sign_mask < 0),
-        PR3045=pr3045, GROUPS=groups,
+        PR3045=pr3045, GROUPS=groups, ROW_OPERAND=row_operand and rowwise, COL_OPERAND=col_operand,
         num_warps=warps, enable_fp_fusion=False,
     )
     meta.update(cast16_launch_options(rowwise, columnwise))

@@ -1,0 +1,211 @@
+"""Casts with BF16 GEMM-operand outputs (``quantize_operands`` / ``ops.quantize_nvfp4_operands``) and the GEMM
+taking them (``ops.nvfp4_gemm`` with :class:`~nvfp4lab.NVFP4Operand`).
+
+Expected values come from the reference: ``ref.nvfp4.quantize`` (or, for stochastic rounding, the packed Triton
+cast with the same seed, itself checked against the reference elsewhere) and ``ref.gemm.block_dequantized``.
+Operand outputs are NaN-poisoned before the kernels write them, packed ones 0xFF-poisoned.
+"""
+import sys
+
+import pytest
+import torch
+
+import nvfp4lab
+from nvfp4lab import NVFP4QuantConfig, ops
+from nvfp4lab.kernels import nvfp4_quantize as kq
+from nvfp4lab.recipes import NVFP4Recipe
+from nvfp4lab.ref import gemm as ref_gemm
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+RECIPES = {
+    "tensor": dict(),
+    "rht": dict(rht=True),
+    "sr": dict(stochastic_rounding=True),
+    "rht-sr": dict(rht=True, stochastic_rounding=True),
+    "per-token": dict(per_token=True),
+    "16x16": dict(block="16x16"),
+    "pr3045-rht": dict(per_token=True, rht=True, numerics="te_pr3045"),
+}
+SIDES = {"row": (True, False), "col": (False, True), "both": (True, True)}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def _input(shape, dtype, device, seed=0, special=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 3
+    x[0, :16] = 0.0  # an all-zero block (zero scale)
+    x[5, 7] = -1e-30  # a value that underflows its block (-0.0)
+    x[9, 20:36] = 1e-12  # a tiny block
+    if special:  # NaN / inf amaxes (all-NaN per-tensor outputs, NaN rows and columns per token)
+        x[1, 3] = float("nan")
+        x[2, 5] = float("inf")
+    return x.to(dtype).to(device)
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Bit for bit, except that any NaN matches any NaN (payloads are not part of the numerics)."""
+    nan = torch.isnan(got)
+    return torch.equal(nan, torch.isnan(want)) and torch.equal(_bits(got)[~nan], _bits(want)[~nan])
+
+
+def _expected(x, config, seed):
+    """(row values, row amax, col values, col amax, packed tensor) from the reference (SR: the packed cast)."""
+    if config.stochastic_rounding:
+        q = kq.quantize(x, config, seed=seed, poison=True)
+    else:
+        q = ref_nvfp4.quantize(x, config)
+    _, row, col = ref_gemm.expanded_operands(q, True, True)
+    return row, col, q
+
+
+def _check_case(x, config, sides, seed=7):
+    row_op, col_op = sides
+    packed, row, col = kq.quantize_operands(x, config, row_operand=row_op, col_operand=col_op, seed=seed, poison=True)
+    want_row, want_col, q = _expected(x, config, seed)
+    for got, want, asked in ((row, want_row, row_op), (col, want_col, col_op)):
+        if not asked:
+            assert got is None
+            continue
+        assert got.values.dtype == torch.bfloat16 and got.values.shape == want.values.shape
+        assert _same(got.values, want.values)
+        assert _same(got.amax, want.amax)
+        assert not got.config.columnwise and got.config.rowwise and not (got.config.rht and got is col)
+    if row_op and col_op:
+        assert packed is None
+        return
+    copy = "columnwise" if row_op else "rowwise"
+    for part in ("data", "scale", "amax"):
+        assert torch.equal(_bits(getattr(packed, f"{copy}_{part}")) if part == "amax" else getattr(packed, f"{copy}_{part}"),
+                           _bits(getattr(q, f"{copy}_{part}")) if part == "amax" else getattr(q, f"{copy}_{part}"))
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("sides", list(SIDES))
+def test_operands_match_reference(recipe, sides):
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, **RECIPES[recipe])
+    _check_case(_input((48, 80), torch.bfloat16, DEV), config, SIDES[sides])
+
+
+@pytest.mark.parametrize("recipe", ["tensor", "per-token", "rht-sr"])
+def test_operands_special_values(recipe):
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, **RECIPES[recipe])
+    _check_case(_input((48, 80), torch.bfloat16, DEV, special=True), config, (True, True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_operands_other_input_dtypes(dtype):
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True)
+    _check_case(_input((32, 64), dtype, DEV, seed=3), config, (True, True))
+
+
+def test_operands_public_op_and_reference_backend():
+    x = _input((32, 64), torch.bfloat16, DEV)
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, per_token=True)
+    packed_t, row_t, col_t = ops.quantize_nvfp4_operands(x, config=config, columnwise_operand=False, backend="triton")
+    packed_r, row_r, col_r = ops.quantize_nvfp4_operands(x, config=config, columnwise_operand=False, backend="ref")
+    assert col_t is None and col_r is None
+    assert torch.equal(_bits(row_t.values), _bits(row_r.values))
+    assert torch.equal(packed_t.columnwise_data, packed_r.columnwise_data)
+    assert isinstance(row_t, nvfp4lab.NVFP4Operand) and row_t.shape == (32, 64)
+
+
+def test_operands_bad_input():
+    x = torch.randn(32, 64, device=DEV)
+    with pytest.raises(ValueError, match="four_over_six"):
+        ops.quantize_nvfp4_operands(x, config=NVFP4QuantConfig(four_over_six="mae"))
+    with pytest.raises(ValueError, match="2-D"):
+        ops.quantize_nvfp4_operands(x.reshape(2, 16, 64), config=NVFP4QuantConfig())
+    with pytest.raises(ValueError, match="multiple of 16"):
+        ops.quantize_nvfp4_operands(x[:, :40], config=NVFP4QuantConfig())
+    with pytest.raises(TypeError, match="config"):
+        ops.quantize_nvfp4_operands(x, config={"rowwise": True})
+
+
+def test_operands_empty_input():
+    x = torch.empty(0, 64, device=DEV)
+    packed, row, col = ops.quantize_nvfp4_operands(x, config=NVFP4QuantConfig(columnwise=True), backend="triton")
+    assert row.values.shape == (0, 64) and col.values.shape == (64, 0) and packed is None
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_takes_operands(per_token, with_bias):
+    """Any mix of packed and operand inputs gives the reference GEMM's result (the CPU twin of cuBLAS sums
+    exact products in fp32, so bit for bit there; on the GPU within the golden tolerance)."""
+    m, n, k = 64, 96, 320  # K not a multiple of the expansion's 128-column tile
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, per_token=per_token)
+    x, w = _input((m, k), torch.bfloat16, DEV, 1), _input((n, k), torch.bfloat16, DEV, 2)
+    qx, qw = kq.quantize(x, config), kq.quantize(w, config)
+    _, xr, _ = kq.quantize_operands(x, config, row_operand=True, col_operand=False)
+    _, wr, _ = kq.quantize_operands(w, config, row_operand=True, col_operand=False)
+    bias = torch.randn(n, device=DEV).to(torch.bfloat16) if with_bias else None
+    want = ops.nvfp4_gemm(qx, qw, bias=bias, backend="ref")
+    for a, b in ((xr, qw), (qx, wr), (xr, wr)):
+        got = ops.nvfp4_gemm(a, b, bias=bias, backend="triton")
+        assert torch.equal(ops.nvfp4_gemm(a, b, bias=bias, backend="ref"), want)
+        if DEV == "cpu":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
+
+
+def _linear_step(recipe, m, k, n, device, force_operands):
+    """y, dx, dW of one Linear step with the operand casts forced on or off (the GEMM's path choice replaced)."""
+    functional_linear = sys.modules["nvfp4lab.functional.linear"]
+    original = ops.gemm_takes_operands
+    ops.gemm_takes_operands = lambda *args, **kwargs: force_operands
+    functional_linear._takes_operands_cached.cache_clear()
+    try:
+        torch.manual_seed(0)
+        layer = nvfp4lab.Linear(k, n, recipe=recipe, device=device, dtype=torch.bfloat16)
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+        torch.manual_seed(1)
+        y = layer(x)
+        y.backward(dy)
+        return y.detach(), x.grad, layer.weight.grad
+    finally:
+        ops.gemm_takes_operands = original
+        functional_linear._takes_operands_cached.cache_clear()
+
+
+@pytest.mark.parametrize("preset", ["te_default", "per_token"])
+def test_linear_operands_path_same_as_packed(preset):
+    """The Linear step through the operand casts equals the packed path bit for bit on the CPU twin (and
+    within the golden tolerance on the GPU, where cuBLAS may sum K in another order)."""
+    recipe = getattr(NVFP4Recipe, preset)()
+    packed = _linear_step(recipe, 48, 128, 64, DEV, False)
+    operands = _linear_step(recipe, 48, 128, 64, DEV, True)
+    for a, b in zip(packed, operands):
+        if DEV == "cpu":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("shape", [(4096, 4096), (1008, 2048)])
+def test_gpu_operands_large(recipe, shape):
+    """Large shapes on the GPU: the split row / col launches (from 2^24 elements) and the hardware paths."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, **RECIPES[recipe])
+    x = _input(shape, torch.bfloat16, "cuda", seed=11)
+    for sides in SIDES.values():
+        _check_case(x, config, sides)
+
+
+@pytest.mark.gpu
+def test_gpu_linear_takes_operands_by_default():
+    """On the GPU a large Linear's passes cast operands by themselves, and the step matches the packed path."""
+    assert ops.gemm_takes_operands(4096, 2048, 2048, "cuda")
+    recipe = NVFP4Recipe.te_default()
+    packed = _linear_step(recipe, 4096, 2048, 2048, "cuda", False)
+    operands = _linear_step(recipe, 4096, 2048, 2048, "cuda", True)
+    for a, b in zip(packed, operands):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-2)
