@@ -995,6 +995,12 @@ for name, kwargs in json.loads(sys.argv[1]).items():
                 frontend(cast16_kernel, sig, dict(meta16, GROUPS=4), 1)
                 frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0), 1)
                 frontend(cast16_kernel, sig, dict(meta16, GROUPED=True, SPLIT_STEPS=3, LAYOUT=0, GROUPS=4), 1)
+                # both sides as BF16 GEMM operands (quantize_operands)
+                meta_op = opt_flags.constexprs(opt_flags.cast16_meta(
+                    8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, mask, cfg.e4m3_max, cfg.stochastic_rounding,
+                    cfg.stochastic_rounding, cfg.scale_layout, pr3045=cfg.numerics == "te_pr3045", row_operand=True,
+                    col_operand=True))
+                frontend(cast16_kernel, dict(sig, row_data_ptr="*bf16", col_data_ptr="*bf16"), meta_op, 1)
         else:
             meta = opt_flags.constexprs(opt_flags.four_over_six_meta(
                 8192, 8192, cfg.rowwise, cfg.columnwise, block_2d, cfg.per_token, FOUR_OVER_SIX_CODES[cfg.four_over_six],

@@ -8,6 +8,10 @@ Operands (both K-major, cuBLAS "TN"; the rowwise copies of two :class:`~nvfp4lab
     B       the same with N rows (grouped: E*N rows, expert e owns rows e*N..e*N+N-1); B amax
             (1,) | (E,) per expert | (E*N,) per row (output channel)
 
+Dense GEMMs also take either operand as an :class:`~nvfp4lab.NVFP4Operand` (BF16 q * s (rows, K) in K order,
+written by the cast itself; layout name :data:`.nvfp4_gemm_details.common.EXPANDED`): such a product runs
+the dequant_mm path, which then expands only the packed operand, in K order.
+
 Numerics (spec section 12, :mod:`nvfp4lab.ref.gemm`)::
 
     acc[i, j]   = sum_k (q_a * s_a)[i, k] * (q_b * s_b)[j, k]            fp32 (tensor-core order)
@@ -51,10 +55,10 @@ from typing import List, Optional
 
 import torch
 
+from ..tensors import NVFP4Operand
 from .formats import soft_bf16_loads
 from .launch import custom_op, tracing
 from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
-from ..tensors import NVFP4Operand
 from .nvfp4_gemm_details.common import EXPANDED, gemm_inv, operand
 from .nvfp4_gemm_details.opt_flags import GemmConfig
 

@@ -18,6 +18,8 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
      the encode factors of the 128 E4M3 scale codes from a per-tensor table (``row_factor_table_kernel``,
      fp64 divisions, so no EXACT path), the block scale by the GPU's E4M3 convert (``cast_row``).
    Row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch (``opt_flags``).
+   :func:`quantize_operands` runs the same plan with either side of ``cast16_kernel`` writing the exact BF16
+   GEMM operand q * s ((M, K) rowwise, (K, M) columnwise) instead of codes and scales.
 
 Kernel choices (tiles, warps, register caps, launch splits) are in ``nvfp4_quantize_details.opt_flags``;
 ``quantize`` takes an explicit tile (block_m, block_k, num_warps) that overrides them.

@@ -383,8 +383,12 @@ def _cast16_group(
             col_scale = col_scale_x
         if COL_OPERAND:  # 16 consecutive rows (32 bytes) of each column's row of the (K, M) operand
             vals = _operand_values(col_codes_o, col_scale[None, :])
-            tl.store(col_data_ptr.to(tl.pointer_type(tl.bfloat16)) + cols[None, :] * M + rows[:, None], vals,
-                     mask=row_ok[:, None] & col_ok[None, :])
+            # tile rows back in row order (tile row 2j + h holds row 8h + j), so that each column's 16 values
+            # are one contiguous run the store can vectorize
+            vals = tl.reshape(tl.permute(tl.reshape(vals, [8, 2, BLOCK_K]), (1, 0, 2)), [16, BLOCK_K])
+            rows_in_order = g * 16 + tl.arange(0, 16).to(tl.int64)
+            tl.store(col_data_ptr.to(tl.pointer_type(tl.bfloat16)) + cols[None, :] * M + rows_in_order[:, None], vals,
+                     mask=(rows_in_order < M)[:, None] & col_ok[None, :])
         elif STORE_COLS:
             cok = col_ok & ((tl.zeros_like(cols) + g) < m_blocks)
             if GROUPED:  # device offsets are not checked: whatever they hold, write inside the bulk buffers only

@@ -25,6 +25,7 @@ FOUR_OVER_SIX_BLOCK_K, FOUR_OVER_SIX_WARPS = 128, 1
 # BLOCK_K, num_warps
 CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
 CAST16_ROW_MAXNREG = 128
+CAST16_ROW_OPERAND_MAXNREG = 168
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
 # cast_row_kernel: (BLOCK_M rows, KB 16-column blocks, num_warps); per-tensor casts take it from
 # CAST_ROW_MIN_ELEMENTS elements on: below, its factor-table launch costs more host time than the
@@ -153,14 +154,15 @@ def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, rht: bool,
     return groups, max(16, min(bk, next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
 
 
-def cast16_launch_options(rowwise: bool, columnwise: bool) -> dict:
+def cast16_launch_options(rowwise: bool, columnwise: bool, row_operand: bool = False) -> dict:
     """Launch options of ``cast16_kernel``: a ptxas register cap (``maxnreg``) for rowwise-only casts.
 
     Uncapped, ptxas gives the one-warp programs 137-255 registers, i.e. 8-14 warps per SM, too few
     to hide the load latency. A rowwise-only cast fits 128 registers without spilling on its
     normal-range path (the rare EXACT path spills). Casts with a columnwise output spill at any cap
-    below ~180 and run slower capped, so they stay uncapped."""
-    cap = CAST16_ROW_MAXNREG if rowwise and not columnwise else 0
+    below ~180 and run slower capped, so they stay uncapped. A rowwise BF16 operand output (its decode
+    adds live values) takes ``CAST16_ROW_OPERAND_MAXNREG`` instead."""
+    cap = (CAST16_ROW_OPERAND_MAXNREG if row_operand else CAST16_ROW_MAXNREG) if rowwise and not columnwise else 0
     return {"maxnreg": cap} if cap and not interpreting() else {}
 
 
@@ -186,7 +188,7 @@ def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool,
         PR3045=pr3045, GROUPS=groups, ROW_OPERAND=row_operand and rowwise, COL_OPERAND=col_operand,
         num_warps=warps, enable_fp_fusion=False,
     )
-    meta.update(cast16_launch_options(rowwise, columnwise))
+    meta.update(cast16_launch_options(rowwise, columnwise, meta["ROW_OPERAND"]))
     return meta
 
 
