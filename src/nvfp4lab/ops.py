@@ -149,6 +149,19 @@ def _nvfp4_config(**options) -> NVFP4QuantConfig:
     return config
 
 
+def _check_nvfp4_shape_and_seed(config: NVFP4QuantConfig, m: int, k: int, seed, generator, k_name: str,
+                                m_name: str) -> None:
+    """The shape rules of an NVFP4 quantize of (M, K) with ``config`` and the SR seed arguments."""
+    if k % 16:
+        _check_multiple(k_name, k, 16, "NVFP4 blocks hold 16 elements along K")
+    if m % 16 and (config.columnwise or config.block == "16x16"):
+        _check_multiple(m_name, m, 16, "columnwise and 16x16 outputs block 16 rows")
+    if seed is not None:
+        check_seed(seed)
+        if generator is not None:
+            raise ValueError("seed and generator: pass one of them, not both")
+
+
 def quantize_nvfp4(
     x: torch.Tensor,
     *,
@@ -190,14 +203,7 @@ def quantize_nvfp4(
                            stochastic_rounding, scale_layout))
     x2 = flatten_2d("x", x)
     m, k = x2.shape
-    if k % 16:
-        _check_multiple("x.shape[-1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
-    if m % 16 and (config.columnwise or config.block == "16x16"):
-        _check_multiple("M (product of x's leading dims)", m, 16, "columnwise and 16x16 outputs block 16 rows")
-    if seed is not None:
-        check_seed(seed)
-        if generator is not None:
-            raise ValueError("seed and generator: pass one of them, not both")
+    _check_nvfp4_shape_and_seed(config, m, k, seed, generator, "x.shape[-1] (K)", "M (product of x's leading dims)")
     if amax is not None or columnwise_amax is not None:
         per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
         amax = _check_amax("amax", amax, (m,) if per_vector else (1,), x.device)
@@ -243,14 +249,7 @@ def quantize_nvfp4_operands(
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
     m, k = x.shape
-    if k % 16:
-        _check_multiple("x.shape[1] (K)", k, 16, "NVFP4 blocks hold 16 elements along K")
-    if m % 16 and (config.columnwise or config.block == "16x16"):
-        _check_multiple("x.shape[0] (M)", m, 16, "columnwise and 16x16 outputs block 16 rows")
-    if seed is not None:
-        check_seed(seed)
-        if generator is not None:
-            raise ValueError("seed and generator: pass one of them, not both")
+    _check_nvfp4_shape_and_seed(config, m, k, seed, generator, "x.shape[1] (K)", "x.shape[0] (M)")
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
         x2 = x if x.is_contiguous() else x.contiguous()
