@@ -135,7 +135,7 @@ def _gemm_matrix(t: MXFP8Tensor, copy: str, backend) -> torch.Tensor:
     return _dequantize(t, "columnwise", torch.float32, backend).t()
 
 
-def _operands_apply(recipe, tensor: str, rowwise: bool, columnwise: bool, device, backend) -> bool:
+def _operands_apply(recipe, tensor: str, rowwise: bool, columnwise: bool) -> bool:
     """Whether a pass may cast ``tensor`` with BF16 operand outputs (:func:`nvfp4lab.ops.quantize_nvfp4_operands`):
     NVFP4 recipes of the quantized backward whose config has such a cast (no 4over6, not PR 3045's 2D weight), in
     eager mode (a compiled graph keeps the packed path). Each GEMM then takes them where
@@ -146,13 +146,9 @@ def _operands_apply(recipe, tensor: str, rowwise: bool, columnwise: bool, device
     return not (config.four_over_six or config.broadcast_2d)
 
 
-def _takes_operands(m: int, n: int, k: int, device, backend) -> bool:
-    """:func:`nvfp4lab.ops.gemm_takes_operands`, cached per problem in eager mode."""
-    return _takes_operands_cached(m, n, k, device, backend)
-
-
 @functools.lru_cache(maxsize=1024)
-def _takes_operands_cached(m: int, n: int, k: int, device, backend) -> bool:
+def _takes_operands(m: int, n: int, k: int, device, backend) -> bool:
+    """:func:`nvfp4lab.ops.gemm_takes_operands`, cached per problem (called in eager mode only)."""
     return ops.gemm_takes_operands(m, n, k, device, backend)
 
 
@@ -217,7 +213,7 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
     meta["m_pad"] = m_pad
     x_op = None
-    if _operands_apply(recipe, "input", True, x_columnwise, x2.device, backend) and _takes_operands(
+    if _operands_apply(recipe, "input", True, x_columnwise) and _takes_operands(
             m_pad, n, k, x2.device, backend):  # the fprop operand straight from the cast; the saved copy packed
         qx, x_op, _ = ops.quantize_nvfp4_operands(_pad_rows(x2, m_pad), config=_tensor_config(
             recipe, "input", True, x_columnwise), columnwise_operand=False, backend=backend)
@@ -265,7 +261,7 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
             rows = meta["m_pad"] if need_wgrad else m
             dy_rows = _pad_rows(dy2, rows)
             row_op = col_op = False
-            if _operands_apply(recipe, "grad", need_dgrad, need_wgrad, device, backend):
+            if _operands_apply(recipe, "grad", need_dgrad, need_wgrad):
                 row_op = need_dgrad and _takes_operands(rows, k, n, device, backend)
                 col_op = need_wgrad and _takes_operands(n, k, rows, device, backend)
             if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast

@@ -71,6 +71,7 @@ from .nvfp4_quantize_details.amax import (
 )
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
+    cast_dtypes,
     cast_shapes,
     cast_steps,
     draw_seed,
@@ -230,8 +231,7 @@ class _EagerPlan:
         present = (config.rowwise, config.rowwise and not operands[0], config.columnwise,
                    config.columnwise and not operands[1])
         self.out_shapes = [shape if p else None for shape, p in zip(shapes, present)]
-        self.out_dtypes = (torch.bfloat16 if operands[0] else torch.uint8, torch.uint8,
-                           torch.bfloat16 if operands[1] else torch.uint8, torch.uint8)
+        self.out_dtypes = cast_dtypes(operands)
         # scale buffers with padding are zero-filled (scale_buffer's rule)
         self.zero_scales = (shapes[1] != (m, k // 16), shapes[3] != (k, m // 16))
         self.poison = poison
@@ -391,11 +391,9 @@ def _nvfp4_quantize_fake(x, amax, columnwise_amax, seed_tensor, seed, block, row
                          block_m=0, block_k=0, num_warps=0, poison=False, row_operand=False, col_operand=False):
     m, k = x.shape
     operands = (row_operand and rowwise, col_operand and columnwise)
-    dtypes = (torch.bfloat16 if operands[0] else torch.uint8, torch.uint8,
-              torch.bfloat16 if operands[1] else torch.uint8, torch.uint8)
     row_data, row_scale, col_data, col_scale = (
         x.new_empty(shape, dtype=dtype)
-        for shape, dtype in zip(cast_shapes(m, k, rowwise, columnwise, scale_layout, operands), dtypes))
+        for shape, dtype in zip(cast_shapes(m, k, rowwise, columnwise, scale_layout, operands), cast_dtypes(operands)))
     no_amax = x.new_empty(0, dtype=torch.float32)
     if not rowwise:
         row_amax = no_amax

@@ -51,6 +51,13 @@ def cast_shapes(m: int, k: int, rowwise: bool, columnwise: bool, layout: str,
     ]
 
 
+def cast_dtypes(operands: tuple = (False, False)) -> tuple:
+    """Dtypes of (row_data, row_scale, col_data, col_scale): uint8, but BF16 data for a side cast as the GEMM
+    operand (``operands``: rowwise, columnwise)."""
+    return (torch.bfloat16 if operands[0] else torch.uint8, torch.uint8,
+            torch.bfloat16 if operands[1] else torch.uint8, torch.uint8)
+
+
 def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
               traced: Optional[bool] = None) -> tuple[Optional[torch.Tensor], int]:
     """The SR seed of a cast of ``x``, as (int64 (1,) device tensor, 0) or (None, int): drawn from
