@@ -556,13 +556,14 @@ def nvfp4_gemm(
 
 
 def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] = None) -> bool:
-    """Whether :func:`nvfp4_gemm` of an (m, n, k) product on ``device`` expands its operands to BF16 anyway
-    (the Triton backend's large-M path on a GPU): then operands cast as :class:`NVFP4Operand` by
-    :func:`quantize_nvfp4_operands` save that expansion. False on the reference backend and the CPU."""
+    """Whether the A operand (m, k) of an (m, n, k) :func:`nvfp4_gemm` on ``device`` is best cast as an
+    :class:`NVFP4Operand` (:func:`quantize_nvfp4_operands`): the GEMM expands its operands to BF16 anyway (the
+    Triton backend's large-M path on a GPU), and A is large enough for the operand cast, which writes 4x the bytes
+    of a packed one, to beat the packed cast plus that expansion. False on the reference backend and the CPU."""
     device = torch.device(device)
     if device.type != "cuda" or resolve_backend(backend, device) != "triton":
         return False
-    return gemm_kernels.takes_expanded(m, n, k, device)
+    return gemm_kernels.takes_expanded(m, n, k, device) and nvfp4_quantize.operand_cast_pays(m, k)
 
 
 def _check_offs_values(ends: list, m: int, m_splits) -> None:

@@ -216,8 +216,9 @@ def test_gpu_operands_large(recipe, shape):
 
 @pytest.mark.gpu
 def test_gpu_linear_takes_operands_by_default():
-    """On the GPU a large Linear's passes cast operands by themselves, and the step matches the packed path."""
-    assert ops.gemm_takes_operands(4096, 2048, 2048, "cuda")
+    """On the GPU the largest Linears' passes cast operands by themselves (smaller ones keep the packed casts),
+    and the step through operands matches the packed path."""
+    assert ops.gemm_takes_operands(8192, 8192, 8192, "cuda") and not ops.gemm_takes_operands(4096, 2048, 2048, "cuda")
     recipe = NVFP4Recipe.te_default()
     packed = _linear_step(recipe, 4096, 2048, 2048, "cuda", False)
     operands = _linear_step(recipe, 4096, 2048, 2048, "cuda", True)

@@ -82,7 +82,8 @@ from .nvfp4_quantize_details.cast import (
 )
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
-           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_quantize", "quantize", "quantize_operands"]
+           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_quantize", "operand_cast_pays", "quantize",
+           "quantize_operands"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
@@ -460,6 +461,12 @@ def quantize(
     if _shared_amax(config, amax, columnwise_amax):
         col_amax = row_amax
     return NVFP4Tensor(x2d.shape, x2d.dtype, config, row_data, row_scale, row_amax, col_data, col_scale, col_amax)
+
+
+def operand_cast_pays(m: int, k: int) -> bool:
+    """Whether a cast with a BF16 operand output (:func:`quantize_operands`) of an (m, k) GEMM operand is expected
+    to beat the packed cast plus the GEMM's expansion (``opt_flags.operand_cast_pays``)."""
+    return opt_flags.operand_cast_pays(m, k)
 
 
 def quantize_operands(

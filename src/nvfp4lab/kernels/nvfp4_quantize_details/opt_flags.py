@@ -120,6 +120,17 @@ def use_cast16(four_over_six) -> bool:
 SPLIT_CAST_MIN_ELEMENTS = 1 << 24
 
 
+# Elements of a GEMM's A operand (M x K) from which a cast with BF16 operand outputs (``ROW_OPERAND`` /
+# ``COL_OPERAND``) is used in place of a packed cast plus the GEMM's expansion: it writes 4x the bytes of a
+# packed one and saves one expansion pass, which pays only on large tensors (benchmarks/RESULTS.md).
+OPERAND_CAST_MIN_ELEMENTS = 1 << 26
+
+
+def operand_cast_pays(m: int, k: int) -> bool:
+    """Whether casting an (m, k) GEMM operand as BF16 values beats a packed cast plus its expansion."""
+    return m * k >= OPERAND_CAST_MIN_ELEMENTS
+
+
 def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, rht: bool,
                stochastic_rounding: bool, four_over_six, grouped: bool) -> bool:
     """Whether a row+col cast runs as two launches of ``cast16_kernel`` (rowwise only, then columnwise
