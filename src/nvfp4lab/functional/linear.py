@@ -43,7 +43,7 @@ import torch
 from .. import moe, ops
 from ..checks import check_integer_vector, check_split_sizes
 from ..checks import check_tensor as _check_float
-from ..config import with_copies
+from ..config import operand_config, with_copies
 from ..layout import roundup as _roundup
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
 from ..tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor, cumulative_offsets
@@ -78,7 +78,7 @@ def transposed_operand(t: NVFP4Tensor) -> NVFP4Tensor:
         raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
     if t.columnwise_data is None:
         raise ValueError("t has no columnwise copy (quantize with columnwise=True)")
-    config = _transposed_config(t.config)
+    config = operand_config(t.config, True)
     return NVFP4Tensor.from_parts(torch.Size((t.k, t.m)), t.dtype, config,
                                   rowwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax))
 
@@ -94,10 +94,6 @@ def _replaced(config, **changes):
 @functools.lru_cache(maxsize=4096)
 def _replaced_cached(config, changes: tuple):
     return dataclasses.replace(config, **dict(changes))
-
-
-def _transposed_config(config):
-    return _replaced(config, rowwise=True, columnwise=False, rht=False)
 
 
 def _tensor_config(recipe, tensor: str, rowwise: bool, columnwise: bool):
@@ -364,7 +360,7 @@ def quantize_grouped_weights(weights: Sequence[torch.Tensor], recipe=None, *, co
                                      rowwise=(bulk.rowwise_data, bulk.rowwise_scale, bulk.rowwise_amax))
     col = None
     if columnwise:
-        col_config = _stack_config(_transposed_config(config))
+        col_config = _stack_config(operand_config(config, True))
         col = NVFP4Tensor.from_parts(torch.Size((num, k, n)), bulk.dtype, col_config,
                                      rowwise=(bulk.columnwise_data.view(num * k, n // 2),
                                               bulk.columnwise_scale.view(num * k, n // 16),
