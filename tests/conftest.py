@@ -36,3 +36,23 @@ def golden_dirs():
     if SHARED_GOLDEN.is_dir():
         dirs.append(SHARED_GOLDEN)
     return dirs
+
+
+@pytest.fixture
+def dgrad_from_rowwise(monkeypatch):
+    """Every dense and grouped GEMM counted as one that expands its operands (the GPU's large-M paths), so that
+    Linears and GroupedLinears with 16x16 weights read W's rowwise copy transposed for dgrad
+    (``functional.dgrad_reads_rowwise``) on the CPU too."""
+    import sys
+
+    from nvfp4lab import ops
+
+    functional_linear = sys.modules["nvfp4lab.functional.linear"]
+    monkeypatch.setattr(ops, "gemm_takes_expanded", lambda *args, **kwargs: True)
+    monkeypatch.setattr(ops, "grouped_gemm_takes_expanded", lambda *args, **kwargs: True)
+    caches = (functional_linear._takes_expanded, functional_linear._grouped_takes_expanded)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()

@@ -25,7 +25,7 @@ from .checks import (
 )
 from .checks import check_multiple as _check_multiple
 from .checks import check_tensor as _check_tensor
-from .config import MXFP8QuantConfig, NVFP4QuantConfig
+from .config import MXFP8QuantConfig, NVFP4QuantConfig, operand_config
 from .runtime import compiling, graph_capturing, host_ints_on_device  # noqa: F401  (ops.compiling etc. are public)
 from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Operand, NVFP4Tensor, cumulative_offsets, register_dequantize
 
@@ -260,6 +260,59 @@ def quantize_nvfp4_operands(
     t = ref.nvfp4.quantize(x, config, generator=generator)
     return ref.gemm.expanded_operands(t, rowwise_operand, columnwise_operand)
 
+
+
+def nvfp4_operand(t: NVFP4Tensor, *, transposed: bool = False, backend: Optional[str] = None) -> NVFP4Operand:
+    """The rowwise copy of a 2-D NVFP4Tensor ``t`` (M, K) as the :class:`NVFP4Operand` the Hopper GEMM consumes:
+    its exact BF16 values q * s (M, K) in K order. A stack of experts' weights (E, N, K) (:func:`nvfp4_grouped_gemm`'s
+    ``b``) gives (E, N, K) values (amax per expert).
+
+    ``transposed=True`` gives the operand of t^T (K, M) from the same copy, as a column-major view of those values:
+    for 16x16 blocks with a per-tensor amax, t's columnwise copy is exactly the transpose of its rowwise one (one
+    scale per tile for both, spec section 5), so a GEMM contracting over M (a weight's dgrad) needs no columnwise
+    copy (a stack: (E, K, N)). :func:`nvfp4_gemm` and :func:`nvfp4_grouped_gemm` (as ``b``, with ``m_splits``) read
+    either form without a copy.
+    """
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
+    if t.rowwise_data is None:
+        raise ValueError("t has no rowwise copy: nvfp4_operand reads the rowwise copy (quantize with rowwise=True)")
+    if len(t.shape) not in (2, 3):
+        raise ValueError(f"t must be 2-D (M, K) or a stack of experts' weights (E, N, K), got shape {tuple(t.shape)}")
+    config = t.config
+    if transposed and (config.block != "16x16" or config.per_token or config.broadcast_2d):
+        raise ValueError("transposed=True needs 16x16 blocks with a per-tensor amax (block='16x16', per_token=False, "
+                         f"not PR 3045's 2D weight), where the columnwise copy is the rowwise one transposed; got {config}")
+    backend = resolve_backend(backend, t.rowwise_data.device)
+    if backend == "triton" and t.m != 0 and t.k != 0:
+        values = gemm_kernels.expand_rowwise(t)
+    else:
+        values = ref.gemm.expanded_operands(t, True, False)[1].values
+    if len(t.shape) == 3:
+        values = values.unflatten(0, tuple(t.shape[:2]))
+    if transposed:
+        return NVFP4Operand(values.transpose(-1, -2), t.rowwise_amax, operand_config(config, True))
+    return NVFP4Operand(values, t.rowwise_amax, operand_config(config, False))
+
+
+def grouped_gemm_takes_expanded(m: int, n: int, k: int, num_experts: int, device, backend: Optional[str] = None) -> bool:
+    """Whether an (m, n, k) :func:`nvfp4_grouped_gemm` of ``num_experts`` with ``m_splits`` on ``device`` runs as
+    per-expert GEMMs on operands expanded to BF16 (the Triton backend on a GPU, for large experts), so that a ``b``
+    given as an :class:`NVFP4Operand` costs it nothing. False on the reference backend and the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda" or resolve_backend(backend, device) != "triton":
+        return False
+    return gemm_kernels.grouped_takes_expanded(m, n, k, num_experts, device)
+
+
+def gemm_takes_expanded(m: int, n: int, k: int, device, backend: Optional[str] = None) -> bool:
+    """Whether an (m, n, k) :func:`nvfp4_gemm` of two NVFP4Tensors on ``device`` expands its operands to BF16 (the
+    Triton backend's large-M path on a GPU), so that an operand given as an :class:`NVFP4Operand` costs it nothing.
+    False on the reference backend and the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda" or resolve_backend(backend, device) != "triton":
+        return False
+    return gemm_kernels.takes_expanded(m, n, k, device)
 
 
 # ------------------------------------------------------------------------------- grouped NVFP4
@@ -560,10 +613,7 @@ def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] =
     :class:`NVFP4Operand` (:func:`quantize_nvfp4_operands`): the GEMM expands its operands to BF16 anyway (the
     Triton backend's large-M path on a GPU), and A is large enough for the operand cast, which writes 4x the bytes
     of a packed one, to beat the packed cast plus that expansion. False on the reference backend and the CPU."""
-    device = torch.device(device)
-    if device.type != "cuda" or resolve_backend(backend, device) != "triton":
-        return False
-    return gemm_kernels.takes_expanded(m, n, k, device) and nvfp4_quantize.operand_cast_pays(m, k)
+    return gemm_takes_expanded(m, n, k, device, backend) and nvfp4_quantize.operand_cast_pays(m, k)
 
 
 def _check_offs_values(ends: list, m: int, m_splits) -> None:
@@ -578,7 +628,7 @@ def _check_offs_values(ends: list, m: int, m_splits) -> None:
 
 def nvfp4_grouped_gemm(
     a: Union[NVFP4Tensor, GroupedNVFP4Tensor, Sequence[NVFP4Tensor]],
-    b: Union[NVFP4Tensor, Sequence[NVFP4Tensor]],
+    b: Union[NVFP4Tensor, NVFP4Operand, Sequence[NVFP4Tensor]],
     offs: Optional[torch.Tensor] = None,
     *,
     out_dtype: torch.dtype = torch.bfloat16,
@@ -599,7 +649,8 @@ def nvfp4_grouped_gemm(
        reads as is (large GEMMs then scale in cuBLAS' epilogue, one alpha per expert).
     b: the weights, either one NVFP4Tensor of logical shape (E, N, K) (rowwise amax (1,), (E,) per
        expert or (E*N,) per row), or a list of E NVFP4Tensors (N, K), stacked here by
-       :func:`nvfp4lab.moe.stack_weights` (one copy; stack once and pass the result to avoid it).
+       :func:`nvfp4lab.moe.stack_weights` (one copy; stack once and pass the result to avoid it), or an
+       :class:`NVFP4Operand` of values (E, N, K) (:func:`nvfp4_operand` of a stack; needs ``m_splits``).
     offs: int32/int64 tensor (E,) on a's device, cumulative row ends (torch._grouped_mm's ``offs``):
        expert e owns rows offs[e-1]:offs[e] (offs[-1] := 0). Zero-size experts are allowed. It must
        be nondecreasing and end at M: checked (ValueError) when offs is a CPU tensor or the backend is
@@ -637,12 +688,22 @@ def nvfp4_grouped_gemm(
         if m_splits is None:
             m_splits = [t.m for t in a]
         a, offs = moe.concat_tokens(a, backend=backend)
-    if isinstance(b, NVFP4Tensor):
+    if isinstance(b, NVFP4Operand):
+        if b.values.dim() != 3:
+            raise ValueError(f"b given as an NVFP4Operand must be the experts' weights stacked (E, N, K), got shape "
+                             f"{tuple(b.shape)}")
+        if m_splits is None:
+            raise ValueError("b given as an NVFP4Operand needs m_splits (the split sizes on the host): it runs as "
+                             "per-expert GEMMs on expanded operands")
+        b_amax = b.amax
+    elif isinstance(b, NVFP4Tensor):
         moe.check_rowwise("b", b)
         if len(b.shape) != 3:
             raise ValueError(f"b must have logical shape (E, N, K) (the experts' weights stacked), got {tuple(b.shape)}")
+        b_amax = b.rowwise_amax
     else:
         b = moe.stack_weights(b, backend=backend)
+        b_amax = b.rowwise_amax
     num_experts = int(b.shape[0])
     if a.k != b.k:
         raise ValueError(f"a and b must share K (the contraction dim), got a K={a.k}, b K={b.k}")
@@ -667,9 +728,9 @@ def nvfp4_grouped_gemm(
             raise ValueError(f"m_splits must hold E = {num_experts} sizes >= 0 summing to M = {m}, got {list(m_splits)}")
     if a_experts is None and a.rowwise_amax.numel() not in (1, m):
         raise ValueError(f"a's rowwise_amax must have 1 or M = {m} elements, got {a.rowwise_amax.numel()}")
-    if b.rowwise_amax.numel() not in (1, num_experts, num_experts * n):
+    if b_amax.numel() not in (1, num_experts, num_experts * n):
         raise ValueError(f"b's rowwise_amax must have 1, E = {num_experts} or E*N = {num_experts * n} elements, "
-                         f"got {b.rowwise_amax.numel()}")
+                         f"got {b_amax.numel()}")
     if bias is not None:
         _check_tensor("bias", bias)
         if bias.shape not in ((n,), (num_experts, n)):

@@ -149,7 +149,8 @@ class NVFP4Tensor(_DeviceMoves):
 
 @dataclass
 class NVFP4Operand(_DeviceMoves):
-    """One NVFP4 copy in the form the Hopper GEMM consumes: ``values`` (rows, K) BF16, the exact products
+    """One NVFP4 copy in the form the Hopper GEMM consumes: ``values`` (rows, K) BF16 (or (E, N, K): the stacked
+    weights of a grouped GEMM, amax (E,) or (1,)), the exact products
     q * s of its E2M1 codes and E4M3 block scales (K in natural order; every product has at most 5
     significant bits), with the copy's outer ``amax`` (fp32 (1,) or (rows,)) and ``config`` (that of the copy
     as a rowwise GEMM operand, see :func:`nvfp4lab.functional.transposed_operand`). A value of the copy is
@@ -167,11 +168,12 @@ class NVFP4Operand(_DeviceMoves):
 
     @property
     def m(self) -> int:
-        return int(self.values.shape[0])
+        """Rows of the 2-D operand; of all experts for a stack (E, N, K)."""
+        return int(self.values.shape[:-1].numel())
 
     @property
     def k(self) -> int:
-        return int(self.values.shape[1])
+        return int(self.values.shape[-1])
 
     @property
     def e4m3_max(self) -> float:

@@ -210,6 +210,39 @@ def test_columnwise_weight_copy_added_when_dgrad_needs_it():
     assert torch.equal(xr.grad, xr2.grad)
 
 
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+@pytest.mark.parametrize("preset", ["te_default", "per_token", "four_over_six", "1d_weights_compact"])
+def test_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise):
+    """Where dgrad reads W's rowwise copy transposed (16x16 weights), the step still matches the reference
+    composition (which dequantizes W's columnwise copy), and a module quantizes no columnwise weight copy."""
+    recipe = RECIPES[preset]
+    takes = F.dgrad_reads_rowwise(recipe, 48, 32, 64, "cpu", backend)
+    assert takes == (preset != "1d_weights_compact")
+    x, w, b, dy = make_inputs("cpu")
+    y, dx, dw, db = run_linear(x, w, b, dy, recipe, backend)
+    y_e, dx_e, dw_e, db_e = expected_nvfp4(x, w, b, dy, EXPECTED[preset], backend)
+    for got, want, what in ((y, y_e, "fprop"), (dx, dx_e, "dgrad"), (dw, dw_e, "wgrad"), (db, db_e, "bgrad")):
+        assert_gemm_close(got, want, what)
+    layer = nvfp4lab.Linear(64, 32, recipe=recipe, backend=backend, dtype=torch.bfloat16)
+    layer(x.clone().requires_grad_(True)).sum().backward()
+    ((_, has_columnwise, cached),) = layer._quantized_weights.values()
+    assert has_columnwise == (not takes) and (cached.columnwise_data is None) == takes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["te_default", "four_over_six"])
+def test_gpu_dgrad_from_the_rowwise_weight_copy_by_default(preset):
+    """On the GPU a Linear large enough for the dequant_mm path reads its 16x16 weight's rowwise copy for dgrad by
+    itself; the step matches the reference composition."""
+    recipe = RECIPES[preset]
+    assert F.dgrad_reads_rowwise(recipe, 4096, 1024, 2048, "cuda") and not F.dgrad_reads_rowwise(recipe, 48, 32, 64, "cuda")
+    x, w, b, dy = make_inputs("cuda", m=4096, k=2048, n=1024)
+    got = run_linear(x, w, b, dy, recipe, "triton")
+    want = expected_nvfp4(x, w, b, dy, EXPECTED[preset], "triton")
+    for g, e, what in zip(got, want, ("fprop", "dgrad", "wgrad", "bgrad")):
+        assert_gemm_close(g, e, what)
+
+
 def test_transposed_operand_holds_the_columnwise_copy():
     x, _, _, _ = make_inputs("cpu")
     t = q(x, "ref", block="16x16")

@@ -12,6 +12,7 @@ import torch
 
 import nvfp4lab
 from nvfp4lab import NVFP4QuantConfig, ops
+from nvfp4lab.functional import transposed_operand
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.recipes import NVFP4Recipe
 from nvfp4lab.ref import gemm as ref_gemm
@@ -169,6 +170,106 @@ def test_gemm_takes_operands(per_token, with_bias):
             torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
 
 
+OPERAND_CONFIGS = {
+    "16x16": dict(block="16x16"),
+    "16x16-compact": dict(block="16x16", scale_layout="compact"),
+    "16x16-4over6": dict(block="16x16", four_over_six="mae", e4m3_max=256.0),
+    "1x16": dict(),
+    "per-token": dict(per_token=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPERAND_CONFIGS))
+@pytest.mark.parametrize("shape", [(48, 80), (32, 272)])  # 272: K past the expansion's 128-column tile
+def test_nvfp4_operand_matches_reference(name, shape):
+    """ops.nvfp4_operand: the rowwise copy's values as the reference expands them; transposed (16x16 blocks only)
+    the columnwise copy's values, as a column-major view."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, **OPERAND_CONFIGS[name])
+    t = ref_nvfp4.quantize(_input(shape, torch.bfloat16, DEV, seed=5, special=name == "1x16"), config)
+    _, want_row, want_col = ref_gemm.expanded_operands(t, True, True)
+    for backend in ("triton", "ref"):
+        row = ops.nvfp4_operand(t, backend=backend)
+        assert row.shape == shape and row.config == want_row.config and _same(row.values, want_row.values)
+        if config.block != "16x16":
+            with pytest.raises(ValueError, match="16x16"):
+                ops.nvfp4_operand(t, transposed=True, backend=backend)
+            continue
+        col = ops.nvfp4_operand(t, transposed=True, backend=backend)
+        assert col.shape == shape[::-1] and col.values.stride(0) == 1 and col.config == want_col.config
+        assert _same(col.values, want_col.values) and torch.equal(col.amax, want_col.amax)
+
+
+@pytest.mark.parametrize("per_token_a", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_takes_transposed_operand(per_token_a, out_dtype, with_bias):
+    """A weight's dgrad from its rowwise copy transposed equals the one from its columnwise copy (the reference
+    GEMM on both), on either backend, with the packed or the operand form of A (the CPU twin of cuBLAS sums exact
+    products in fp32, so bit for bit there; on the GPU within the golden tolerance)."""
+    m, n, k = 64, 96, 160  # dx (m, k) = dy (m, n) @ W (n, k)
+    w = _input((n, k), torch.bfloat16, DEV, seed=2)
+    dy = _input((m, n), torch.bfloat16, DEV, seed=3)
+    qw = kq.quantize(w, NVFP4QuantConfig(rowwise=True, columnwise=True, block="16x16"))
+    dy_config = NVFP4QuantConfig(per_token=per_token_a)
+    qdy = kq.quantize(dy, dy_config)
+    _, dy_row, _ = kq.quantize_operands(dy, dy_config, row_operand=True, col_operand=False)
+    bias = torch.randn(k, device=DEV).to(out_dtype) if with_bias else None
+    want = ops.nvfp4_gemm(qdy, transposed_operand(qw), bias=bias, out_dtype=out_dtype, backend="ref")
+    for backend in ("triton", "ref"):
+        w_t = ops.nvfp4_operand(qw, transposed=True, backend=backend)
+        for a in (qdy, dy_row):
+            got = ops.nvfp4_gemm(a, w_t, bias=bias, out_dtype=out_dtype, backend=backend)
+            if DEV == "cpu" or backend == "ref":
+                assert torch.equal(got, want)
+            else:
+                torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.parametrize("bias", [None, "shared", "per-expert"])
+def test_grouped_gemm_takes_transposed_stacked_operand(bias):
+    """The grouped dgrad of stacked 16x16 weights from their rowwise stack transposed equals the one from the
+    columnwise stack (the reference on both; every backend), with uneven and empty experts."""
+    from nvfp4lab import functional as F
+
+    num, n, k, splits = 3, 32, 48, [16, 0, 40]  # dx (m, k) = dy_e (m_e, n) @ W_e (n, k)
+    weights = [_input((n, k), torch.bfloat16, DEV, seed=10 + e) for e in range(num)]
+    row, col = F.quantize_grouped_weights(weights, NVFP4Recipe.te_default(), columnwise=True)
+    dy = _input((sum(splits), n), torch.bfloat16, DEV, seed=4)
+    qdy = ops.quantize_nvfp4_grouped_bulk(dy, splits, config=NVFP4QuantConfig(scale_layout="compact"))
+    bias_t = {None: None, "shared": torch.randn(k), "per-expert": torch.randn(num, k)}[bias]
+    bias_t = None if bias_t is None else bias_t.to(DEV, torch.bfloat16)
+    want = ops.nvfp4_grouped_gemm(qdy, col, bias=bias_t, m_splits=splits, backend="ref")
+    for backend in ("triton", "ref"):
+        w_t = ops.nvfp4_operand(row, transposed=True, backend=backend)
+        assert w_t.shape == (num, k, n) and w_t.values.stride(-2) == 1
+        got = ops.nvfp4_grouped_gemm(qdy, w_t, bias=bias_t, m_splits=splits, backend=backend)
+        if DEV == "cpu" or backend == "ref":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
+    with pytest.raises(ValueError, match="m_splits"):
+        ops.nvfp4_grouped_gemm(qdy, w_t)
+    with pytest.raises(ValueError, match=r"\(E, N, K\)"):
+        ops.nvfp4_grouped_gemm(qdy, ops.nvfp4_operand(transposed_operand(kq.quantize(
+            weights[0], NVFP4QuantConfig(columnwise=True, block="16x16")))), m_splits=splits)
+
+
+def test_nvfp4_operand_bad_input_and_empty():
+    x = _input((32, 64), torch.bfloat16, DEV)
+    t = kq.quantize(x, NVFP4QuantConfig(rowwise=False, columnwise=True, block="16x16"))
+    with pytest.raises(ValueError, match="rowwise copy"):
+        ops.nvfp4_operand(t)
+    with pytest.raises(TypeError, match="NVFP4Tensor"):
+        ops.nvfp4_operand(x)
+    with pytest.raises(ValueError, match="per-tensor"):
+        ops.nvfp4_operand(ref_nvfp4.quantize(x, NVFP4QuantConfig(block="16x16", per_token=True, numerics="te_pr3045")),
+                          transposed=True)
+    with pytest.raises(ValueError, match="2-D"):
+        ops.nvfp4_operand(ops.quantize_nvfp4(x.reshape(2, 16, 64), config=NVFP4QuantConfig(), backend="ref"))
+    empty = kq.quantize(torch.empty(0, 64, device=DEV), NVFP4QuantConfig(block="16x16"))
+    assert ops.nvfp4_operand(empty, transposed=True).values.shape == (64, 0)
+
+
 def _linear_step(recipe, m, k, n, device, force_operands):
     """y, dx, dW of one Linear step with the operand casts forced on or off (the GEMM's path choice replaced)."""
     functional_linear = sys.modules["nvfp4lab.functional.linear"]
@@ -224,3 +325,41 @@ def test_gpu_linear_takes_operands_by_default():
     operands = _linear_step(recipe, 4096, 2048, 2048, "cuda", True)
     for a, b in zip(packed, operands):
         torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_gpu_gemm_transposed_operand_large(out_dtype):
+    """At the dequant_mm path's sizes: cuBLASLt takes the transposed operand as it is (column-major, no copy), and
+    the dgrad equals the reference's within the golden tolerance."""
+    from nvfp4lab.kernels.nvfp4_gemm_details import cublaslt
+    m, n, k = 1024, 2048, 1536
+    w = _input((n, k), torch.bfloat16, "cuda", seed=2)
+    dy = _input((m, n), torch.bfloat16, "cuda", seed=3)
+    qw = kq.quantize(w, NVFP4QuantConfig(rowwise=True, columnwise=True, block="16x16"))
+    qdy = kq.quantize(dy, NVFP4QuantConfig())
+    w_t = ops.nvfp4_operand(qw, transposed=True)
+    assert w_t.values.stride(0) == 1
+    out = torch.empty(m, k, dtype=out_dtype, device="cuda")
+    assert cublaslt.plan(dy, w_t.values, out) is not None
+    want = ops.nvfp4_gemm(qdy, transposed_operand(qw), out_dtype=out_dtype, backend="ref")
+    got = ops.nvfp4_gemm(qdy, w_t, out_dtype=out_dtype)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_gemm_transposed_stacked_operand_large():
+    """At the per-expert cuBLAS path's sizes (MoE dgrad): the transposed stacked operand within the golden
+    tolerance of the reference on the columnwise stack; a GroupedLinear of this size takes it by itself."""
+    from nvfp4lab import functional as F
+
+    num, n, k, splits = 4, 1024, 2048, [1024, 512, 2048, 512]
+    recipe = NVFP4Recipe.te_default()
+    assert F.dgrad_reads_rowwise(recipe, sum(splits), n, k, "cuda", num_experts=num)
+    weights = [_input((n, k), torch.bfloat16, "cuda", seed=10 + e) for e in range(num)]
+    row, col = F.quantize_grouped_weights(weights, recipe, columnwise=True)
+    dy = _input((sum(splits), n), torch.bfloat16, "cuda", seed=4)
+    qdy = ops.quantize_nvfp4_grouped_bulk(dy, splits, config=NVFP4QuantConfig(scale_layout="compact"))
+    want = ops.nvfp4_grouped_gemm(qdy, col, m_splits=splits, backend="ref")
+    got = ops.nvfp4_grouped_gemm(qdy, ops.nvfp4_operand(row, transposed=True), m_splits=splits)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)

@@ -285,6 +285,26 @@ def test_grouped_linear_takes_the_grouped_path(preset, splits, device_backend, m
     assert "grouped" in grouped._quantized_weights  # the stacked weights of all experts, cached
 
 
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+@pytest.mark.parametrize("preset", ["te_default", "per_token", "four_over_six"])
+def test_grouped_linear_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise):
+    """Where the grouped dgrad reads the stacked weights' rowwise copy transposed (16x16 weights), the layer still
+    equals the per-expert Linears bit for bit, and it quantizes no columnwise weight copy."""
+    recipe = GROUPED_PRESETS[preset]
+    grouped, experts = _grouped_and_experts(recipe, num=4, backend=backend)
+    splits = [16, 0, 40, 8]
+    x = torch.randn(64, 64, requires_grad=True)
+    dy = torch.randn(64, 32)
+    grouped(x, splits).backward(dy)
+    ((_, (row_stack, col_stack)),) = [v for name, v in grouped._quantized_weights.items() if name == "grouped"]
+    assert row_stack is not None and col_stack is None
+    xe = x.detach().clone().requires_grad_(True)
+    torch.cat([e(part) for e, part in zip(experts, xe.split(splits))]).backward(dy)
+    assert torch.equal(x.grad, xe.grad)
+    for i, e in enumerate(experts):
+        assert torch.equal(getattr(grouped, f"weight{i}").grad, e.weight.grad)
+
+
 @pytest.mark.parametrize("splits", [[32, 0, 48, 16], [0, 24, 40, 1]], ids=["aligned", "padded"])
 def test_grouped_linear_reuses_its_split_offsets(splits, monkeypatch):
     # the device offsets (and the padded-row index) are built on the first call with some splits and

@@ -12,7 +12,10 @@ and W once with both copies (or taken from the caller's cache, see :func:`quanti
 copies a pass needs are produced: no columnwise x when W is frozen, no columnwise W when x needs no
 grad. The columnwise copy of an (M, K) tensor holds x^T as (K, M) rows; :func:`transposed_operand`
 hands it to the GEMM as a rowwise operand. With RHT both wgrad operands are transformed along the
-token dim with the same orthogonal matrix, so their product is dy^T x.
+token dim with the same orthogonal matrix, so their product is dy^T x. A 16x16 weight's columnwise copy is its
+rowwise one transposed: where the dgrad GEMM expands its operands anyway (:func:`dgrad_reads_rowwise`), W is
+quantized and saved with its rowwise copy only, and dgrad reads that copy transposed
+(:func:`nvfp4lab.ops.nvfp4_operand`).
 
 Columnwise copies block 16 tokens (32 for MXFP8): when a pass needs one and the token count M is not
 a multiple, x and dy are zero-padded to the next multiple (zero rows add nothing to dW; TE asks the
@@ -148,6 +151,35 @@ def _takes_operands(m: int, n: int, k: int, device, backend) -> bool:
     return ops.gemm_takes_operands(m, n, k, device, backend)
 
 
+@functools.lru_cache(maxsize=1024)
+def _takes_expanded(m: int, n: int, k: int, device, backend) -> bool:
+    """:func:`nvfp4lab.ops.gemm_takes_expanded`, cached per problem (called in eager mode only)."""
+    return ops.gemm_takes_expanded(m, n, k, device, backend)
+
+
+@functools.lru_cache(maxsize=1024)
+def _grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device, backend) -> bool:
+    """:func:`nvfp4lab.ops.grouped_gemm_takes_expanded`, cached per problem (called in eager mode only)."""
+    return ops.grouped_gemm_takes_expanded(m, n, k, num_experts, device, backend)
+
+
+def dgrad_reads_rowwise(recipe, m: int, n: int, k: int, device, backend=None, num_experts: int = 0) -> bool:
+    """Whether the dgrad of a Linear (m tokens, k -> n features; a GroupedLinear of ``num_experts`` > 0 such experts
+    with its grouped GEMMs) reads W's rowwise copy transposed (:func:`nvfp4lab.ops.nvfp4_operand` with
+    ``transposed=True``) instead of a columnwise copy: NVFP4 recipes of the quantized backward whose weight has
+    16x16 blocks and a per-tensor amax (its columnwise copy is the rowwise one transposed), in eager mode, where the
+    dgrad GEMM (m, k, n) expands its operands to BF16 anyway. The forward then quantizes and saves W's rowwise copy
+    only (the modules' weight caches ask the same)."""
+    if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized" or ops.compiling():
+        return False
+    config = _tensor_config(recipe, "weight", True, True)
+    if config.block != "16x16" or config.per_token or config.broadcast_2d:
+        return False
+    if num_experts:
+        return _grouped_takes_expanded(m, k, n, num_experts, device, backend)
+    return _takes_expanded(m, k, n, device, backend)
+
+
 def quantized_gemm(a: QuantizedTensor, a_copy: str, b: QuantizedTensor, b_copy: str, *, out_dtype, bias=None, backend=None):
     """A @ B^T where A (B) is the GEMM-orientation matrix of the named copy of a (b): the rowwise copy
     of an (M, K) tensor is x itself, the columnwise copy is x^T."""
@@ -199,13 +231,17 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     m, k = x2.shape
     n = weight.shape[0]
     meta = dict(m=m, n=n, k=k, x_dtype=x2.dtype, w_dtype=weight.dtype, bias_dtype=None if bias is None else bias.dtype,
-                need_dgrad=need_dgrad, need_wgrad=need_wgrad, m_pad=m, x_meta=None, w_meta=None)
+                need_dgrad=need_dgrad, need_wgrad=need_wgrad, m_pad=m, x_meta=None, w_meta=None, w_rowwise_t=False)
     if m == 0:
         return x2.new_zeros((0, n), dtype=cdtype), [None] * 6, meta
     x2 = x2.to(cdtype)
     mode = recipe.backward
     x_columnwise = mode == "quantized" and need_wgrad
     w_columnwise = mode == "quantized" and need_dgrad
+    w_rowwise_t = w_columnwise and dgrad_reads_rowwise(recipe, m, n, k, x2.device, backend)
+    meta["w_rowwise_t"] = w_rowwise_t
+    if w_rowwise_t:
+        w_columnwise = False
     m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
     meta["m_pad"] = m_pad
     x_op = None
@@ -226,7 +262,7 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
         y = y[:m]
     if mode == "quantized":
         x_saved, meta["x_meta"] = _pack(qx if need_wgrad else None, "columnwise")
-        w_saved, meta["w_meta"] = _pack(qweight if need_dgrad else None, "columnwise")
+        w_saved, meta["w_meta"] = _pack(qweight if need_dgrad else None, "rowwise" if w_rowwise_t else "columnwise")
     elif mode == "dequantized":
         x_saved, meta["x_meta"] = _pack(qx if need_wgrad else None, "rowwise")
         w_saved, meta["w_meta"] = _pack(qweight if need_dgrad else None, "rowwise")
@@ -268,8 +304,10 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
                 qdy = quantize_tensor(recipe, "grad", dy_rows, rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
                 dy_row = dy_col = None
             if need_dgrad:
-                if dy_row is not None:
-                    dx = ops.nvfp4_gemm(dy_row, transposed_operand(qw), out_dtype=meta["x_dtype"], backend=backend)[:m]
+                w_t = ops.nvfp4_operand(qw, transposed=True, backend=backend) if meta["w_rowwise_t"] else None
+                if dy_row is not None or w_t is not None:
+                    dx = ops.nvfp4_gemm(qdy if dy_row is None else dy_row, transposed_operand(qw) if w_t is None else w_t,
+                                        out_dtype=meta["x_dtype"], backend=backend)[:m]
                 else:
                     dx = quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
             if need_wgrad:
@@ -496,24 +534,27 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
     sizes, offsets = layout.quantized_splits(padded)
     qx = _grouped_quantize(recipe, "input", layout.pad(x2) if padded else x2, sizes, offsets,
                            rowwise=True, columnwise=any_wgrad, backend=backend)
-    if stacked is None or (need_dgrad and stacked[1] is None):
-        if qweights is None or (need_dgrad and any(q.columnwise_data is None for q in qweights)):
-            stacked = quantize_grouped_weights(weights, recipe, columnwise=need_dgrad, backend=backend)
+    w_rowwise_t = need_dgrad and dgrad_reads_rowwise(recipe, m, n, k, x2.device, backend, num_experts=len(weights))
+    w_columnwise = need_dgrad and not w_rowwise_t
+    if stacked is None or (w_columnwise and stacked[1] is None):
+        if qweights is None or (w_columnwise and any(q.columnwise_data is None for q in qweights)):
+            stacked = quantize_grouped_weights(weights, recipe, columnwise=w_columnwise, backend=backend)
         else:
-            stacked = stack_grouped_weights(qweights, columnwise=need_dgrad, backend=backend)
+            stacked = stack_grouped_weights(qweights, columnwise=w_columnwise, backend=backend)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
     y = ops.nvfp4_grouped_gemm(qx, stacked[0], out_dtype=cdtype, bias=bias, backend=backend, m_splits=list(sizes))
     if padded:
         y = layout.unpad(y)
     meta = dict(m=m, n=n, k=k, x_dtype=x_dtype, w_dtypes=[w.dtype for w in weights],
                 bias_dtype=None if biases[0] is None else biases[0].dtype, need_dgrad=need_dgrad,
-                need_wgrads=list(need_wgrads), layout=layout, padded=padded, x_meta=None, w_meta=None)
+                need_wgrads=list(need_wgrads), layout=layout, padded=padded, x_meta=None, w_meta=None,
+                w_rowwise_t=w_rowwise_t)
     saved = [None] * 7
     if any_wgrad:
         saved[0:4] = [qx.split_offsets, qx.columnwise_data, qx.columnwise_scale, qx.columnwise_amax]
         meta["x_meta"] = (qx.shape, qx.dtype, _replaced(qx.config, rowwise=False))
     if need_dgrad:
-        w = stacked[1]
+        w = stacked[0] if w_rowwise_t else stacked[1]
         saved[4:7] = [w.rowwise_data, w.rowwise_scale, w.rowwise_amax]
         meta["w_meta"] = (w.shape, w.dtype, w.config)
     return y, saved, meta
@@ -539,6 +580,8 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
     if need_dgrad:
         shape, dtype, config = meta["w_meta"]
         w = NVFP4Tensor.from_parts(shape, dtype, config, rowwise=tuple(saved[4:7]))
+        if meta["w_rowwise_t"]:
+            w = ops.nvfp4_operand(w, transposed=True, backend=backend)
         dx = ops.nvfp4_grouped_gemm(qdy, w, out_dtype=meta["x_dtype"], backend=backend, m_splits=list(sizes))
         if padded:
             dx = layout.unpad(dx)

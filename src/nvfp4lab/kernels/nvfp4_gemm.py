@@ -62,7 +62,8 @@ from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
 from .nvfp4_gemm_details.common import EXPANDED, gemm_inv, operand
 from .nvfp4_gemm_details.opt_flags import GemmConfig
 
-__all__ = ["GemmConfig", "grouped_wgrad", "nvfp4_gemm", "nvfp4_grouped_gemm", "nvfp4_grouped_wgrad", "run"]
+__all__ = ["GemmConfig", "expand_rowwise", "grouped_takes_expanded", "grouped_wgrad", "nvfp4_gemm", "nvfp4_grouped_gemm",
+           "nvfp4_grouped_wgrad", "run"]
 
 
 def _launch(
@@ -90,8 +91,8 @@ def _launch(
     inv_e = gemm_inv(e_max_a, e_max_b)
     config = opt_flags.resolve_config(config, m, n, k, num_experts, grouped, splits is not None, device)
     if a.expanded or b.expanded:
-        if grouped:
-            raise ValueError("operands given expanded (NVFP4Operand) are for dense GEMMs only")
+        if grouped and (a.expanded or splits is None):
+            raise ValueError("a grouped GEMM takes only B given expanded (NVFP4Operand), with host split sizes")
         if not config.dequant_mm:
             config = opt_flags.dequant_config(device)
     if grouped and config.dequant_mm:  # host split sizes: per-expert cuBLAS GEMMs on expanded operands
@@ -148,6 +149,11 @@ def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_lay
     return None
 
 
+def _expert_rows(b_data: torch.Tensor, num_experts: int) -> int:
+    """N of a grouped GEMM's B: E*N rows of packed codes, or expanded values stacked (E, N, K)."""
+    return b_data.shape[1] if b_data.dim() == 3 else b_data.shape[0] // num_experts
+
+
 @custom_op("nvfp4lab::nvfp4_grouped_gemm", mutates_args=())
 def _grouped_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_layout: str, e_max_a: float,
@@ -155,7 +161,7 @@ def _grouped_op(
     offs: torch.Tensor, num_experts: int, bias: Optional[torch.Tensor], k: int, out_dtype: torch.dtype,
     splits: Optional[List[int]] = None, pr3045: bool = False, a_per_expert: bool = False,
 ) -> torch.Tensor:
-    m, n = a_data.shape[0], b_data.shape[0] // num_experts
+    m, n = a_data.shape[0], _expert_rows(b_data, num_experts)
     out = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
     return _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
                    m=m, n=n, k=k, num_experts=num_experts, e_max_a=e_max_a, e_max_b=e_max_b,
@@ -165,7 +171,7 @@ def _grouped_op(
 @_grouped_op.register_fake
 def _(a_data, a_scale, a_amax, a_layout, e_max_a, b_data, b_scale, b_amax, b_layout, e_max_b, offs, num_experts,
       bias, k, out_dtype, splits=None, pr3045=False, a_per_expert=False):
-    return a_data.new_empty((a_data.shape[0], b_data.shape[0] // num_experts), dtype=out_dtype)
+    return a_data.new_empty((a_data.shape[0], _expert_rows(b_data, num_experts)), dtype=out_dtype)
 
 
 @custom_op("nvfp4lab::nvfp4_grouped_gemm_out", mutates_args=("out",))
@@ -176,7 +182,7 @@ def _grouped_out_op(
     accumulate: bool, splits: Optional[List[int]] = None, pr3045: bool = False, a_per_expert: bool = False,
 ) -> None:
     _launch(a_data, a_scale, a_layout, a_amax, b_data, b_scale, b_layout, b_amax, offs, bias, out,
-            m=a_data.shape[0], n=b_data.shape[0] // num_experts, k=k, num_experts=num_experts,
+            m=a_data.shape[0], n=_expert_rows(b_data, num_experts), k=k, num_experts=num_experts,
             e_max_a=e_max_a, e_max_b=e_max_b, accumulate=accumulate, grouped=True, splits=splits, pr3045=pr3045,
             a_per_expert=a_per_expert)
 
@@ -279,6 +285,24 @@ def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, con
                    splits=None if splits is None else list(splits), pr3045=_pr3045(a, b))
 
 
+def expand_rowwise(t) -> torch.Tensor:
+    """The exact BF16 values q * s (rows, K) of an NVFP4Tensor's rowwise copy in K order (one launch of the
+    dequant_mm path's expansion kernel); a view of rows padded to its K tile. The values of
+    :func:`nvfp4lab.ops.nvfp4_operand`."""
+    k = t.shape[-1]
+    device = t.rowwise_data.device
+    op = operand(t.rowwise_data, t.rowwise_scale, t.scale_layout, t.rowwise_amax, k)
+    block_k = opt_flags.dequant_config(device).block_k
+    decode = opt_flags.expand_decode(opt_flags.default_decode(device), block_k)
+    return fused.expand(op, k, block_k, decode, None, torch.bfloat16, natural=True)[0][:, :k]
+
+
+def grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:
+    """Whether a grouped (m, n, k) GEMM of ``num_experts`` with host split sizes runs the dequant_mm path by default
+    (per-expert cuBLAS GEMMs on operands expanded to BF16)."""
+    return opt_flags.grouped_takes_expanded(m, n, k, num_experts, device)
+
+
 def takes_expanded(m: int, n: int, k: int, device: torch.device) -> bool:
     """Whether a dense (m, n, k) GEMM on ``device`` runs the dequant_mm path by default, which expands its
     operands to BF16 (so :class:`~nvfp4lab.NVFP4Operand` inputs save that work)."""
@@ -299,6 +323,11 @@ def operand_args(t):
 
 
 # ------------------------------------------------------------------------------ eager plans
+def _takes_strides(data: torch.Tensor, layout: str) -> bool:
+    """Whether an operand's data needs no copy: unit stride along K, or expanded values in column-major order."""
+    return data.stride(-1) == 1 or (layout == EXPANDED and data.stride(-2) == 1)
+
+
 class _EagerGemm:
     """What a dense GEMM without ``out`` is fixed by its key (:func:`_dense_gemm`: both operands' shapes,
     layouts, strides, amax kinds and E, the bias kind, the output dtype, the device, each pointer's
@@ -313,7 +342,8 @@ class _EagerGemm:
                  pr3045: bool, aligned_ptrs: tuple):
         self.launch = self.dequant = None
         m, n, device = ad.shape[0], bd.shape[0], ad.device
-        if m * n * k == 0 or ad.stride(-1) != 1 or bd.stride(-1) != 1 or (bias is not None and not bias.is_contiguous()):
+        if (m * n * k == 0 or not _takes_strides(ad, a_layout) or not _takes_strides(bd, b_layout)
+                or (bias is not None and not bias.is_contiguous())):
             return
         a_op = operand(ad, asc, a_layout, aam, k)
         b_op = operand(bd, bsc, b_layout, bam, k)

@@ -104,7 +104,8 @@ class _WeightCacheMixin:
         return quantized
 
     def _needs_weight_columnwise(self, x: torch.Tensor) -> bool:
-        # dgrad reads W's columnwise copy: only with quantized backward and an input needing grad
+        # dgrad reads W's columnwise copy: only with quantized backward and an input needing grad (and, for a
+        # Linear, not where it reads the rowwise copy transposed: F.dgrad_reads_rowwise)
         # (getattr: a non-tensor x reaches the functional layer's check, which names it)
         return self.recipe.backward == "quantized" and torch.is_grad_enabled() and getattr(x, "requires_grad", False)
 
@@ -153,7 +154,9 @@ class Linear(_AutocastRecipeMixin, RecipeStateMixin, nn.Linear, _WeightCacheMixi
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not autocast_enabled():
             return torch.nn.functional.linear(x, _high_precision_weight(self.weight), self.bias)
-        quantized = self._quantized_weight("weight", self.weight, self._needs_weight_columnwise(x))
+        need_columnwise = self._needs_weight_columnwise(x) and not F.dgrad_reads_rowwise(
+            self.recipe, x.numel() // max(x.shape[-1], 1), self.out_features, self.in_features, x.device, self.backend)
+        quantized = self._quantized_weight("weight", self.weight, need_columnwise)
         return F.linear(x, self.weight, self.bias, recipe=self.recipe, quantized_weight=quantized, backend=self.backend)
 
     def extra_repr(self) -> str:
@@ -267,7 +270,9 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
         if (isinstance(recipe, NVFP4Recipe) and recipe.backward == "quantized"
                 and not any(isinstance(w, NVFP4GatheredWeight) for w in weights)
                 and (biases[0] is None or all(b is not None and b.dtype == biases[0].dtype for b in biases))):
-            stacked = self._grouped_weights(weights, need_columnwise)
+            stacked = self._grouped_weights(weights, need_columnwise and not F.dgrad_reads_rowwise(
+                recipe, x.numel() // max(x.shape[-1], 1), self.out_features, self.in_features, x.device, self.backend,
+                num_experts=self.num_gemms))
         else:
             quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(weights)]
             if any(q is None for q in quantized):

@@ -146,8 +146,9 @@ def nvfp4_grouped_gemm(
     """Grouped (MoE) GEMM, defined as one :func:`nvfp4_gemm` per expert.
 
     a: (M, K) with amax (1,) or (M,); b: the E experts' weights stacked, E*N rows, amax (1,), (E,)
-    per expert or (E*N,) per row; offs: (E,) cumulative row ends, expert e owns rows
-    offs[e-1]:offs[e] of a and out (offs[-1] = 0), offs[E-1] == M. bias: (N,) or (E, N).
+    per expert or (E*N,) per row (an NVFP4Tensor, or an NVFP4Operand of values (E, N, K)); offs: (E,)
+    cumulative row ends, expert e owns rows offs[e-1]:offs[e] of a and out (offs[-1] = 0), offs[E-1] == M.
+    bias: (N,) or (E, N).
     """
     ends = [int(v) for v in offs.tolist()]
     num_experts = len(ends)
@@ -157,8 +158,9 @@ def nvfp4_grouped_gemm(
     if any(e < s for s, e in zip(starts, ends)) or ends[-1] != m:
         raise ValueError(f"offs must be nondecreasing cumulative row ends with offs[-1] == M = {m}, got {ends}")
     a_scale = compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16)
-    b_scale = compact_scales(b.rowwise_scale, b.scale_layout, b.m, k // 16)
-    a_amax, b_amax = a.rowwise_amax.reshape(-1), b.rowwise_amax.reshape(-1)
+    expanded_b = isinstance(b, NVFP4Operand)
+    b_scale = None if expanded_b else compact_scales(b.rowwise_scale, b.scale_layout, b.m, k // 16)
+    a_amax, b_amax = a.rowwise_amax.reshape(-1), (b.amax if expanded_b else b.rowwise_amax).reshape(-1)
     result = torch.empty(m, n, dtype=out_dtype, device=a.rowwise_data.device) if out is None else out
     for e, (r0, r1) in enumerate(zip(starts, ends)):
         if r1 == r0:
@@ -170,7 +172,10 @@ def nvfp4_grouped_gemm(
             b_amax_e = b_amax[e * n:(e + 1) * n]
         else:
             b_amax_e = b_amax[e:e + 1]
-        b_e = _rows(b, b_scale, b_amax_e, e * n, (e + 1) * n)
+        if expanded_b:
+            b_e = NVFP4Operand(b.values.reshape(num_experts, n, k)[e], b_amax_e, b.config)
+        else:
+            b_e = _rows(b, b_scale, b_amax_e, e * n, (e + 1) * n)
         bias_e = None if bias is None else (bias[e] if bias.dim() == 2 else bias)
         nvfp4_gemm(a_e, b_e, out_dtype=out_dtype, bias=bias_e, out=result[r0:r1], accumulate=accumulate)
     return result

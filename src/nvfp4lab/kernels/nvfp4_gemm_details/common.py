@@ -26,7 +26,8 @@ EXPANDED = "expanded"
 
 class Operand(NamedTuple):
     """One GEMM operand as the kernels take it."""
-    data: torch.Tensor  # packed codes (rows, K/2) uint8, unit stride along K; or BF16 q * s (rows, K) (expanded)
+    data: torch.Tensor  # packed codes (rows, K/2) uint8, unit stride along K; or BF16 q * s (rows, K) (expanded;
+    # unit stride along K or along the rows; a grouped GEMM's B: (E, N, K))
     scale: torch.Tensor  # E4M3 scales: 2-D compact / padded, or the flat swizzled buffer (unused when expanded)
     scale_stride: int  # row stride of a compact / padded scale matrix (0 when swizzled)
     cols4: int  # roundup(K/16, 4) // 4: 4-column groups of the swizzled layout (0 otherwise)
@@ -52,8 +53,9 @@ def scale_args(scale: torch.Tensor, layout: str, k: int):
 
 
 def operand(data: torch.Tensor, scale: torch.Tensor, layout: str, amax: torch.Tensor, k: int) -> Operand:
-    """An :class:`Operand` from a rowwise copy's parts (``layout``: the scale layout)."""
-    if data.stride(-1) != 1:
+    """An :class:`Operand` from a rowwise copy's parts (``layout``: the scale layout). Expanded values may also
+    come column-major (the transpose of a row-major matrix: cuBLAS reads either)."""
+    if data.stride(-1) != 1 and not (layout == EXPANDED and data.stride(-2) == 1):
         data = data.contiguous()
     if amax.dim() != 1 or amax.dtype != torch.float32:
         amax = amax.reshape(-1).to(torch.float32)

@@ -4,7 +4,8 @@
 bias addition in fp32 and one rounding to ``out``'s dtype (bf16 or fp32). alpha (and beta, a zero) are read from device memory
 (``CUBLASLT_POINTER_MODE_DEVICE``): no host synchronization, and one pass fewer than an fp32 product followed by an
 epilogue kernel. In cuBLAS' column-major terms this is D (N x M, ld = out's row stride) = op_T(b16) (N x K) @ a16^T
-(K x M), both operands K-major ("TN"). Operands are BF16 because cuBLASLt has no FP16-input kernel with a BF16
+(K x M), both operands K-major ("TN"), or either one given column-major (a transposed view: "NN", "TT").
+Operands are BF16 because cuBLASLt has no FP16-input kernel with a BF16
 output; an alpha vector (``ALPHA_DEVICE_VECTOR`` pointer modes) has no kernel for 16-bit inputs on Hopper either.
 
 :func:`plan` builds (and caches per shape, strides, dtypes and pointer alignments) the descriptors and the
@@ -135,21 +136,25 @@ class Plan:
 
 @functools.lru_cache(maxsize=4096)
 def _make_plan(device_index: int, m: int, n: int, k: int, lda: int, ldb: int, ldo: int, out_dtype: torch.dtype,
-               aligns: tuple, bias_dtype: Optional[torch.dtype] = None) -> Optional[Plan]:
+               aligns: tuple, bias_dtype: Optional[torch.dtype] = None, a_cols: bool = False,
+               b_cols: bool = False) -> Optional[Plan]:
     lib = _library()
     handle = _handle(device_index)
     vp = ctypes.c_void_p
     desc = vp()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F), "cublasLtMatmulDescCreate")
     set_desc = lib.cublasLtMatmulDescSetAttribute
-    _set(set_desc, desc, _DESC_TRANSA, _OP_T, ctypes.c_int32)
-    _set(set_desc, desc, _DESC_TRANSB, _OP_N, ctypes.c_int32)
+    # row-major b16 (N, K) is cuBLAS' K x N, used transposed; a column-major one is its N x K as it is (a16 alike)
+    _set(set_desc, desc, _DESC_TRANSA, _OP_N if b_cols else _OP_T, ctypes.c_int32)
+    _set(set_desc, desc, _DESC_TRANSB, _OP_T if a_cols else _OP_N, ctypes.c_int32)
     _set(set_desc, desc, _DESC_POINTER_MODE, _POINTER_MODE_DEVICE, ctypes.c_int32)
     if bias_dtype is not None:
         _set(set_desc, desc, _DESC_EPILOGUE, _EPILOGUE_BIAS, ctypes.c_uint32)
         _set(set_desc, desc, _DESC_BIAS_DATA_TYPE, _DTYPES[bias_dtype], ctypes.c_int32)
     layouts = []
-    for dtype, rows, cols, ld in ((_CUDA_R_16BF, k, n, ldb), (_CUDA_R_16BF, k, m, lda), (_DTYPES[out_dtype], n, m, ldo)):
+    shape_b, shape_a = (n, k) if b_cols else (k, n), (m, k) if a_cols else (k, m)
+    for dtype, (rows, cols), ld in ((_CUDA_R_16BF, shape_b, ldb), (_CUDA_R_16BF, shape_a, lda),
+                                    (_DTYPES[out_dtype], (n, m), ldo)):
         layout = vp()
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), dtype, rows, cols, ld), "cublasLtMatrixLayoutCreate")
         layouts.append(layout)
@@ -174,29 +179,39 @@ def available() -> bool:
     return _library() is not None
 
 
+def _leading(t: torch.Tensor) -> Optional[tuple]:
+    """(column-major?, leading dimension) of a 2-D operand with unit stride along one dimension, else None."""
+    if t.stride(-1) == 1:
+        return False, t.stride(0)
+    if t.stride(0) == 1:
+        return True, t.stride(1)
+    return None
+
+
 def supports(a16: torch.Tensor, b16: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> bool:
-    """Whether the tensors' dtypes and strides are the plan's: BF16 operands, a bf16 / fp32 ``out``, each with unit
-    stride along its last dimension; a bias of ``out``'s dtype, contiguous and 16-byte aligned, only where ``out``'s
-    rows are 16-byte aligned (address and row stride). There cuBLAS' bias epilogue rounds fl(fl(alpha * acc) + bias)
-    once, as the reference; for 2-byte aligned rows it picks kernels whose bias epilogue rounds otherwise (figures in
-    benchmarks/RESULTS.md)."""
+    """Whether the tensors' dtypes and strides are the plan's: BF16 operands with unit stride along one dimension
+    (row- or column-major), a bf16 / fp32 ``out`` with unit stride along its last dimension; a bias of ``out``'s
+    dtype, contiguous and 16-byte aligned, only where ``out``'s rows are 16-byte aligned (address and row stride).
+    There cuBLAS' bias epilogue rounds fl(fl(alpha * acc) + bias) once, as the reference; for 2-byte aligned rows it
+    picks kernels whose bias epilogue rounds otherwise (figures in benchmarks/RESULTS.md)."""
     return (out.dtype in _DTYPES and a16.dtype == b16.dtype == torch.bfloat16 and out.stride(-1) == 1
-            and a16.stride(-1) == 1 and b16.stride(-1) == 1
+            and _leading(a16) is not None and _leading(b16) is not None
             and (bias is None or (bias.dtype == out.dtype and bias.is_contiguous() and bias.data_ptr() % 16 == 0
                                   and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0)))
 
 
 def plan(a16: torch.Tensor, b16: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Optional[Plan]:
-    """The cached plan for ``out = alpha * (a16 @ b16^T) [+ bias]`` (a16 (M, K), b16 (N, K) BF16 with unit stride
-    along K; out (M, N) bf16 / fp32 with unit column stride; bias (N,) as ``supports`` says, on a CUDA device), or None where
+    """The cached plan for ``out = alpha * (a16 @ b16^T) [+ bias]`` (a16 (M, K), b16 (N, K) BF16, row- or
+    column-major; out (M, N) bf16 / fp32 with unit column stride; bias (N,) as ``supports`` says, on a CUDA device), or None where
     cuBLASLt is not available or has no algorithm for it."""
     if not supports(a16, b16, out, bias) or _library() is None:
         return None
     m, k = a16.shape
     n = b16.shape[0]
     aligns = tuple(alignment(t.data_ptr()) for t in (b16, a16, out, out))
-    return _make_plan(out.device.index, m, n, k, a16.stride(0), b16.stride(0), out.stride(0), out.dtype, aligns,
-                      None if bias is None else bias.dtype)
+    (a_cols, lda), (b_cols, ldb) = _leading(a16), _leading(b16)
+    return _make_plan(out.device.index, m, n, k, lda, ldb, out.stride(0), out.dtype, aligns,
+                      None if bias is None else bias.dtype, a_cols, b_cols)
 
 
 def matmul_torch(a16: torch.Tensor, b16: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor,

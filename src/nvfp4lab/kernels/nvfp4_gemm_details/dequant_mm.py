@@ -256,7 +256,8 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
     each, then per expert one matmul into its rows: with cuBLAS' epilogue (one alpha vector for all
     experts) where the flags allow, else with fp32 output into a shared buffer and one epilogue kernel
     over all rows, each with its expert's amax and bias (``offs``: the device row ends, the sizes
-    ``splits`` holds); per element the dense path's arithmetic, expert by expert."""
+    ``splits`` holds); per element the dense path's arithmetic, expert by expert. B may be given expanded as
+    (E, N, K) values (each expert's (N, K) row- or column-major)."""
     m = a.data.shape[0]
     flags = dict(A_AMAX_ROWS=a.amax.numel() != 1 and not a_per_expert, B_AMAX_MODE=b_mode, BIAS_MODE=bias_mode,
                  ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device),
@@ -266,14 +267,15 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
     ends = list(itertools.accumulate(splits))
     parts = [(e, end - m_e, end) for e, (m_e, end) in enumerate(zip(splits, ends)) if m_e != 0]
     biases = [None if bias_mode == 0 else (bias if bias_mode == 1 else bias[e]) for e in range(len(splits))]
-    if cublas and _per_expert_scaled_mm([(a16[r0:r1], b16[e * n:(e + 1) * n], out[r0:r1], e, biases[e])
+    b_experts = b16.unbind(0) if b16.dim() == 3 else b16.split(n)  # B given stacked (E, N, K) or as E*N rows
+    if cublas and _per_expert_scaled_mm([(a16[r0:r1], b_experts[e], out[r0:r1], e, biases[e])
                                          for e, r0, r1 in parts], a.amax, b.amax, len(splits), a_per_expert,
                                         b_mode == 1, inv_e):
         return out
     acc = torch.empty((m, n), dtype=torch.float32, device=a.data.device)
     for e, r0, r1 in parts:
-        _mm_f32(a16[r0:r1], b16[e * n:(e + 1) * n], out=acc[r0:r1])
-    del a16, b16
+        _mm_f32(a16[r0:r1], b_experts[e], out=acc[r0:r1])
+    del a16, b16, b_experts
     bias_arg = bias if bias is not None else a.amax  # a stand-in pointer that BIAS_MODE=0 never reads
     _grouped_epilogue(acc, a.amax, b.amax, bias_arg, out, offs, m, n, len(splits), inv_e, flags)
     return out

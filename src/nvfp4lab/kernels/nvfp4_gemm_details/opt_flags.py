@@ -194,6 +194,11 @@ def dequant_config(device: torch.device) -> GemmConfig:
     return DENSE_RULES[gpu_key(device)]["dequant"]
 
 
+def grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:
+    """Whether a grouped GEMM with host split sizes runs the dequant_mm path by default (expands its operands)."""
+    return m * n * k != 0 and resolve_config(None, m, n, k, num_experts, True, True, device).dequant_mm
+
+
 def takes_expanded(m: int, n: int, k: int, device: torch.device) -> bool:
     """Whether a dense (m, n, k) GEMM on ``device`` runs the dequant_mm path by default, i.e. expands its
     operands to BF16 anyway: then a cast that writes them expanded saves the expansion."""
