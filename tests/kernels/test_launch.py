@@ -219,3 +219,25 @@ def test_tracing_rules():
     assert not launch.tracing(torch.nn.Parameter(x))
     with FakeTensorMode() as mode:
         assert launch.tracing(mode.from_tensor(x))
+
+
+def test_linear_step_host_path_dgrad_from_the_rowwise_weight(count, dgrad_from_rowwise):
+    """The same step where dgrad reads W's rowwise copy transposed (the GPU's path for large Linears, forced here):
+    W's cast writes no columnwise copy, dgrad expands dy and W (one launch each) into one product with cuBLAS' epilogue
+    (and its alpha kernel); no dispatch."""
+    torch.manual_seed(0)
+    layer = nvfp4lab.Linear(64, 48, bias=True, backend="triton")
+    x = torch.randn(32, 64, requires_grad=True)
+    dy = torch.randn(32, 48)
+
+    def step():
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(dy)
+        with torch.no_grad():
+            layer.weight.add_(layer.weight.grad, alpha=-1e-3)
+
+    launches, torch_ops, custom_ops = count(step)
+    assert _total(custom_ops) == 0, custom_ops
+    assert Counter(launches)["expand_kernel"] == 2, Counter(launches)
+    assert len(launches) <= 11, Counter(launches)
+    assert _total(torch_ops) <= 31, torch_ops  # the CPU twin of cuBLASLt's product adds 5 (casts, mm, scale, copy)
