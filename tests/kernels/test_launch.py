@@ -173,11 +173,8 @@ def test_grouped_linear_step_host_path(count):
     assert _total(torch_ops) <= 60, torch_ops
 
 
-def test_linear_step_host_path(count):
-    """One training step of nvfp4lab.Linear (te_default, Triton backend): no dispatch, 9 launches
-    (amax + cast for each of x, W and dy; 3 GEMMs, one launch each at this size) and a bounded number
-    of torch ops (outputs, the zero-filled padding of the padded scale layouts at this small size, the
-    bias gradient, the weight update)."""
+def _linear_training_step():
+    """One training step of a small nvfp4lab.Linear (te_default, Triton backend) as a callable."""
     torch.manual_seed(0)
     layer = nvfp4lab.Linear(64, 48, bias=True, backend="triton")
     x = torch.randn(32, 64, requires_grad=True)
@@ -189,7 +186,15 @@ def test_linear_step_host_path(count):
         with torch.no_grad():  # an optimizer step: the weight changes, so it is quantized again
             layer.weight.add_(layer.weight.grad, alpha=-1e-3)
 
-    launches, torch_ops, custom_ops = count(step)
+    return step
+
+
+def test_linear_step_host_path(count):
+    """One training step of nvfp4lab.Linear (te_default, Triton backend): no dispatch, 9 launches
+    (amax + cast for each of x, W and dy; 3 GEMMs, one launch each at this size) and a bounded number
+    of torch ops (outputs, the zero-filled padding of the padded scale layouts at this small size, the
+    bias gradient, the weight update)."""
+    launches, torch_ops, custom_ops = count(_linear_training_step())
     assert _total(custom_ops) == 0, custom_ops
     assert len(launches) <= 9, Counter(launches)
     assert _total(torch_ops) <= 26, torch_ops
@@ -225,18 +230,7 @@ def test_linear_step_host_path_dgrad_from_the_rowwise_weight(count, dgrad_from_r
     """The same step where dgrad reads W's rowwise copy transposed (the GPU's path for large Linears, forced here):
     W's cast writes no columnwise copy, dgrad expands dy and W (one launch each) into one product with cuBLAS' epilogue
     (and its alpha kernel); no dispatch."""
-    torch.manual_seed(0)
-    layer = nvfp4lab.Linear(64, 48, bias=True, backend="triton")
-    x = torch.randn(32, 64, requires_grad=True)
-    dy = torch.randn(32, 48)
-
-    def step():
-        layer.zero_grad(set_to_none=True)
-        layer(x).backward(dy)
-        with torch.no_grad():
-            layer.weight.add_(layer.weight.grad, alpha=-1e-3)
-
-    launches, torch_ops, custom_ops = count(step)
+    launches, torch_ops, custom_ops = count(_linear_training_step())
     assert _total(custom_ops) == 0, custom_ops
     assert Counter(launches)["expand_kernel"] == 2, Counter(launches)
     assert len(launches) <= 11, Counter(launches)

@@ -265,7 +265,7 @@ def test_nvfp4_operand_bad_input_and_empty():
         ops.nvfp4_operand(ref_nvfp4.quantize(x, NVFP4QuantConfig(block="16x16", per_token=True, numerics="te_pr3045")),
                           transposed=True)
     with pytest.raises(ValueError, match="2-D"):
-        ops.nvfp4_operand(ops.quantize_nvfp4(x.reshape(2, 16, 64), config=NVFP4QuantConfig(), backend="ref"))
+        ops.nvfp4_operand(ops.quantize_nvfp4(x.reshape(2, 2, 8, 64), config=NVFP4QuantConfig(), backend="ref"))
     empty = kq.quantize(torch.empty(0, 64, device=DEV), NVFP4QuantConfig(block="16x16"))
     assert ops.nvfp4_operand(empty, transposed=True).values.shape == (64, 0)
 

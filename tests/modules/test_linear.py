@@ -716,6 +716,16 @@ def test_cuda_graph_capture_of_a_grouped_linear_training_step(preset, caller, mo
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["te_default", "four_over_six"])
+def test_cuda_graph_capture_where_dgrad_reads_the_rowwise_weight(preset, monkeypatch, dgrad_from_rowwise):
+    """The dgrad from the stacked weights' rowwise copy transposed (forced at this size) captures and replays with
+    the eager step's bits."""
+    for replay in _grouped_graph_vs_eager(GRAPH_PRESETS[preset], "module", monkeypatch):
+        for name, got, want in replay:
+            assert torch.equal(got, want), name
+
+
+@pytest.mark.gpu
 def test_cuda_graph_capture_of_a_grouped_linear_step_with_stochastic_rounding(monkeypatch):
     # te_default rounds dy stochastically with seeds drawn on the device: replays and eager steps draw
     # different ones, so y, the loss and the bias grads (from dy itself) are exact, while dx and dW
