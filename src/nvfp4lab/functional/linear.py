@@ -304,10 +304,11 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
                 qdy = quantize_tensor(recipe, "grad", dy_rows, rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
                 dy_row = dy_col = None
             if need_dgrad:
-                w_t = ops.nvfp4_operand(qw, transposed=True, backend=backend) if meta["w_rowwise_t"] else None
-                if dy_row is not None or w_t is not None:
-                    dx = ops.nvfp4_gemm(qdy if dy_row is None else dy_row, transposed_operand(qw) if w_t is None else w_t,
-                                        out_dtype=meta["x_dtype"], backend=backend)[:m]
+                if meta["w_rowwise_t"] or dy_row is not None:  # NVFP4 operands
+                    w_op = (ops.nvfp4_operand(qw, transposed=True, backend=backend) if meta["w_rowwise_t"]
+                            else transposed_operand(qw))
+                    dx = ops.nvfp4_gemm(qdy if dy_row is None else dy_row, w_op, out_dtype=meta["x_dtype"],
+                                        backend=backend)[:m]
                 else:
                     dx = quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
             if need_wgrad:

@@ -292,9 +292,7 @@ def expand_rowwise(t) -> torch.Tensor:
     k = t.shape[-1]
     device = t.rowwise_data.device
     op = operand(t.rowwise_data, t.rowwise_scale, t.scale_layout, t.rowwise_amax, k)
-    block_k = opt_flags.dequant_config(device).block_k
-    decode = opt_flags.expand_decode(opt_flags.default_decode(device), block_k)
-    return fused.expand(op, k, block_k, decode, None, torch.bfloat16, natural=True)[0][:, :k]
+    return dequant_mm.expand_values(op, k, opt_flags.dequant_config(device), opt_flags.default_decode(device))
 
 
 def grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:

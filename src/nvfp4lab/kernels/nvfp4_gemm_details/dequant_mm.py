@@ -196,17 +196,22 @@ def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
     return out
 
 
+def expand_values(op, k: int, config, decode: int) -> torch.Tensor:
+    """One operand's q * s in BF16 and K order, (rows, k) (a view of rows padded to the K tile): the values an
+    :class:`~nvfp4lab.NVFP4Operand` holds."""
+    decode = opt_flags.expand_decode(decode, config.block_k)
+    return expand(op, k, config.block_k, decode, None, torch.bfloat16, natural=True)[0][:, :k]
+
+
 def _expand_both(a, b, k, config, decode, dtype=torch.float16):
     """q * s of all rows of A and of B (same K permutation) in ``dtype``, in one launch. Where one is given
     expanded already (BF16 in K order, :data:`.common.EXPANDED`), the other one is expanded to BF16 in K order
     (its zero padding past K left out of the view), or nothing is launched when both are."""
-    decode = opt_flags.expand_decode(decode, config.block_k)
     if not (a.expanded or b.expanded):
-        return expand(a, k, config.block_k, decode, b, dtype)
+        return expand(a, k, config.block_k, opt_flags.expand_decode(decode, config.block_k), b, dtype)
     if a.expanded and b.expanded:
         return a.data, b.data
-    packed = b if a.expanded else a
-    values = expand(packed, k, config.block_k, decode, None, torch.bfloat16, natural=True)[0][:, :k]
+    values = expand_values(b if a.expanded else a, k, config, decode)
     return (a.data, values) if a.expanded else (values, b.data)
 
 
