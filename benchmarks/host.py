@@ -1,7 +1,7 @@
 """Benchmark: what eager users pay on the host, and the training step in eager, compiled and graph modes.
 
-Part 1, host microseconds per call of every public op on tiny tensors (GPU work negligible), mean of
-``--calls`` calls after a warm-up, beside torch.mm and ``x.abs().amax()`` of the same size, with each op's
+Part 1, host microseconds per call of every public op on tiny tensors (GPU work negligible): the median of
+ROUNDS means of back-to-back calls after a warm-up (alternating with the previous version's op), beside torch.mm and ``x.abs().amax()`` of the same size, with each op's
 Triton launches, allocations and aten ops per call and its floor (those launches and allocations at the cost of
 one torch.empty and one Triton launch, timed in the same run); with the
 previous version of the package (a copy importable as ``nvfp4lab_prev``, e.g. ``.gpu/prev``) in the
@@ -46,6 +46,7 @@ from nvfp4lab.kernels.launch import Launch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 PREV_DIR = ROOT / ".gpu" / "prev"
+ROUNDS = 5  # alternating rounds of the per-call table
 MOE_SPLITS = [1152, 896, 1088, 960, 1216, 832, 1024, 1024]
 CASES = [("linear", 4096, 2048, 2048), ("linear", 8192, 4096, 4096), ("linear", 8192, 8192, 8192),
          ("moe", 8192, 7168, 2048)]
@@ -175,15 +176,22 @@ def part_ops(device, calls, prev):
     new, _ = op_calls(nvfp4lab, device)
     old = dict(op_calls(prev, device)[0]) if prev is not None else {}
     for name, fn in new:
-        row = dict(op=name, us=round(host_us(fn, device, calls), 1))
+        # this version and the previous one alternate, ROUNDS times each: the medians are compared
+        times, prev_times = [], []
+        for _ in range(ROUNDS):
+            times.append(host_us(fn, device, calls))
+            if name in old:
+                prev_times.append(host_us(old[name], device, calls))
+        row = dict(op=name, us=round(median(times), 1))
         row["launches"], row["allocations"], row["aten_ops"] = op_counts(fn)
         # what the call's launches and allocations cost at the floors above, before any Python of its own
         row["floor_us"] = round(row["launches"] * launch_us + row["allocations"] * empty_us, 1)
-        if name in old:
-            row["prev_us"] = round(host_us(old[name], device, calls), 1)
+        if prev_times:
+            row["prev_us"] = round(median(prev_times), 1)
         rows.append(row)
-    print(f"\nHost time per call (us, mean of {calls}; tiny tensors; torch.mm = {mm_us:.1f} us); launches, allocations "
-          "and aten ops of one call; floor = launches x one launch + allocations x torch.empty")
+    print(f"\nHost time per call (us; median of {ROUNDS} means of {calls} calls, alternating with the previous "
+          f"version; tiny tensors; torch.mm = {mm_us:.1f} us); launches, allocations and aten ops of one call; "
+          "floor = launches x one launch + allocations x torch.empty")
     print(f"{'op':<40} {'nvfp4lab':>9} {'x mm':>6} {'launch':>6} {'alloc':>5} {'aten':>4} {'floor':>6} {'previous':>9} "
           f"{'new/prev':>9}")
     for row in rows:

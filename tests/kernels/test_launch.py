@@ -148,6 +148,26 @@ def test_grouped_dequant_gemm_one_epilogue(count):
     assert torch_ops["mm"] == 4, torch_ops
 
 
+@pytest.mark.parametrize("options", [dict(columnwise=True), dict(columnwise=True, rht=True, stochastic_rounding=True)])
+def test_grouped_quantize_host_path(count, options, monkeypatch):
+    """An eager grouped quantize runs from its cached plan: the amax pass and the cast (2 launches, or 3 with SR's
+    split row / column casts), no dispatch, not through the generic launcher, and its buffers only (two zeroed amax
+    buffers, the group splits, four outputs)."""
+    from nvfp4lab.kernels import grouped_quantize
+
+    generic = []
+    real_launch = grouped_quantize.launch
+    monkeypatch.setattr(grouped_quantize, "launch", lambda *args: generic.append(args[0]) or real_launch(*args))
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    sizes = [16, 0, 32, 16]
+    offsets = torch.tensor([0, 16, 16, 48, 64])
+    launches, torch_ops, custom_ops = count(lambda: nvfp4lab.quantize_nvfp4_grouped_bulk(
+        x, sizes, split_offsets=offsets, backend="triton", seed=5, **options))
+    assert _total(custom_ops) == 0 and generic == [], (custom_ops, generic)
+    assert Counter(launches)["_grouped_amax_kernel"] == 1 and len(launches) <= 3, launches
+    assert torch_ops["zeros"] + torch_ops["zero_"] <= 2 and _total(torch_ops) <= 9, torch_ops
+
+
 def test_grouped_linear_step_host_path(count):
     """One training step of nvfp4lab.GroupedLinear (4 experts, te_default, Triton backend, an SGD step
     so that the weights are quantized again): no dispatch; launches: grouped amax + cast of the four

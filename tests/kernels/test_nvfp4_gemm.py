@@ -249,9 +249,10 @@ def test_dequant_mm_path(k):
 @pytest.fixture
 def scaled_mm_calls(monkeypatch):
     """The products the dequant_mm path ran with cuBLAS' epilogue (True) or without (False: fp32 product and the
-    epilogue kernel), in call order."""
+    epilogue kernel), in call order; with the kept cuBLASLt batches dropped, so that each product is planned anew."""
     calls = []
     real = dequant_mm._scaled_mm
+    monkeypatch.setattr(dequant_mm, "_BATCHES", {})
 
     def spy(a16, b16, out, bias=None):
         run = real(a16, b16, out, bias)
@@ -461,6 +462,27 @@ def test_grouped_dequant_mm_host_splits(amax_a, b_amax, bias_dim, out_dtype):
         out = poisoned((sum(sizes), n), out_dtype, "cpu")
         G.run(a, b, out, bias=bias, offs=offs, num_experts=e, splits=sizes,
               config=G.GemmConfig(32, 32, block_k, dequant_mm=True))
+        assert_equal(out, want)
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_cublas_batch_repeats_with_new_operands(scaled_mm_calls):
+    """The grouped dequant_mm path keeps its cuBLASLt plans and view offsets per shape (``cublaslt.Batch``): calls
+    with new operands, biases and outputs, of new shapes (planned anew) and of the shapes of the call before (run
+    from the kept batch), each equal the per-expert definition bit for bit (exact operands, per-expert bias)."""
+    gen = torch.Generator().manual_seed(33)
+    sizes, n, k = [256, 0, 384, 128], 256, 512
+    offs = torch.tensor(sizes, device="cuda").cumsum(0)
+    for pad, planned in ((0, [True] * 3), (8, [True] * 3), (8, [])):
+        a = exact_operand(sum(sizes), k, gen, device="cuda")
+        b_list = [exact_operand(n, k, gen, device="cuda") for _ in sizes]
+        bias = (torch.randn(len(sizes), n, generator=gen) * 100).to("cuda", torch.bfloat16)
+        want = per_expert_reference(a, b_list, sizes, bias, torch.bfloat16)
+        out = poisoned((sum(sizes), n + pad), torch.bfloat16, "cuda")[:, pad:]
+        scaled_mm_calls.clear()
+        G.run(a, moe.stack_weights(b_list), out, bias=bias, offs=offs, num_experts=len(sizes), splits=sizes,
+              config=G.GemmConfig(32, 32, 64, dequant_mm=True))
+        assert scaled_mm_calls == planned
         assert_equal(out, want)
 
 

@@ -18,6 +18,10 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
   :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`. Same device functions as the single op, so every split
   gets the bits of quantizing it alone; SR block counters are bulk block indices (split 0 and a single
   split reproduce the single op's random bits for the same seed; the others differ, statistically alike).
+
+The two passes are the custom ops ``nvfp4lab::nvfp4_grouped_amax`` and ``nvfp4lab::nvfp4_grouped_quantize_cast``
+(traced calls); an eager call runs the same launches from a plan cached per config, shape, split count and
+alignments (:class:`_GroupedPlan`), so that it only allocates and launches.
 """
 from __future__ import annotations
 
@@ -31,12 +35,14 @@ from ..config import NVFP4QuantConfig
 from ..layout import cdiv
 from ..tensors import GroupedNVFP4Tensor
 from .formats import soft_bf16_loads
-from .launch import custom_op, launch
+from .launch import Launch, aligned, arg_key, custom_op, launch, tracing
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
+    cast_steps,
     draw_seed,
     launch_cast,
+    run_cast,
     uninitialized,
 )
 from .nvfp4_quantize_details.common import (
@@ -200,25 +206,31 @@ def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, co
         group_split.fill_(-1)
     if x.numel() == 0:
         return row_amax, col_amax, group_split
-    per_token = G_PER_TOKEN in (row_mode, col_mode) or col_mode == G_PER_TOKEN_RHT
-    bm, bk, warps = opt_flags.amax_tile(m, k, rht=col_mode == G_SPLIT_RHT, per_token=per_token, block_m=block_m,
-                                        block_k=block_k, num_warps=num_warps)
-    meta = dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk,
-                DOT_BF16=not opt_flags.interpreting(), SPLIT_STEPS=split_steps_of(n),
-                STEPS_M=opt_flags.amax_steps(m, bm, per_token=per_token), num_warps=warps)
+    meta = _amax_meta(m, k, n, row_mode, col_mode, rht_sign_mask, block_m, block_k, num_warps, x.device)
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
     col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
     launch_grouped_amax(x, row_view, col_view, offsets, group_split, opt_flags.amax_grid(m, k, meta), meta)
     return row_amax, col_amax, group_split
 
 
+def _amax_meta(m: int, k: int, n: int, row_mode: int, col_mode: int, rht_sign_mask: int, block_m: int, block_k: int,
+               num_warps: int, device) -> dict:
+    """Constexprs and launch options of ``_grouped_amax_kernel`` for x (M, K) in ``n`` splits."""
+    per_token = G_PER_TOKEN in (row_mode, col_mode) or col_mode == G_PER_TOKEN_RHT
+    bm, bk, warps = opt_flags.amax_tile(m, k, rht=col_mode == G_SPLIT_RHT, per_token=per_token, block_m=block_m,
+                                        block_k=block_k, num_warps=num_warps)
+    return dict(ROW_MODE=row_mode, COL_MODE=col_mode, RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk,
+                DOT_BF16=not opt_flags.interpreting(), SPLIT_STEPS=split_steps_of(n),
+                STEPS_M=opt_flags.amax_steps(m, bm, per_token=per_token), num_warps=warps,
+                SOFT_BF16=soft_bf16_loads(device), enable_fp_fusion=False)
+
+
 def launch_grouped_amax(x, row_view, col_view, offsets, group_split, grid, meta: dict) -> None:
     """The one launch of ``_grouped_amax_kernel``: x (M, K), the int32 views of the zeroed amax buffers
     (an absent one gets the other's view, never touched), the device offsets, the group-split output,
-    the grid and the constexprs / num_warps built in ``nvfp4_grouped_amax``."""
+    the grid and the constexprs / launch options of :func:`_amax_meta`."""
     m, k = x.shape
-    launch(_grouped_amax_kernel, grid, (x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k),
-           dict(meta, SOFT_BF16=soft_bf16_loads(x.device), enable_fp_fusion=False))
+    launch(_grouped_amax_kernel, grid, (x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k), meta)
 
 
 @nvfp4_grouped_amax.register_fake
@@ -268,6 +280,93 @@ def _nvfp4_grouped_quantize_cast_fake(x, offsets, group_split, row_amax, col_ama
     return tuple(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise))
 
 
+def _amax_modes(config: NVFP4QuantConfig) -> tuple[int, int]:
+    """The grouped amax pass's (row, column) modes for a config (module docstring)."""
+    row_mode = col_mode = G_NONE
+    if config.rowwise:
+        row_mode = G_PER_TOKEN if config.per_token else G_SPLIT
+    if config.columnwise:
+        if config.rht:
+            col_mode = G_PER_TOKEN_RHT if config.per_token else G_SPLIT_RHT
+        else:
+            col_mode = G_PER_TOKEN if config.per_token else G_SPLIT
+    return row_mode, col_mode
+
+
+def _cast_args(config: NVFP4QuantConfig) -> tuple:
+    """The recipe arguments of the grouped cast (``nvfp4_grouped_quantize_cast``'s, rowwise .. stochastic_rounding)."""
+    return (config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
+            config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six], config.e4m3_max,
+            config.stochastic_rounding)
+
+
+class _GroupedPlan:
+    """What the config, shape, split count, dtype and device of an eager (untraced) grouped quantize fix: the
+    amax pass's launch and buffer shapes, the outputs' shapes, and the cast's launches (per SR seed kind and
+    offsets alignment), so that a call only allocates and launches: the launches and arguments of the two
+    custom ops, which traced calls run."""
+
+    __slots__ = ("config", "n", "row_shape", "col_shape", "group_shape", "amax_launch", "row_mode", "col_mode",
+                 "out_shapes", "cast_args", "pr3045", "steps", "tile", "poison")
+
+    def __init__(self, config: NVFP4QuantConfig, m: int, k: int, n: int, device, tile: tuple, poison: bool):
+        self.config, self.n, self.tile, self.poison = config, n, tile, poison
+        self.row_mode, self.col_mode = _amax_modes(config)
+        self.row_shape, self.col_shape = _amax_shapes(m, k, n, self.row_mode, self.col_mode)
+        self.group_shape = (cdiv(m, 16),)
+        self.amax_launch = None
+        if m * k:
+            meta = _amax_meta(m, k, n, self.row_mode, self.col_mode, config.rht_sign_mask if config.rht else 0,
+                              *tile, device)
+            self.amax_launch = Launch(_grouped_amax_kernel, opt_flags.amax_grid(m, k, meta), meta)
+        self.out_shapes = _cast_shapes(m, k, config.rowwise, config.columnwise)
+        self.cast_args = _cast_args(config)
+        self.pr3045 = config.numerics == "te_pr3045"
+        self.steps = {}
+
+    def __call__(self, x2d, offsets, seed_tensor, seed_int: int) -> tuple:
+        dev = x2d.device
+        m, k = x2d.shape
+        row_amax = torch.zeros(self.row_shape, dtype=torch.float32, device=dev)
+        col_amax = torch.zeros(self.col_shape, dtype=torch.float32, device=dev)
+        group_split = torch.empty(self.group_shape, dtype=torch.int32, device=dev)
+        if self.poison:
+            group_split.fill_(-1)
+        outputs = tuple(uninitialized(s, dev, self.poison) for s in self.out_shapes)
+        if self.amax_launch is None:
+            return row_amax, col_amax, outputs
+        row_view = row_amax.view(torch.int32) if self.row_mode else col_amax.view(torch.int32)
+        col_view = col_amax.view(torch.int32) if self.col_mode else row_amax.view(torch.int32)
+        self.amax_launch(x2d, row_view, col_view, offsets, group_split, self.n, m, k)
+        row_in = row_amax if self.config.rowwise else None
+        col_in = col_amax if self.config.columnwise else None
+        key = (seed_tensor is not None, arg_key(seed_int))
+        steps = self.steps.get(key)
+        if steps is None:  # (the amax buffers are new allocations: 16-byte aligned)
+            steps = self.steps[key] = cast_steps(
+                x2d, seed_tensor, seed_int, *self.cast_args, "compact", offsets, self.n, split_steps_of(self.n),
+                group_split, *self.tile, self.pr3045, (row_in is not None, col_in is not None))
+        run_cast(steps, x2d, outputs, row_in, col_in, seed_tensor, seed_int, offsets, self.n, group_split)
+        return row_amax, col_amax, outputs
+
+
+_GROUPED_PLANS: dict = {}
+
+
+def _grouped_plan(config, x2d, offsets, tile: tuple, poison: bool) -> _GroupedPlan:
+    """The cached plan of an eager grouped quantize (the Launch specializations it keeps are those of x's and the
+    offsets' alignment, in the key)."""
+    n = offsets.numel() - 1
+    m, k = x2d.shape
+    key = (config, m, k, n, x2d.dtype, x2d.device, aligned(x2d), aligned(offsets), tile, poison)
+    plan = _GROUPED_PLANS.get(key)
+    if plan is None:
+        if len(_GROUPED_PLANS) >= 4096:
+            _GROUPED_PLANS.clear()
+        plan = _GROUPED_PLANS[key] = _GroupedPlan(config, m, k, n, x2d.device, tile, poison)
+    return plan
+
+
 def quantize_grouped(
     x2d: torch.Tensor,
     split_offsets: torch.Tensor,
@@ -293,34 +392,26 @@ def quantize_grouped(
     if config.broadcast_2d:
         raise ValueError("PR 3045's 2D weight (numerics='te_pr3045', block='16x16') is a per-tensor cast: quantize "
                          "each weight alone (TE's split_quantize rejects it too)")
-    m, k = x2d.shape
     x2d = x2d.contiguous()
     offsets = split_offsets.to(device=x2d.device, dtype=torch.int64).contiguous()
-    row_mode = col_mode = G_NONE
-    if config.rowwise:
-        row_mode = G_PER_TOKEN if config.per_token else G_SPLIT
-    if config.columnwise:
-        if config.rht:
-            col_mode = G_PER_TOKEN_RHT if config.per_token else G_SPLIT_RHT
-        else:
-            col_mode = G_PER_TOKEN if config.per_token else G_SPLIT
-    rht_mask = config.rht_sign_mask if config.rht else 0
-    tile = dict(block_m=block_m, block_k=block_k, num_warps=num_warps)
-    row_amax, col_amax, group_split = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode, rht_mask, **tile,
-                                                         poison=poison)
-
     seed_tensor, seed_int = None, 0
     if config.stochastic_rounding:
         if seed is not None:
             seed_int = int(seed) % (1 << 63)
         else:
             seed_tensor, seed_int = draw_seed(x2d, generator)
-    row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize_cast(
-        x2d, offsets, group_split, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
-        seed_tensor, seed_int, config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
-        config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
-        config.e4m3_max, config.stochastic_rounding, **tile, poison=poison, pr3045=config.numerics == "te_pr3045",
-    )
+    if not tracing(x2d):
+        plan = _grouped_plan(config, x2d, offsets, (block_m, block_k, num_warps), poison)
+        row_amax, col_amax, (row_data, row_scale, col_data, col_scale) = plan(x2d, offsets, seed_tensor, seed_int)
+    else:
+        row_mode, col_mode = _amax_modes(config)
+        tile = dict(block_m=block_m, block_k=block_k, num_warps=num_warps)
+        row_amax, col_amax, group_split = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode,
+                                                             config.rht_sign_mask if config.rht else 0, **tile,
+                                                             poison=poison)
+        row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize_cast(
+            x2d, offsets, group_split, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
+            seed_tensor, seed_int, *_cast_args(config), **tile, poison=poison, pr3045=config.numerics == "te_pr3045")
     out = GroupedNVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config, split_offsets=offsets)
     if config.rowwise:
         out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale, row_amax

@@ -134,6 +134,53 @@ class Plan:
         _check(status, "cublasLtMatmul")
 
 
+class Batch:
+    """The plans of a fixed sequence of products on views of base tensors (a16, b16, out and an optional bias), with
+    each view's byte offset from its base: a call takes the bases, allocates one workspace and runs every product in
+    order on the current stream, without re-deriving views, strides or plans. Built by :func:`batch`; valid for bases
+    of the shapes, strides, dtypes and pointer low bits (mod 256) it was built for."""
+
+    __slots__ = ("runs", "workspace", "device_index", "lib")
+
+    def __init__(self, runs: list, workspace: int, device_index: int, lib):
+        self.runs, self.workspace, self.device_index, self.lib = runs, workspace, device_index, lib
+
+    def __call__(self, a16: torch.Tensor, b16: torch.Tensor, out: torch.Tensor, alpha: torch.Tensor,
+                 bias: Optional[torch.Tensor] = None) -> None:
+        """Every product: out view = alpha[e] * (a16 view @ b16 view^T) [+ bias view]; ``alpha`` as :meth:`Plan.__call__`'s."""
+        ws = torch.empty(self.workspace, dtype=torch.uint8, device=out.device) if self.workspace else None
+        ws_ptr = None if ws is None else ws.data_ptr()
+        a_ptr, b_ptr, out_ptr, alpha_ptr = a16.data_ptr(), b16.data_ptr(), out.data_ptr(), alpha.data_ptr()
+        beta_ptr = alpha_ptr + 4 * (alpha.numel() - 1)
+        bias_ptr = bias.data_ptr() if bias is not None else 0
+        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
+        matmul = self.lib.cublasLtMatmul
+        for plan, algo, a_off, b_off, out_off, e, bias_off in self.runs:
+            la, lb, ld = plan.layouts
+            args = (plan.handle, plan.desc, alpha_ptr + 4 * e, b_ptr + b_off, la, a_ptr + a_off, lb, beta_ptr,
+                    out_ptr + out_off, ld, out_ptr + out_off, ld, algo, ws_ptr, self.workspace, stream)
+            if bias_off is None:
+                status = matmul(*args)
+            else:
+                with plan.lock:
+                    _set(self.lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, bias_ptr + bias_off,
+                         ctypes.c_uint64)
+                    status = matmul(*args)
+            _check(status, "cublasLtMatmul")
+
+
+def batch(products: list, plans: list, a16: torch.Tensor, b16: torch.Tensor, out: torch.Tensor,
+          bias: Optional[torch.Tensor] = None) -> Batch:
+    """The :class:`Batch` of ``products`` ((a16 view, b16 view, out view, alpha index, bias view or None), views of the
+    given bases, in run order) and their ``plans`` (:func:`plan` of each)."""
+    runs, workspace = [], 0
+    for (a_v, b_v, out_v, e, bias_v), p in zip(products, plans):
+        workspace = max(workspace, p.workspace)
+        runs.append((p, ctypes.byref(p.algo), a_v.data_ptr() - a16.data_ptr(), b_v.data_ptr() - b16.data_ptr(),
+                     out_v.data_ptr() - out.data_ptr(), e, None if bias_v is None else bias_v.data_ptr() - bias.data_ptr()))
+    return Batch(runs, workspace, out.device.index, _library())
+
+
 @functools.lru_cache(maxsize=4096)
 def _make_plan(device_index: int, m: int, n: int, k: int, lda: int, ldb: int, ldo: int, out_dtype: torch.dtype,
                aligns: tuple, bias_dtype: Optional[torch.dtype] = None, a_cols: bool = False,

@@ -21,7 +21,9 @@ two epilogues:
 
 Temporaries: 2MK + 2NK bytes of expanded operands (and 4MN bytes of fp32 for the kernel epilogue). Grouped GEMMs with
 host split sizes expand A and B once, then run one cuBLAS GEMM per non-empty expert and, on the kernel-epilogue path,
-one epilogue over all rows (:func:`grouped_epilogue_kernel`, each row's expert read from the device row ends).
+one epilogue over all rows (:func:`grouped_epilogue_kernel`, each row's expert read from the device row ends). On the GPU
+the cuBLASLt plans of a call's products and their views' offsets are kept per shapes (:class:`.cublaslt.Batch`), so an
+eager call with shapes seen before neither slices its operands per expert nor looks up a plan per product.
 """
 from __future__ import annotations
 
@@ -165,16 +167,42 @@ def _scaled_mm(a16, b16, out, bias=None):
     return cublaslt.plan(a16, b16, out, bias)
 
 
+_BATCHES: dict = {}
+
+
+def _base_key(t) -> tuple:
+    """What fixes the views of a base tensor and their pointers' alignments: shape, strides, dtype, address mod 256."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() & 255)
+
+
 def _per_expert_scaled_mm(products, a_amax, b_amax, num_experts: int, a_per_expert: bool, b_per_expert: bool,
-                          inv_e: float) -> bool:
-    """Runs every (a16, b16, out, expert, bias or None) product with cuBLAS' epilogue and one alpha vector (E + 1
-    entries) and returns True; False (nothing run) where cuBLASLt has no plan for one of them."""
-    runs = [_scaled_mm(a16, b16, out, bias) for a16, b16, out, _, bias in products]
-    if any(run is None for run in runs):
+                          inv_e: float, bases: tuple, key: tuple) -> bool:
+    """Runs every (a16, b16, out, expert, bias or None) product of ``products()`` with cuBLAS' epilogue and one
+    alpha vector (E + 1 entries) and returns True; False (nothing run) where cuBLASLt has no plan for one of them.
+    ``products`` is a callable: its views are of ``bases`` (a16, b16, out, bias or None), and what else fixes them
+    is ``key``. On the GPU the plans and view offsets are kept per key and bases (:class:`.cublaslt.Batch`), so a
+    repeated call neither slices nor plans."""
+    out = bases[2]
+    if out.is_cuda:
+        full_key = (key, out.device.index, *map(_base_key, bases))
+        run = _BATCHES.get(full_key, _BATCHES)
+        if run is _BATCHES:
+            if len(_BATCHES) >= 4096:
+                _BATCHES.clear()
+            items = products()
+            plans = [_scaled_mm(a16, b16, o, bias) for a16, b16, o, _, bias in items]
+            run = _BATCHES[full_key] = cublaslt.batch(items, plans, *bases) if None not in plans else None
+        if run is None:
+            return False
+        run(bases[0], bases[1], out, _alphas(a_amax, b_amax, num_experts, a_per_expert, b_per_expert, inv_e), bases[3])
+        return True
+    items = products()
+    runs = [_scaled_mm(a16, b16, o, bias) for a16, b16, o, _, bias in items]
+    if any(r is None for r in runs):
         return False
     alpha = _alphas(a_amax, b_amax, num_experts, a_per_expert, b_per_expert, inv_e)
-    for run, (a16, b16, out, e, bias) in zip(runs, products):
-        run(a16, b16, alpha, out, e, bias)
+    for r, (a16, b16, o, e, bias) in zip(runs, items):
+        r(a16, b16, alpha, o, e, bias)
     return True
 
 
@@ -223,13 +251,36 @@ def _mm_f32(a16, b16, out=None):
     return torch.mm(a16.float(), b16.float().t(), out=out)
 
 
+def _one_product(a16, b16, out, bias) -> list:
+    """The dense product as :func:`_per_expert_scaled_mm` takes it."""
+    return [(a16, b16, out, 0, bias)]
+
+
+def _expert_weights(b16, e: int, n: int) -> torch.Tensor:
+    """Expert e's (N, K) values of B given stacked (E, N, K) or as E*N rows."""
+    return b16[e] if b16.dim() == 3 else b16[e * n:(e + 1) * n]
+
+
+def _row_products(a16, b16, out, bias, bias_mode: int, parts: list, n: int) -> list:
+    """The grouped GEMM's per-expert products ((expert, first row, row end) ``parts``) on rows of A and out."""
+    return [(a16[r0:r1], _expert_weights(b16, e, n), out[r0:r1], e,
+             None if bias_mode == 0 else (bias if bias_mode == 1 else bias[e])) for e, r0, r1 in parts]
+
+
+def _split_k_products(a16, b16, out, splits, starts, block_k: int) -> list:
+    """The weight gradients' per-expert products over each non-empty split's columns of A and B (from ``starts``)."""
+    return [(a16[:, col:col + roundup(m_e, block_k)], b16[:, col:col + roundup(m_e, block_k)], out[e], e, None)
+            for e, (m_e, col) in enumerate(zip(splits, starts)) if m_e != 0]
+
+
 def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, config, decode: int) -> torch.Tensor:
     """Dense: both operands expanded (or given expanded), one matmul with cuBLAS' epilogue or an fp32-output one
     and the epilogue kernel. Writes ``out`` (M, N)."""
     cublas = _cublas_epilogue(flags, out)
     a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
-    if cublas and _per_expert_scaled_mm([(a16, b16, out, 0, bias if flags["BIAS_MODE"] else None)], a.amax, b.amax,
-                                        1, False, False, inv_e):
+    bias16 = bias if flags["BIAS_MODE"] else None
+    if cublas and _per_expert_scaled_mm(functools.partial(_one_product, a16, b16, out, bias16), a.amax, b.amax, 1,
+                                        False, False, inv_e, (a16, b16, out, bias16), ()):
         return out
     acc = _mm_f32(a16, b16)
     del a16, b16
@@ -271,16 +322,15 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
     a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
     ends = list(itertools.accumulate(splits))
     parts = [(e, end - m_e, end) for e, (m_e, end) in enumerate(zip(splits, ends)) if m_e != 0]
-    biases = [None if bias_mode == 0 else (bias if bias_mode == 1 else bias[e]) for e in range(len(splits))]
-    b_experts = b16.unbind(0) if b16.dim() == 3 else b16.split(n)  # B given stacked (E, N, K) or as E*N rows
-    if cublas and _per_expert_scaled_mm([(a16[r0:r1], b_experts[e], out[r0:r1], e, biases[e])
-                                         for e, r0, r1 in parts], a.amax, b.amax, len(splits), a_per_expert,
-                                        b_mode == 1, inv_e):
+    bias16 = bias if bias_mode else None
+    if cublas and _per_expert_scaled_mm(functools.partial(_row_products, a16, b16, out, bias16, bias_mode, parts, n),
+                                        a.amax, b.amax, len(splits), a_per_expert, b_mode == 1, inv_e,
+                                        (a16, b16, out, bias16), (tuple(splits), n, bias_mode)):
         return out
     acc = torch.empty((m, n), dtype=torch.float32, device=a.data.device)
     for e, r0, r1 in parts:
-        _mm_f32(a16[r0:r1], b_experts[e], out=acc[r0:r1])
-    del a16, b16, b_experts
+        _mm_f32(a16[r0:r1], _expert_weights(b16, e, n), out=acc[r0:r1])
+    del a16, b16
     bias_arg = bias if bias is not None else a.amax  # a stand-in pointer that BIAS_MODE=0 never reads
     _grouped_epilogue(acc, a.amax, b.amax, bias_arg, out, offs, m, n, len(splits), inv_e, flags)
     return out
@@ -305,14 +355,12 @@ def grouped_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, offs, splits
                                       opt_flags.expand_decode(decode, config.block_k),
                                       torch.bfloat16 if cublas else torch.float16)
     if cublas:  # one alpha per expert
-        products = []
-        for e, (m_e, col) in enumerate(zip(splits, starts)):
-            if m_e == 0:
-                out[e].zero_()
-            else:
-                width = roundup(m_e, config.block_k)
-                products.append((a16[:, col:col + width], b16[:, col:col + width], out[e], e, None))
-        if _per_expert_scaled_mm(products, a_amax, b_amax, num, True, True, inv_e):
+        products = functools.partial(_split_k_products, a16, b16, out, splits, starts, config.block_k)
+        if _per_expert_scaled_mm(products, a_amax, b_amax, num, True, True, inv_e, (a16, b16, out, None),
+                                 (tuple(splits), tuple(starts), config.block_k)):
+            for e, m_e in enumerate(splits):
+                if m_e == 0:
+                    out[e].zero_()
             return out
     acc = torch.empty((num * n_a, n_b), dtype=torch.float32, device=out.device)
     for e, (m_e, col) in enumerate(zip(splits, starts)):
