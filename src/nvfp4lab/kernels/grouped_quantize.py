@@ -301,9 +301,9 @@ def _cast_args(config: NVFP4QuantConfig) -> tuple:
 
 
 class _GroupedPlan:
-    """What the config, shape, split count, dtype and device of an eager (untraced) grouped quantize fix: the
-    amax pass's launch and buffer shapes, the outputs' shapes, and the cast's launches (per SR seed kind and
-    offsets alignment), so that a call only allocates and launches: the launches and arguments of the two
+    """What the config, shape, split count, dtype, device and alignments of an eager (untraced) grouped quantize fix
+    (:func:`_grouped_plan`'s key): the amax pass's launch and buffer shapes, the outputs' shapes, and the cast's
+    launches (per SR seed kind), so that a call only allocates and launches: the launches and arguments of the two
     custom ops, which traced calls run."""
 
     __slots__ = ("config", "n", "row_shape", "col_shape", "group_shape", "amax_launch", "row_mode", "col_mode",
