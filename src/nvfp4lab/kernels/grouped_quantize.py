@@ -40,9 +40,9 @@ from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
     cast_steps,
-    draw_seed,
     launch_cast,
     run_cast,
+    seed_args,
     uninitialized,
 )
 from .nvfp4_quantize_details.common import (
@@ -384,7 +384,7 @@ def quantize_grouped(
     split_offsets: int64 (n + 1,) on x2d's device, nondecreasing from 0 to M (not checked: no host
     sync). Each split must be a multiple of 16 rows when a columnwise or 16x16 output is asked.
     Compact scales. Stochastic rounding: ``seed`` (int) or a seed drawn from ``generator``
-    (``nvfp4_quantize_details.cast.draw_seed``). block_m, block_k, num_warps: the tile of every kernel of this
+    (``nvfp4_quantize_details.cast.seed_args``). block_m, block_k, num_warps: the tile of every kernel of this
     call (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them (tests).
     """
     if config.scale_layout != "compact":
@@ -394,13 +394,9 @@ def quantize_grouped(
                          "each weight alone (TE's split_quantize rejects it too)")
     x2d = x2d.contiguous()
     offsets = split_offsets.to(device=x2d.device, dtype=torch.int64).contiguous()
-    seed_tensor, seed_int = None, 0
-    if config.stochastic_rounding:
-        if seed is not None:
-            seed_int = int(seed) % (1 << 63)
-        else:
-            seed_tensor, seed_int = draw_seed(x2d, generator)
-    if not tracing(x2d):
+    traced = tracing(x2d)
+    seed_tensor, seed_int = seed_args(config, x2d, seed, generator, traced)
+    if not traced:
         plan = _grouped_plan(config, x2d, offsets, (block_m, block_k, num_warps), poison)
         row_amax, col_amax, (row_data, row_scale, col_data, col_scale) = plan(x2d, offsets, seed_tensor, seed_int)
     else:

@@ -78,6 +78,7 @@ from .nvfp4_quantize_details.cast import (
     launch_cast,
     run_cast,
     scale_buffer,
+    seed_args,
     uninitialized,
 )
 
@@ -187,16 +188,6 @@ def _output_amaxes(config, amax, columnwise_amax, row_computed, col_computed) ->
     return row_amax, col_amax
 
 
-def _seed_args(config: NVFP4QuantConfig, x: torch.Tensor, seed: Optional[int], generator, traced: bool) -> tuple:
-    """The cast's SR seed arguments (seed_tensor or None, int seed): the caller's int ``seed``, else one drawn
-    (:func:`draw_seed`); (None, 0) without stochastic rounding."""
-    if not config.stochastic_rounding:
-        return None, 0
-    if seed is not None:
-        return None, int(seed) % (1 << 63)
-    return draw_seed(x, generator, traced)
-
-
 class _EagerPlan:
     """What the config, shape, dtype and device of an eager (untraced) quantize fix: which amaxes the
     amax pass computes and its launch, the outputs' shapes, and the cast's launches (per SR seed
@@ -300,7 +291,7 @@ class _EagerPlan:
         return row_data, row_scale, row_amax, col_data, col_scale, col_amax
 
     def __call__(self, x, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps) -> NVFP4Tensor:
-        seed_tensor, seed_int = _seed_args(self.config, x, seed, generator, False)
+        seed_tensor, seed_int = seed_args(self.config, x, seed, generator, False)
         parts = self.parts(x, amax, columnwise_amax, seed_tensor, seed_int, block_m, block_k, num_warps)
         # the container directly: the plan makes exactly the copies the config asks for (from_parts' check)
         return NVFP4Tensor(x.shape, x.dtype, self.config, *parts)
@@ -453,7 +444,7 @@ def quantize(
     if not tracing(x2d):
         plan = _eager_plan(config, x2d, amax, columnwise_amax, block_m, block_k, num_warps, poison)
         return plan(x2d, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps)
-    seed_tensor, seed_int = _seed_args(config, x2d, seed, generator, True)
+    seed_tensor, seed_int = seed_args(config, x2d, seed, generator, True)
     parts = nvfp4_quantize(x2d, amax, columnwise_amax, seed_tensor, seed_int, *_config_fields(config), block_m, block_k,
                            num_warps, poison)
     row_data, row_scale, row_amax, col_data, col_scale, col_amax = (
@@ -490,7 +481,7 @@ def quantize_operands(
         raise ValueError("quantize_operands: recipes without four_over_six and without PR 3045's 2D weight only")
     operands = (bool(row_operand) and config.rowwise, bool(col_operand) and config.columnwise)
     traced = tracing(x2d)
-    seed_tensor, seed_int = _seed_args(config, x2d, seed, generator, traced)
+    seed_tensor, seed_int = seed_args(config, x2d, seed, generator, traced)
     if not traced:
         plan = _eager_plan(config, x2d, None, None, 0, 0, 0, poison, operands)
         parts = plan.parts(x2d, None, None, seed_tensor, seed_int, 0, 0, 0)

@@ -77,6 +77,17 @@ def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
     return None, int(torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator))
 
 
+def seed_args(config, x: torch.Tensor, seed: Optional[int], generator, traced: bool) -> tuple:
+    """A quantize call's SR seed arguments for ``config`` (an NVFP4QuantConfig), as its cast takes them (seed_tensor
+    or None, int seed): the caller's int ``seed``, else one drawn (:func:`draw_seed`); (None, 0) without stochastic
+    rounding. ``traced``: the caller's ``tracing(x)``."""
+    if not config.stochastic_rounding:
+        return None, 0
+    if seed is not None:
+        return None, int(seed) % (1 << 63)
+    return draw_seed(x, generator, traced)
+
+
 def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six,
                     stochastic_rounding, pr3045: bool = False, operands: tuple = (False, False)) -> None:
     """The recipe rules the cast kernels rely on (those of ``NVFP4QuantConfig``), for direct op calls."""
