@@ -38,13 +38,13 @@ def parts_us(x, offsets, config):
     if offsets is None:
         amax = lambda: kq.compute_amax(x, *modes, 0)  # noqa: E731
     else:
-        amax = lambda: gq.nvfp4_grouped_amax(x, offsets, gq.G_SPLIT, gq.G_SPLIT, 0)  # noqa: E731
+        amax = lambda: gq.grouped_amax(x, offsets, gq.G_SPLIT, gq.G_SPLIT, 0)  # noqa: E731
     row_amax, col_amax, *group_split = amax()
     args = (row_amax, col_amax, None, 0, True, True, False, False, -1, 0, config.e4m3_max, False)
     if offsets is None:
         cast = lambda: kq.cast_outputs(x, *args, "compact")  # noqa: E731
     else:
-        cast = lambda: gq.nvfp4_grouped_quantize_cast(x, offsets, group_split[0], *args)  # noqa: E731
+        cast = lambda: gq.grouped_cast(x, offsets, group_split[0], *args)  # noqa: E731
     return bench(graphed(amax)), bench(graphed(cast))
 
 

@@ -7,8 +7,7 @@ one torch.empty and one Triton launch, timed in the same run); with the
 previous version of the package (a copy importable as ``nvfp4lab_prev``, e.g. ``.gpu/prev``) in the
 same process when present; part 2 times its steps too with ``--prev-steps``. The host's speed
 drifts during a run (eager steps of one module measured 1.55-2.40 ms minutes apart on one machine), so
-eager steps are medians of interleaved rounds and compiled steps are compared with the eager step
-timed beside them.
+eager and compiled steps are medians of interleaved rounds (every variant and mode once per round).
 
 Part 2, the Linear and GroupedLinear fwd+bwd+SGD step (te_default) against BF16 in the same mode:
 eager (wall time per step, host included), torch.compile of the module in the default mode ("compile")
@@ -17,7 +16,8 @@ backward, the optimizer eager), and CUDA-graph replay of the whole step. Cases: 
 8192 x 8192 -> 8192, and MoE 8 x (7168 -> 2048) with 8192 tokens in uneven splits (BF16:
 ``torch._grouped_mm``).
 
-    python benchmarks/host.py [--quick] [--no-compile] [--cases moe,8192 x 4096] [--out host.json]
+    python benchmarks/host.py [--quick] [--no-compile] [--compile-modes compile] [--prev-steps] [--cases moe,8192 x 4096]
+                              [--out host.json]
     python benchmarks/host.py --smoke       # the script itself on CPU (interpreter, tiny shapes)
 """
 from __future__ import annotations
@@ -279,10 +279,14 @@ def median(values):
     return sorted(values)[len(values) // 2]
 
 
+COMPILE_MODES = {"compile": {}, "compile_ro": dict(mode="reduce-overhead")}
+
+
 def part_steps(device, iters, compile_modes, prev, only_cases=None, rounds=3):
-    """Each case's variants are built first; eager steps are timed in ``rounds`` interleaved rounds
-    (median), and each compiled mode in rounds alternating with the same module's eager step (the
-    host's speed drifts within a run: ratios come from measurements side by side)."""
+    """Each case's variants (and their compiled modules: ``compile_modes``, names of :data:`COMPILE_MODES`;
+    the previous version's module in the default mode only) are built and warmed up first; then every eager
+    and compiled step is timed once per round, ``rounds`` interleaved rounds (median), so that each ratio
+    comes from measurements side by side (the host's speed drifts within a run). CUDA-graph replays after."""
     rows = []
     cases = CASES if not SMOKE else [("linear", 64, 64, 64), ("moe", 128, 64, 32)]
     for kind, tokens, k, n in cases:
@@ -293,36 +297,37 @@ def part_steps(device, iters, compile_modes, prev, only_cases=None, rounds=3):
         variants = [("nvfp4", True, None), ("bf16", False, None)]
         if prev is not None:
             variants.append(("prev", True, prev))
-        built = {}
+        built, steps = {}, {}
+        torch._dynamo.reset()
         for label, quantized, lib in variants:
             module, x, dy, splits = build(kind, tokens, k, n, quantized, device, lib)
-            built[label] = (module, x, dy, splits, step_of(module, x, dy, splits))
-        eager = {label: [] for label in built}
-        for _ in range(rounds):
-            for label, (*_, step) in built.items():
-                eager[label].append(wall_ms(step, device, iters))
-        for label, (module, x, dy, splits, step) in built.items():
-            row[f"{label}_eager"] = median(eager[label])
-            if device.type == "cuda":
+            built[label] = (module, x, dy, splits)
+            steps[(label, "eager")] = step_of(module, x, dy, splits)
+            for mode in compile_modes:
+                if label == "prev" and mode != "compile":
+                    continue
+                compiled = step_of(module, x, dy, splits, torch.compile(module, **COMPILE_MODES[mode]))
                 try:
-                    row[f"{label}_graph"] = graph_ms(step, device, iters)
+                    wall_ms(compiled, device, 1, warmup=3)
+                    steps[(label, mode)] = compiled
+                except Exception as err:  # noqa: BLE001 - reported in the row
+                    row[f"{label}_{mode}_error"] = f"{type(err).__name__}: {err}"[:160]
+        times = {key: [] for key in steps}
+        for _ in range(rounds):
+            for key, step in steps.items():
+                times[key].append(wall_ms(step, device, iters, warmup=1))
+        for (label, mode), values in times.items():
+            row[f"{label}_{mode}"] = median(values)
+        for (label, mode) in times:
+            if mode != "eager":
+                row[f"{label}_{mode}_vs_eager"] = row[f"{label}_{mode}"] / row[f"{label}_eager"]
+        if device.type == "cuda":
+            for label in built:
+                try:
+                    row[f"{label}_graph"] = graph_ms(steps[(label, "eager")], device, iters)
                 except Exception as err:  # noqa: BLE001 - reported in the row
                     row[f"{label}_graph_error"] = f"{type(err).__name__}: {err}"[:160]
-            if compile_modes and label != "prev":
-                for mode, options in (("compile", {}), ("compile_ro", dict(mode="reduce-overhead"))):
-                    torch._dynamo.reset()
-                    compiled = step_of(module, x, dy, splits, torch.compile(module, **options))
-                    try:
-                        wall_ms(compiled, device, 1, warmup=3)
-                        times, beside = [], []
-                        for _ in range(rounds):
-                            times.append(wall_ms(compiled, device, iters, warmup=1))
-                            beside.append(wall_ms(step, device, iters, warmup=1))
-                        row[f"{label}_{mode}"] = median(times)
-                        row[f"{label}_{mode}_vs_eager"] = median(times) / median(beside)
-                    except Exception as err:  # noqa: BLE001 - reported in the row
-                        row[f"{label}_{mode}_error"] = f"{type(err).__name__}: {err}"[:160]
-        del built
+        del built, steps
         rows.append(row)
         print_step_row(row, flush=True)
     return rows
@@ -348,11 +353,11 @@ def print_step_row(row, flush=False):
     n_e, n_g = get("nvfp4_eager"), get("nvfp4_graph")
     if n_e and n_g:
         print(f"  eager / graph (nvfp4): {n_e / n_g:.2f}x")
-    for label in ("nvfp4", "bf16"):
+    for label in ("nvfp4", "bf16", "prev"):
         ratios = [f"{mode} {row[f'{label}_{mode}_vs_eager']:.2f}x" for mode in ("compile", "compile_ro")
                   if f"{label}_{mode}_vs_eager" in row]
         if ratios:
-            print(f"  {label} compiled / eager beside it: " + ", ".join(ratios))
+            print(f"  {label} compiled / eager (same rounds): " + ", ".join(ratios))
     for key, value in row.items():
         if key.endswith("_error"):
             print(f"  {key}: {value}")
@@ -363,7 +368,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and steps")
     parser.add_argument("--smoke", action="store_true", help="check the script on CPU; numbers mean nothing")
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile modes")
+    parser.add_argument("--compile-modes", default="compile,compile_ro",
+                        help="comma-separated torch.compile modes of the steps: compile (default mode), compile_ro "
+                             "(reduce-overhead); the previous version's steps (--prev-steps) take the default mode")
     parser.add_argument("--no-prev", action="store_true", help="do not load the previous version")
     parser.add_argument("--only", choices=("ops", "steps"), default=None)
     parser.add_argument("--prev-steps", action="store_true",
@@ -388,8 +396,11 @@ def main(argv=None) -> int:
         result["ops"] = part_ops(device, calls, prev)
     if args.only in (None, "steps"):
         only = [part.strip() for part in args.cases.split(",")] if args.cases else None
-        result["steps"] = part_steps(device, iters, not args.no_compile and not SMOKE,
-                                     prev if args.prev_steps else None, only)
+        modes = [] if args.no_compile or SMOKE else [m.strip() for m in args.compile_modes.split(",") if m.strip()]
+        unknown = sorted(set(modes) - set(COMPILE_MODES))
+        if unknown:
+            parser.error(f"--compile-modes: unknown {unknown}, choose from {sorted(COMPILE_MODES)}")
+        result["steps"] = part_steps(device, iters, modes, prev if args.prev_steps else None, only)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

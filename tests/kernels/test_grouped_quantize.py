@@ -187,14 +187,23 @@ def test_ops_bulk_triton_backend_and_device_offsets():
         assert_same_grouped(got, want)
 
 
-def test_custom_ops_opcheck():
+def test_custom_op_opcheck_and_passes():
+    """The one custom op (traced calls): opcheck's schema and fake tensors for a row+col, a per-token and a
+    rowwise-only config; the passes alone: the amax pass's split of each 16-row group."""
     x = make_input({}, (48, 32), torch.bfloat16, seed=14)
     offsets = offsets_of([16, 0, 32])
-    torch.library.opcheck(gq.nvfp4_grouped_amax.op, (x, offsets, 1, 2, 0), test_utils=("test_schema", "test_faketensor"))
-    ra, ca, group_split = gq.nvfp4_grouped_amax(x, offsets, 1, 1, 0)
+    for fields in (("1x16", True, True, False, True, 0xD7E8, None, 448.0, True, "te_main"),
+                   ("1x16", True, True, True, False, 0, None, 448.0, False, "te_main"),
+                   ("16x16", True, False, False, False, 0, None, 448.0, False, "te_main")):
+        torch.library.opcheck(gq.nvfp4_grouped_quantize.op, (x, offsets, None, 3, *fields),
+                              test_utils=("test_schema", "test_faketensor"))
+    ra, ca, group_split = gq.grouped_amax(x, offsets, 1, 1, 0)
     assert group_split.tolist() == [0, 2, 2]
-    args = (x, offsets, group_split, ra, ca, None, 3, True, True, False, False, -1, 0, 448.0, True)
-    torch.library.opcheck(gq.nvfp4_grouped_quantize_cast.op, args, test_utils=("test_schema", "test_faketensor"))
+    got = gq.grouped_cast(x, offsets, group_split, ra, ca, None, 3, True, True, False, False, -1, 0, 448.0, True)
+    want = quantize_grouped(x, offsets, NVFP4QuantConfig(rowwise=True, columnwise=True, stochastic_rounding=True,
+                                                         scale_layout="compact"), seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(got, (want.rowwise_data, want.rowwise_scale, want.columnwise_data,
+                                                       want.columnwise_scale)))
 
 
 # ----------------------------------------------------------------------------------------- GPU
@@ -252,7 +261,7 @@ def test_unchecked_device_offsets_never_write_outside_the_outputs(name, offsets)
     offs = torch.tensor(offsets, dtype=torch.int64, device=DEV)
     n = len(offsets) - 1
     row_mode = gq.G_PER_TOKEN if config.per_token else gq.G_SPLIT
-    row_amax, col_amax, group_split = gq.nvfp4_grouped_amax(x, offs, row_mode, row_mode, 0)
+    row_amax, col_amax, group_split = gq.grouped_amax(x, offs, row_mode, row_mode, 0)
     guard = 4096
     buffers = [torch.full((size + 2 * guard,), 0xA5, dtype=torch.uint8, device=DEV)
                for size in (m * k // 2, m * k // 16, k * m // 2, k * m // 16)]

@@ -102,6 +102,29 @@ def test_sr_seed_drawn_on_the_host_in_eager():
     assert draw_seed(x, torch.Generator().manual_seed(5))[1] == draw_seed(x, torch.Generator().manual_seed(5))[1]
 
 
+def test_sr_seed_traced_on_the_cpu_stays_a_tensor():
+    """A traced SR cast of a CPU tensor draws its seed as a tensor from the same generator (a host int would break
+    the graph): torch.compile(fullgraph) of an SR quantize without a seed compiles, and repeats the eager bits
+    after the same torch.manual_seed."""
+    from nvfp4lab.kernels.nvfp4_quantize_details.cast import draw_seed
+
+    x = torch.randn(32, 64)
+    torch.manual_seed(4)
+    seed_tensor, seed = draw_seed(x, traced=True)
+    torch.manual_seed(4)
+    assert seed == 0 and seed_tensor.dtype == torch.int64 and int(seed_tensor) == draw_seed(x)[1]
+
+    def fn(inp):
+        return nvfp4lab.quantize_nvfp4(inp, columnwise=True, rht=True, stochastic_rounding=True, backend="triton")
+
+    torch.manual_seed(5)
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(x.bfloat16())
+    torch.manual_seed(5)
+    want = fn(x.bfloat16())
+    for field in ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
 @pytest.mark.parametrize("name, call, max_launches", [
     ("dequantize", lambda q, w: nvfp4lab.dequantize_nvfp4(q, backend="triton"), 1),
     ("gemm", lambda q, w: nvfp4lab.nvfp4_gemm(q, w, backend="triton"), 3),

@@ -199,6 +199,31 @@ def test_nvfp4_operand_matches_reference(name, shape):
         assert _same(col.values, want_col.values) and torch.equal(col.amax, want_col.amax)
 
 
+def test_nvfp4_operand_traced_through_the_expand_op():
+    """ops.nvfp4_operand under tracing (torch.compile, make_fx) runs the expansion as one custom op,
+    ``nvfp4lab::nvfp4_expand_rowwise``: opcheck's schema and fake tensors, and make_fx records the op and gives the
+    eager values, shape and strides (272: K past the expansion's tile)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, block="16x16")
+    t = kq.quantize(_input((32, 272), torch.bfloat16, DEV, seed=6), config)
+    args = (t.rowwise_data, t.rowwise_scale, t.rowwise_amax, t.scale_layout, 272)
+    torch.library.opcheck(torch.ops.nvfp4lab.nvfp4_expand_rowwise.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    eager = ops.nvfp4_operand(t, transposed=True, backend="triton").values
+
+    def f(data, scale, amax):
+        rowwise = nvfp4lab.NVFP4Tensor.from_parts(t.shape, t.dtype, NVFP4QuantConfig(block="16x16"),
+                                                  rowwise=(data, scale, amax))
+        return ops.nvfp4_operand(rowwise, transposed=True, backend="triton").values
+
+    graph = make_fx(f, tracing_mode="fake")(*args[:3])
+    targets = [str(node.target) for node in graph.graph.nodes if str(node.target).startswith("nvfp4lab.")]
+    assert targets == ["nvfp4lab.nvfp4_expand_rowwise.default"]
+    traced = graph(*args[:3])
+    assert traced.shape == eager.shape and traced.stride() == eager.stride() and _same(traced, eager)
+
+
 @pytest.mark.parametrize("per_token_a", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("with_bias", [False, True])

@@ -19,9 +19,10 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
   gets the bits of quantizing it alone; SR block counters are bulk block indices (split 0 and a single
   split reproduce the single op's random bits for the same seed; the others differ, statistically alike).
 
-The two passes are the custom ops ``nvfp4lab::nvfp4_grouped_amax`` and ``nvfp4lab::nvfp4_grouped_quantize_cast``
-(traced calls); an eager call runs the same launches from a plan cached per config, shape, split count and
-alignments (:class:`_GroupedPlan`), so that it only allocates and launches.
+Eager calls run both passes from a plan cached per config, shape, split count and alignments
+(:class:`_GroupedPlan`), so that they only allocate and launch; traced calls run the same plan through the one
+custom op ``nvfp4lab::nvfp4_grouped_quantize``. :func:`grouped_amax` and :func:`grouped_cast` run one pass alone
+(benchmarks, tests).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from ..layout import cdiv
 from ..tensors import GroupedNVFP4Tensor
 from .formats import soft_bf16_loads
 from .launch import Launch, aligned, arg_key, custom_op, launch, tracing
+from .nvfp4_quantize import config_of_fields
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
@@ -189,13 +191,13 @@ def _amax_shapes(m, k, n, row_mode, col_mode):
     return row, col
 
 
-@custom_op("nvfp4lab::nvfp4_grouped_amax", mutates_args=())
-def nvfp4_grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int,
-                       block_m: int = 0, block_k: int = 0, num_warps: int = 0,
-                       poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-split outer amaxes of x (M, K) split at the device int64 offsets (n + 1,), and the int32
-    split of each 16-row group's first row (cdiv(M, 16),), which the cast pass takes. block_m,
-    block_k, num_warps: an explicit tile (0: opt_flags' choice); poison: the group splits start as -1."""
+def grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int,
+                 block_m: int = 0, block_k: int = 0, num_warps: int = 0,
+                 poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The amax pass alone (benchmarks, tests; :func:`quantize_grouped` runs it through its plan): per-split
+    outer amaxes of x (M, K) split at the device int64 offsets (n + 1,), and the int32 split of each 16-row
+    group's first row (cdiv(M, 16),), which the cast pass takes. block_m, block_k, num_warps: an explicit tile
+    (0: opt_flags' choice); poison: the group splits start as -1."""
     m, k = x.shape
     n = offsets.numel() - 1
     row_shape, col_shape = _amax_shapes(m, k, n, row_mode, col_mode)
@@ -233,31 +235,21 @@ def launch_grouped_amax(x, row_view, col_view, offsets, group_split, grid, meta:
     launch(_grouped_amax_kernel, grid, (x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k), meta)
 
 
-@nvfp4_grouped_amax.register_fake
-def _nvfp4_grouped_amax_fake(x, offsets, row_mode, col_mode, rht_sign_mask, block_m=0, block_k=0, num_warps=0,
-                             poison=False):
-    m, k = x.shape
-    row_shape, col_shape = _amax_shapes(m, k, offsets.shape[0] - 1, row_mode, col_mode)
-    return (x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32),
-            x.new_empty((cdiv(m, 16),), dtype=torch.int32))
-
-
 def _cast_shapes(m, k, rowwise, columnwise):
     return [(m, k // 2) if rowwise else (0,), (m, k // 16) if rowwise else (0,),
             (k * m // 2,) if columnwise else (0,), (k * m // 16,) if columnwise else (0,)]
 
 
-@custom_op("nvfp4lab::nvfp4_grouped_quantize_cast", mutates_args=())
-def nvfp4_grouped_quantize_cast(
+def grouped_cast(
     x: torch.Tensor, offsets: torch.Tensor, group_split: torch.Tensor, row_amax: Optional[torch.Tensor], col_amax: Optional[torch.Tensor],
     seed_tensor: Optional[torch.Tensor], seed: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool,
     rht_sign_mask: int, four_over_six: int, e4m3_max: float, stochastic_rounding: bool,
     block_m: int = 0, block_k: int = 0, num_warps: int = 0, poison: bool = False, pr3045: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cast pass of the grouped quantize into the bulk buffers (compact scales); absent outputs are (0,).
-    group_split: the amax pass's split of each 16-row group. block_m, block_k, num_warps: an explicit
-    tile (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them.
-    pr3045: PR 3045's numerics (per-token casts)."""
+    """The cast pass alone (benchmarks, tests; :func:`quantize_grouped` runs it through its plan): the grouped
+    quantize into the bulk buffers (compact scales); absent outputs are (0,). group_split: the amax pass's split of
+    each 16-row group. block_m, block_k, num_warps: an explicit tile (0: opt_flags' choice); poison: fill the
+    outputs with 0xFF before the kernels write them. pr3045: PR 3045's numerics (per-token casts)."""
     m, k = x.shape
     n = offsets.numel() - 1
     shapes = _cast_shapes(m, k, rowwise, columnwise)
@@ -270,14 +262,6 @@ def nvfp4_grouped_quantize_cast(
                 "compact", offsets=offsets, num_splits=n, split_steps=split_steps_of(n), group_split=group_split,
                 block_m=block_m, block_k=block_k, num_warps=num_warps, pr3045=pr3045)
     return row_data, row_scale, col_data, col_scale
-
-
-@nvfp4_grouped_quantize_cast.register_fake
-def _nvfp4_grouped_quantize_cast_fake(x, offsets, group_split, row_amax, col_amax, seed_tensor, seed, rowwise, columnwise, block_2d,
-                                      per_token, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-                                      block_m=0, block_k=0, num_warps=0, poison=False, pr3045=False):
-    m, k = x.shape
-    return tuple(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise))
 
 
 def _amax_modes(config: NVFP4QuantConfig) -> tuple[int, int]:
@@ -303,8 +287,8 @@ def _cast_args(config: NVFP4QuantConfig) -> tuple:
 class _GroupedPlan:
     """What the config, shape, split count, dtype, device and alignments of an eager (untraced) grouped quantize fix
     (:func:`_grouped_plan`'s key): the amax pass's launch and buffer shapes, the outputs' shapes, and the cast's
-    launches (per SR seed kind), so that a call only allocates and launches: the launches and arguments of the two
-    custom ops, which traced calls run."""
+    launches (per SR seed kind), so that a call only allocates and launches: the launches and arguments of
+    :func:`grouped_amax` and :func:`grouped_cast`. Traced calls run it through :func:`nvfp4_grouped_quantize`."""
 
     __slots__ = ("config", "n", "row_shape", "col_shape", "group_shape", "amax_launch", "row_mode", "col_mode",
                  "out_shapes", "cast_args", "pr3045", "steps", "tile", "poison")
@@ -367,6 +351,36 @@ def _grouped_plan(config, x2d, offsets, tile: tuple, poison: bool) -> _GroupedPl
     return plan
 
 
+@custom_op("nvfp4lab::nvfp4_grouped_quantize", mutates_args=())
+def nvfp4_grouped_quantize(
+    x: torch.Tensor, offsets: torch.Tensor, seed_tensor: Optional[torch.Tensor], seed: int, block: str, rowwise: bool,
+    columnwise: bool, per_token: bool, rht: bool, rht_sign_mask: int, four_over_six: Optional[str], e4m3_max: float,
+    stochastic_rounding: bool, numerics: str, block_m: int = 0, block_k: int = 0, num_warps: int = 0,
+    poison: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_grouped` of x (M, K) split at the device int64 offsets (n + 1,) as one op (traced calls): the
+    config as its fields (compact scales), the SR seed as ``seed_args`` gives it. Returns (row_amax, col_amax,
+    row_data, row_scale, col_data, col_scale), absent ones (0,). Runs the cached plan of eager calls
+    (:class:`_GroupedPlan`)."""
+    config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
+                     stochastic_rounding, "compact", numerics)
+    plan = _grouped_plan(config, x, offsets, (block_m, block_k, num_warps), poison)
+    row_amax, col_amax, outputs = plan(x, offsets, seed_tensor, seed)
+    return (row_amax, col_amax, *outputs)
+
+
+@nvfp4_grouped_quantize.register_fake
+def _nvfp4_grouped_quantize_fake(x, offsets, seed_tensor, seed, block, rowwise, columnwise, per_token, rht,
+                                 rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, numerics, block_m=0,
+                                 block_k=0, num_warps=0, poison=False):
+    m, k = x.shape
+    config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
+                     stochastic_rounding, "compact", numerics)
+    row_shape, col_shape = _amax_shapes(m, k, offsets.shape[0] - 1, *_amax_modes(config))
+    return (x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32),
+            *(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise)))
+
+
 def quantize_grouped(
     x2d: torch.Tensor,
     split_offsets: torch.Tensor,
@@ -400,14 +414,10 @@ def quantize_grouped(
         plan = _grouped_plan(config, x2d, offsets, (block_m, block_k, num_warps), poison)
         row_amax, col_amax, (row_data, row_scale, col_data, col_scale) = plan(x2d, offsets, seed_tensor, seed_int)
     else:
-        row_mode, col_mode = _amax_modes(config)
-        tile = dict(block_m=block_m, block_k=block_k, num_warps=num_warps)
-        row_amax, col_amax, group_split = nvfp4_grouped_amax(x2d, offsets, row_mode, col_mode,
-                                                             config.rht_sign_mask if config.rht else 0, **tile,
-                                                             poison=poison)
-        row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize_cast(
-            x2d, offsets, group_split, row_amax if config.rowwise else None, col_amax if config.columnwise else None,
-            seed_tensor, seed_int, *_cast_args(config), **tile, poison=poison, pr3045=config.numerics == "te_pr3045")
+        row_amax, col_amax, row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize(
+            x2d, offsets, seed_tensor, seed_int, config.block, config.rowwise, config.columnwise, config.per_token,
+            config.rht, config.rht_sign_mask, config.four_over_six, config.e4m3_max, config.stochastic_rounding,
+            config.numerics, block_m, block_k, num_warps, poison)
     out = GroupedNVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config, split_offsets=offsets)
     if config.rowwise:
         out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale, row_amax

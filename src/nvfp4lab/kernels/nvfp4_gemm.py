@@ -43,8 +43,9 @@ Decoders (``decode``): 1, PTX inline asm (the GPU's; its text is run by a PTX em
 
 Constraints: K % 16 == 0 (whole scale blocks); BLOCK_K a multiple of 64; out may be strided.
 Public launchers: the ``torch.library`` custom ops ``nvfp4lab::nvfp4_gemm``, ``nvfp4_gemm_out``,
-``nvfp4_grouped_gemm``, ``nvfp4_grouped_gemm_out`` and ``nvfp4_grouped_wgrad`` (MoE weight gradients:
-per expert a product over its own tokens, from bulk columnwise copies; fake impls for torch.compile),
+``nvfp4_grouped_gemm``, ``nvfp4_grouped_gemm_out``, ``nvfp4_grouped_wgrad`` (MoE weight gradients:
+per expert a product over its own tokens, from bulk columnwise copies) and ``nvfp4_expand_rowwise`` (a rowwise
+copy's BF16 operand, :func:`expand_rowwise`); fake impls for torch.compile,
 wrapped by :func:`nvfp4_gemm`, :func:`nvfp4_grouped_gemm` and :func:`nvfp4_grouped_wgrad`; :func:`run`
 and :func:`grouped_wgrad` launch directly (tests, tuning) and take the path's config and the decoder as
 arguments.
@@ -285,14 +286,28 @@ def run(a, b, out, *, bias=None, accumulate=False, offs=None, num_experts=1, con
                    splits=None if splits is None else list(splits), pr3045=_pr3045(a, b))
 
 
+@custom_op("nvfp4lab::nvfp4_expand_rowwise", mutates_args=())
+def _expand_op(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, layout: str, k: int) -> torch.Tensor:
+    """The exact BF16 values q * s of a rowwise copy (data, scale, amax, its scale layout) in K order, (rows,
+    roundup(k, K tile of the dequant_mm path)), zeros past k: :func:`expand_rowwise` as one op (traced calls)."""
+    device = data.device
+    return dequant_mm.expand_padded(operand(data, scale, layout, amax, k), k, opt_flags.dequant_config(device),
+                                    opt_flags.default_decode(device))
+
+
+@_expand_op.register_fake
+def _(data, scale, amax, layout, k):
+    block_k = opt_flags.dequant_config(data.device).block_k
+    return data.new_empty((data.shape[0], -(-k // block_k) * block_k), dtype=torch.bfloat16)
+
+
 def expand_rowwise(t) -> torch.Tensor:
     """The exact BF16 values q * s (rows, K) of an NVFP4Tensor's rowwise copy in K order (one launch of the
     dequant_mm path's expansion kernel); a view of rows padded to its K tile. The values of
-    :func:`nvfp4lab.ops.nvfp4_operand`."""
+    :func:`nvfp4lab.ops.nvfp4_operand`. Eager calls launch directly, traced ones through the custom op
+    ``nvfp4lab::nvfp4_expand_rowwise``."""
     k = t.shape[-1]
-    device = t.rowwise_data.device
-    op = operand(t.rowwise_data, t.rowwise_scale, t.scale_layout, t.rowwise_amax, k)
-    return dequant_mm.expand_values(op, k, opt_flags.dequant_config(device), opt_flags.default_decode(device))
+    return _expand_op(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, t.scale_layout, k)[:, :k]
 
 
 def grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:

@@ -83,7 +83,7 @@ from .nvfp4_quantize_details.cast import (
 )
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
-           "amax_modes", "cast_outputs", "compute_amax", "draw_seed", "nvfp4_quantize", "operand_cast_pays", "quantize",
+           "amax_modes", "cast_outputs", "compute_amax", "config_of_fields", "draw_seed", "nvfp4_quantize", "operand_cast_pays", "quantize",
            "quantize_operands"]
 
 
@@ -317,9 +317,9 @@ def _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, p
 
 
 @functools.lru_cache(maxsize=256)
-def _config(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding,
-            scale_layout, numerics) -> NVFP4QuantConfig:
-    """The config of :func:`nvfp4_quantize`'s fields (its checks raise on combinations no recipe has)."""
+def config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
+                     stochastic_rounding, scale_layout, numerics) -> NVFP4QuantConfig:
+    """The config of the quantize custom ops' fields (its checks raise on combinations no recipe has)."""
     return NVFP4QuantConfig(block=block, rowwise=rowwise, columnwise=columnwise, per_token=per_token, rht=rht,
                             rht_sign_mask=rht_sign_mask, four_over_six=four_over_six, e4m3_max=e4m3_max,
                             stochastic_rounding=stochastic_rounding, scale_layout=scale_layout, numerics=numerics)
@@ -371,7 +371,7 @@ def nvfp4_quantize(
     of eager calls (:class:`_EagerPlan`). ``row_operand`` / ``col_operand``: that copy's data is the BF16
     GEMM operand (M, K) / (K, M) and its scale a (0,) tensor (:func:`quantize_operands`).
     """
-    config = _config(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
+    config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
                      stochastic_rounding, scale_layout, numerics)
     plan = _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison, (row_operand, col_operand))
     parts = plan.parts(x, amax, columnwise_amax, seed_tensor, seed, block_m, block_k, num_warps)

@@ -224,11 +224,16 @@ def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
     return out
 
 
+def expand_padded(op, k: int, config, decode: int) -> torch.Tensor:
+    """One operand's q * s in BF16 and K order, (rows, roundup(k, config.block_k)), zeros past k."""
+    decode = opt_flags.expand_decode(decode, config.block_k)
+    return expand(op, k, config.block_k, decode, None, torch.bfloat16, natural=True)[0]
+
+
 def expand_values(op, k: int, config, decode: int) -> torch.Tensor:
     """One operand's q * s in BF16 and K order, (rows, k) (a view of rows padded to the K tile): the values an
     :class:`~nvfp4lab.NVFP4Operand` holds."""
-    decode = opt_flags.expand_decode(decode, config.block_k)
-    return expand(op, k, config.block_k, decode, None, torch.bfloat16, natural=True)[0][:, :k]
+    return expand_padded(op, k, config, decode)[:, :k]
 
 
 def _expand_both(a, b, k, config, decode, dtype=torch.float16):

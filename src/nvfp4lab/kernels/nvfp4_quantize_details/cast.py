@@ -63,15 +63,16 @@ def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
     """The SR seed of a cast of ``x``, as (int64 (1,) device tensor, 0) or (None, int): drawn from
     ``generator`` (torch's default generator of x's device when None).
 
-    On the device (the kernel reads it from memory) whenever the call may be replayed or traced: a
-    CUDA generator, CUDA-graph capture, torch.compile. Otherwise on the host from the CPU generator
-    (no kernel launch): eager calls on CUDA tensors with ``generator=None`` then follow
-    ``torch.manual_seed``, which seeds both generators. ``traced``: the caller's ``tracing(x)``, if known."""
+    As a tensor on x's device (the kernel reads it from memory) whenever the call may be replayed or
+    traced: a CUDA generator, CUDA-graph capture, torch.compile (on any device: reading a host int
+    would break the graph). Otherwise on the host from the CPU generator (no kernel launch): eager
+    calls on CUDA tensors with ``generator=None`` then follow ``torch.manual_seed``, which seeds both
+    generators. ``traced``: the caller's ``tracing(x)``, if known."""
     device = x.device
     on_device = generator.device.type != "cpu" if generator is not None else device.type == "cuda"
     if traced is None:
         traced = tracing(x)
-    if on_device and (generator is not None or traced or torch.cuda.is_current_stream_capturing()):
+    if traced or (on_device and (generator is not None or torch.cuda.is_current_stream_capturing())):
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
         return seed, 0
     return None, int(torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator))
