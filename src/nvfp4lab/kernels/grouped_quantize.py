@@ -363,7 +363,7 @@ def nvfp4_grouped_quantize(
     row_data, row_scale, col_data, col_scale), absent ones (0,). Runs the cached plan of eager calls
     (:class:`_GroupedPlan`)."""
     config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
-                     stochastic_rounding, "compact", numerics)
+                              stochastic_rounding, "compact", numerics)
     plan = _grouped_plan(config, x, offsets, (block_m, block_k, num_warps), poison)
     row_amax, col_amax, outputs = plan(x, offsets, seed_tensor, seed)
     return (row_amax, col_amax, *outputs)
@@ -375,7 +375,7 @@ def _nvfp4_grouped_quantize_fake(x, offsets, seed_tensor, seed, block, rowwise, 
                                  block_k=0, num_warps=0, poison=False):
     m, k = x.shape
     config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
-                     stochastic_rounding, "compact", numerics)
+                              stochastic_rounding, "compact", numerics)
     row_shape, col_shape = _amax_shapes(m, k, offsets.shape[0] - 1, *_amax_modes(config))
     return (x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32),
             *(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise)))

@@ -83,8 +83,8 @@ from .nvfp4_quantize_details.cast import (
 )
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
-           "amax_modes", "cast_outputs", "compute_amax", "config_of_fields", "draw_seed", "nvfp4_quantize", "operand_cast_pays", "quantize",
-           "quantize_operands"]
+           "amax_modes", "cast_outputs", "compute_amax", "config_of_fields", "draw_seed", "nvfp4_quantize",
+           "operand_cast_pays", "quantize", "quantize_operands"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
@@ -372,7 +372,7 @@ def nvfp4_quantize(
     GEMM operand (M, K) / (K, M) and its scale a (0,) tensor (:func:`quantize_operands`).
     """
     config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
-                     stochastic_rounding, scale_layout, numerics)
+                              stochastic_rounding, scale_layout, numerics)
     plan = _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison, (row_operand, col_operand))
     parts = plan.parts(x, amax, columnwise_amax, seed_tensor, seed, block_m, block_k, num_warps)
     if plan.shared:

@@ -64,15 +64,17 @@ def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
     ``generator`` (torch's default generator of x's device when None).
 
     As a tensor on x's device (the kernel reads it from memory) whenever the call may be replayed or
-    traced: a CUDA generator, CUDA-graph capture, torch.compile (on any device: reading a host int
-    would break the graph). Otherwise on the host from the CPU generator (no kernel launch): eager
+    traced: a CUDA generator, CUDA-graph capture, torch.compile (also on the CPU, with a generator of
+    x's device: reading a host int would break the graph). Otherwise on the host from the CPU generator (no kernel launch): eager
     calls on CUDA tensors with ``generator=None`` then follow ``torch.manual_seed``, which seeds both
     generators. ``traced``: the caller's ``tracing(x)``, if known."""
     device = x.device
-    on_device = generator.device.type != "cpu" if generator is not None else device.type == "cuda"
+    generator_device = generator.device.type if generator is not None else device.type
+    on_device = generator_device != "cpu"
     if traced is None:
         traced = tracing(x)
-    if traced or (on_device and (generator is not None or torch.cuda.is_current_stream_capturing())):
+    if ((on_device and (generator is not None or traced or torch.cuda.is_current_stream_capturing()))
+            or (traced and generator_device == device.type)):
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
         return seed, 0
     return None, int(torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator))
