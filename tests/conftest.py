@@ -48,9 +48,9 @@ def dgrad_from_rowwise(monkeypatch):
     from nvfp4lab import ops
 
     functional_linear = sys.modules["nvfp4lab.functional.linear"]
-    monkeypatch.setattr(ops, "gemm_takes_expanded", lambda *args, **kwargs: True)
-    monkeypatch.setattr(ops, "grouped_gemm_takes_expanded", lambda *args, **kwargs: True)
-    caches = (functional_linear._takes_expanded, functional_linear._grouped_takes_expanded)
+    monkeypatch.setattr(ops, "gemm_expand_rule", lambda *args, **kwargs: (0, 0, 0))  # every size takes it
+    caches = (functional_linear._expand_rule_cached, functional_linear._takes_expanded_cached,
+              functional_linear._takes_operands_cached)
     for cache in caches:
         cache.cache_clear()
     yield

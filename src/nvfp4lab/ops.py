@@ -295,24 +295,40 @@ def nvfp4_operand(t: NVFP4Tensor, *, transposed: bool = False, backend: Optional
     return NVFP4Operand(values, t.rowwise_amax, operand_config(config, False))
 
 
+def gemm_expand_rule(device, backend: Optional[str] = None) -> Optional[tuple]:
+    """The size rule of the GEMMs on ``device`` that expand their operands to BF16 (the Triton backend's dequant_mm
+    path on a GPU), which :func:`gemm_takes_expanded`, :func:`grouped_gemm_takes_expanded` and
+    :func:`gemm_takes_operands` apply (:func:`takes_expanded_by_rule`); None on the reference backend and the CPU.
+    It depends on the device alone, so a traced graph takes it as a constant and compares its (symbolic) sizes."""
+    device = torch.device(device)
+    if device.type != "cuda" or resolve_backend(backend, device) != "triton":
+        return None
+    return gemm_kernels.expand_rule(device)
+
+
+def takes_expanded_by_rule(m, n, k, rule: Optional[tuple], num_experts: int = 0) -> bool:
+    """Whether an (m, n, k) GEMM (``num_experts`` > 0: a grouped one with host split sizes) expands its operands
+    under ``rule`` (:func:`gemm_expand_rule`): comparisons only, so symbolic sizes take it too."""
+    return gemm_kernels.takes_expanded_by_rule(m, n, k, rule, num_experts)
+
+
+def takes_operands_by_rule(m, n, k, rule: Optional[tuple]) -> bool:
+    """:func:`gemm_takes_operands` under ``rule`` (:func:`gemm_expand_rule`): comparisons only."""
+    return takes_expanded_by_rule(m, n, k, rule) and nvfp4_quantize.operand_cast_pays(m, k)
+
+
 def grouped_gemm_takes_expanded(m: int, n: int, k: int, num_experts: int, device, backend: Optional[str] = None) -> bool:
     """Whether an (m, n, k) :func:`nvfp4_grouped_gemm` of ``num_experts`` with ``m_splits`` on ``device`` runs as
     per-expert GEMMs on operands expanded to BF16 (the Triton backend on a GPU, for large experts), so that a ``b``
     given as an :class:`NVFP4Operand` costs it nothing. False on the reference backend and the CPU."""
-    device = torch.device(device)
-    if device.type != "cuda" or resolve_backend(backend, device) != "triton":
-        return False
-    return gemm_kernels.grouped_takes_expanded(m, n, k, num_experts, device)
+    return takes_expanded_by_rule(m, n, k, gemm_expand_rule(device, backend), max(num_experts, 1))
 
 
 def gemm_takes_expanded(m: int, n: int, k: int, device, backend: Optional[str] = None) -> bool:
     """Whether an (m, n, k) :func:`nvfp4_gemm` of two NVFP4Tensors on ``device`` expands its operands to BF16 (the
     Triton backend's large-M path on a GPU), so that an operand given as an :class:`NVFP4Operand` costs it nothing.
     False on the reference backend and the CPU."""
-    device = torch.device(device)
-    if device.type != "cuda" or resolve_backend(backend, device) != "triton":
-        return False
-    return gemm_kernels.takes_expanded(m, n, k, device)
+    return takes_expanded_by_rule(m, n, k, gemm_expand_rule(device, backend))
 
 
 # ------------------------------------------------------------------------------- grouped NVFP4
@@ -613,7 +629,7 @@ def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] =
     :class:`NVFP4Operand` (:func:`quantize_nvfp4_operands`): the GEMM expands its operands to BF16 anyway (the
     Triton backend's large-M path on a GPU), and A is large enough for the operand cast, which writes 4x the bytes
     of a packed one, to beat the packed cast plus that expansion. False on the reference backend and the CPU."""
-    return gemm_takes_expanded(m, n, k, device, backend) and nvfp4_quantize.operand_cast_pays(m, k)
+    return takes_operands_by_rule(m, n, k, gemm_expand_rule(device, backend))
 
 
 def _check_offs_values(ends: list, m: int, m_splits) -> None:

@@ -5,13 +5,14 @@ GEMM numerics per preset are checked in tests/functional/test_linear.py; here th
 the functional path and train.
 """
 import copy
+import sys
 import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe, convert
+from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe, convert, ops
 from nvfp4lab import functional as F
 
 PRESETS = {
@@ -494,16 +495,20 @@ def test_torch_compile_fullgraph_linear_stack_cpu():
     _assert_aot_eager_compile_equals_eager(model, torch.randn(32, 64, requires_grad=True))
 
 
-def _assert_aot_eager_compile_equals_eager(model, x, *args):
-    """A fwd+bwd step of ``model(x, *args)`` compiled (fullgraph, aot_eager) equals the eager step:
-    output, x.grad and the parameter grads, SR bits included (same seed before each step)."""
+def _assert_aot_eager_compile_equals_eager(model, x, *args, backend="aot_eager", symbolic_tokens=False):
+    """A fwd+bwd step of ``model(x, *args)`` compiled (fullgraph, aot_eager or the given backend) equals the eager
+    step: output, x.grad and the parameter grads, SR bits included (same seed before each step).
+    ``symbolic_tokens``: x's first dim traced as a symbolic size."""
     torch.manual_seed(1)
     y = model(x, *args)
     y.square().sum().backward()
     grads, gx = _grads(model), x.grad.clone()
     model.zero_grad(set_to_none=True)
     x.grad = None
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    if symbolic_tokens:
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     torch.manual_seed(1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -526,6 +531,76 @@ def test_torch_compile_fullgraph_grouped_linear():
     assert len(grouped._split_layouts) == 1  # the eager call's
 
 
+def _aot_graphs_backend(graphs: list):
+    """An aot_eager-like torch.compile backend that keeps the forward and backward FX graphs it runs."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def keep(gm, _example_inputs):
+        graphs.append(gm.graph)
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=keep, bw_compiler=keep)
+
+
+def _custom_op_calls(graph, name: str) -> list:
+    """The argument tuples of every call of the op ``nvfp4lab::name`` in an FX graph."""
+    op = getattr(torch.ops.nvfp4lab, name).default
+    return [node.args for node in graph.nodes if node.op == "call_function" and node.target is op]
+
+
+@pytest.mark.parametrize("symbolic_tokens", [False, True], ids=["static", "symbolic_tokens"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["linear", "grouped"])
+def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped, symbolic_tokens, monkeypatch):
+    """Where the GEMMs expand their operands (forced here; the GPU's large-M paths), a compiled step takes the eager
+    step's paths, with a static or a symbolic token count: W quantized rowwise only (16x16) and read transposed for
+    dgrad (the expansion op), x and dy cast straight to BF16 operands (dense Linear; forced too). Same results as
+    eager, bit for bit."""
+    monkeypatch.setattr(ops, "takes_operands_by_rule", lambda *args, **kwargs: True)
+    sys.modules["nvfp4lab.functional.linear"]._takes_operands_cached.cache_clear()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # Triton kernels (interpreted on CPU)
+    torch.manual_seed(0)
+    if grouped:
+        model = GroupedLinear(3, 64, 32, device=device, backend="triton")
+        args = ([16, 32, 16],)
+    else:
+        model = Linear(64, 48, device=device, backend="triton")
+        args = ()
+    graphs = []
+    _assert_aot_eager_compile_equals_eager(model, torch.randn(64, 64, device=device, requires_grad=True), *args,
+                                           backend=_aot_graphs_backend(graphs), symbolic_tokens=symbolic_tokens)
+    forward, backward = graphs
+    assert len(_custom_op_calls(backward, "nvfp4_expand_rowwise")) == 1
+    if grouped:
+        assert len(_custom_op_calls(forward, "nvfp4_grouped_gemm")) == 1
+        return
+    quantizes = _custom_op_calls(forward, "nvfp4_quantize")
+    weight = [q for q in quantizes if q[5] == "16x16"]  # (x, amax, columnwise_amax, seed_tensor, seed, block, rowwise, columnwise, ...)
+    assert len(weight) == 1 and weight[0][6:8] == (True, False)
+    # (row_operand, col_operand), trailing defaults (False) left out of the call
+    operand_flags = [tuple(q[20:22]) + (False,) * (22 - max(len(q), 20))
+                     for q in quantizes + _custom_op_calls(backward, "nvfp4_quantize") if q[5] == "1x16"]
+    assert sorted(operand_flags) == [(True, False), (True, True)]  # x: its fprop operand; dy: both GEMMs' operands
+
+
+def test_gemm_path_rule_under_symbolic_sizes():
+    """The path rule compares sizes only, so torch.compile traces it with symbolic sizes (dynamic shapes) and
+    guards on them: a compiled function gives the eager answer on both sides of the rule's bounds."""
+    rule = (64, 128, 1 << 20)
+
+    def takes(a):
+        m, k = a.shape
+        dense = ops.takes_expanded_by_rule(m, 512, k, rule)
+        grouped = ops.takes_expanded_by_rule(m, 512, k, rule, 4)
+        return a.sum() + (1.0 if dense else 0.0) + (2.0 if grouped else 0.0)
+
+    compiled = torch.compile(takes, fullgraph=True, dynamic=True, backend="eager")
+    for m, k in ((64, 4096), (128, 4096), (256, 32), (512, 8192), (1024, 4096)):
+        a = torch.zeros(m, k)
+        want = (m > 64 and m >= 128 and m * 512 * k >= 1 << 20) + 2 * (m // 4 >= 128 and m // 4 * 512 * k >= 1 << 20)
+        assert float(compiled(a)) == float(takes(a)) == want, (m, k)
+
+
 @pytest.mark.gpu
 def test_torch_compile_inductor_gpu():
     recipe = NVFP4Recipe.te_default(stochastic_rounding=False)
@@ -546,6 +621,35 @@ def test_torch_compile_inductor_gpu():
     torch.testing.assert_close(x.grad, gx, rtol=2**-7, atol=1e-2)
     for a, b in zip(_grads(model), grads):
         torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-2 * b.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grouped", [False, True], ids=["linear", "grouped"])
+def test_torch_compile_inductor_gpu_expanded_paths(grouped):
+    """At sizes whose GEMMs expand their operands on the GPU (the dgrad from W's rowwise copy; the dense Linear's
+    operand casts start at 2^26 elements, not reached here), Inductor's compiled step (fullgraph, no SR) gives the
+    eager step's values bit for bit."""
+    recipe = NVFP4Recipe.te_default(stochastic_rounding=False)
+    torch.manual_seed(0)
+    if grouped:
+        model = GroupedLinear(4, 2048, 1024, recipe=recipe, device="cuda", dtype=torch.bfloat16)
+        args = ([1024, 512, 2048, 512],)
+        assert F.dgrad_reads_rowwise(recipe, 4096, 1024, 2048, torch.device("cuda"), num_experts=4)
+    else:
+        model = Linear(2048, 1024, recipe=recipe, device="cuda", dtype=torch.bfloat16)
+        args = ()
+        assert F.dgrad_reads_rowwise(recipe, 4096, 1024, 2048, torch.device("cuda"))
+    x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    y = model(x, *args)
+    y.backward(dy)
+    grads, gx = _grads(model), x.grad.clone()
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    yc = torch.compile(model, fullgraph=True)(x, *args)
+    yc.backward(dy)
+    assert torch.equal(yc, y) and torch.equal(x.grad, gx)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), grads))
 
 
 @pytest.mark.gpu

@@ -136,48 +136,68 @@ def _gemm_matrix(t: MXFP8Tensor, copy: str, backend) -> torch.Tensor:
 
 def _operands_apply(recipe, tensor: str, rowwise: bool, columnwise: bool) -> bool:
     """Whether a pass may cast ``tensor`` with BF16 operand outputs (:func:`nvfp4lab.ops.quantize_nvfp4_operands`):
-    NVFP4 recipes of the quantized backward whose config has such a cast (no 4over6, not PR 3045's 2D weight), in
-    eager mode (a compiled graph keeps the packed path). Each GEMM then takes them where
-    :func:`nvfp4lab.ops.gemm_takes_operands` (it expands its operands to BF16 anyway)."""
-    if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized" or ops.compiling():
+    NVFP4 recipes of the quantized backward whose config has such a cast (no 4over6, not PR 3045's 2D weight).
+    Each GEMM then takes them where :func:`nvfp4lab.ops.gemm_takes_operands` (it expands its operands to BF16
+    anyway); eager and compiled passes alike."""
+    if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized":
         return False
     config = _tensor_config(recipe, tensor, rowwise, columnwise)
     return not (config.four_over_six or config.broadcast_2d)
 
 
+# Which path a GEMM takes depends on its sizes and on a rule per device (ops.gemm_expand_rule). Eager passes cache
+# the answer per problem; a compiled pass takes the rule as a constant (built while torch.compile traces, outside
+# its guards) and compares its sizes, symbolic ones included (the graph then guards on them).
+@torch.compiler.assume_constant_result
+def _expand_rule(device, backend) -> Optional[tuple]:
+    return _expand_rule_cached(device, backend)
+
+
+@functools.lru_cache(maxsize=64)
+def _expand_rule_cached(device, backend) -> Optional[tuple]:
+    return ops.gemm_expand_rule(device, backend)
+
+
 @functools.lru_cache(maxsize=1024)
-def _takes_operands(m: int, n: int, k: int, device, backend) -> bool:
-    """:func:`nvfp4lab.ops.gemm_takes_operands`, cached per problem (called in eager mode only)."""
+def _takes_operands_cached(m: int, n: int, k: int, device, backend) -> bool:
     return ops.gemm_takes_operands(m, n, k, device, backend)
 
 
 @functools.lru_cache(maxsize=1024)
-def _takes_expanded(m: int, n: int, k: int, device, backend) -> bool:
-    """:func:`nvfp4lab.ops.gemm_takes_expanded`, cached per problem (called in eager mode only)."""
+def _takes_expanded_cached(m: int, n: int, k: int, device, backend, num_experts: int) -> bool:
+    if num_experts:
+        return ops.grouped_gemm_takes_expanded(m, n, k, num_experts, device, backend)
     return ops.gemm_takes_expanded(m, n, k, device, backend)
 
 
-@functools.lru_cache(maxsize=1024)
-def _grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device, backend) -> bool:
-    """:func:`nvfp4lab.ops.grouped_gemm_takes_expanded`, cached per problem (called in eager mode only)."""
-    return ops.grouped_gemm_takes_expanded(m, n, k, num_experts, device, backend)
+def _takes_operands(m: int, n: int, k: int, device, backend) -> bool:
+    """:func:`nvfp4lab.ops.gemm_takes_operands` of one problem."""
+    if ops.compiling():
+        return ops.takes_operands_by_rule(m, n, k, _expand_rule(device, backend))
+    return _takes_operands_cached(m, n, k, device, backend)
+
+
+def _takes_expanded(m: int, n: int, k: int, device, backend, num_experts: int = 0) -> bool:
+    """:func:`nvfp4lab.ops.gemm_takes_expanded` of one problem (``num_experts`` > 0:
+    :func:`nvfp4lab.ops.grouped_gemm_takes_expanded`)."""
+    if ops.compiling():
+        return ops.takes_expanded_by_rule(m, n, k, _expand_rule(device, backend), num_experts)
+    return _takes_expanded_cached(m, n, k, device, backend, num_experts)
 
 
 def dgrad_reads_rowwise(recipe, m: int, n: int, k: int, device, backend=None, num_experts: int = 0) -> bool:
     """Whether the dgrad of a Linear (m tokens, k -> n features; a GroupedLinear of ``num_experts`` > 0 such experts
     with its grouped GEMMs) reads W's rowwise copy transposed (:func:`nvfp4lab.ops.nvfp4_operand` with
     ``transposed=True``) instead of a columnwise copy: NVFP4 recipes of the quantized backward whose weight has
-    16x16 blocks and a per-tensor amax (its columnwise copy is the rowwise one transposed), in eager mode, where the
-    dgrad GEMM (m, k, n) expands its operands to BF16 anyway. The forward then quantizes and saves W's rowwise copy
-    only (the modules' weight caches ask the same)."""
-    if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized" or ops.compiling():
+    16x16 blocks and a per-tensor amax (its columnwise copy is the rowwise one transposed), where the dgrad GEMM
+    (m, k, n) expands its operands to BF16 anyway; eager and compiled passes alike. The forward then quantizes and
+    saves W's rowwise copy only (the modules' weight caches ask the same)."""
+    if not isinstance(recipe, NVFP4Recipe) or recipe.backward != "quantized":
         return False
     config = _tensor_config(recipe, "weight", True, True)
     if config.block != "16x16" or config.per_token or config.broadcast_2d:
         return False
-    if num_experts:
-        return _grouped_takes_expanded(m, k, n, num_experts, device, backend)
-    return _takes_expanded(m, k, n, device, backend)
+    return _takes_expanded(m, k, n, device, backend, num_experts)
 
 
 def quantized_gemm(a: QuantizedTensor, a_copy: str, b: QuantizedTensor, b_copy: str, *, out_dtype, bias=None, backend=None):

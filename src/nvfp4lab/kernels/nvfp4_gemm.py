@@ -63,8 +63,8 @@ from .nvfp4_gemm_details import dequant_mm, fused, opt_flags, stream
 from .nvfp4_gemm_details.common import EXPANDED, gemm_inv, operand
 from .nvfp4_gemm_details.opt_flags import GemmConfig
 
-__all__ = ["GemmConfig", "expand_rowwise", "grouped_takes_expanded", "grouped_wgrad", "nvfp4_gemm", "nvfp4_grouped_gemm",
-           "nvfp4_grouped_wgrad", "run"]
+__all__ = ["GemmConfig", "expand_rowwise", "expand_rule", "grouped_wgrad", "nvfp4_gemm", "nvfp4_grouped_gemm",
+           "nvfp4_grouped_wgrad", "run", "takes_expanded_by_rule"]
 
 
 def _launch(
@@ -310,16 +310,14 @@ def expand_rowwise(t) -> torch.Tensor:
     return _expand_op(t.rowwise_data, t.rowwise_scale, t.rowwise_amax, t.scale_layout, k)[:, :k]
 
 
-def grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:
-    """Whether a grouped (m, n, k) GEMM of ``num_experts`` with host split sizes runs the dequant_mm path by default
-    (per-expert cuBLAS GEMMs on operands expanded to BF16)."""
-    return opt_flags.grouped_takes_expanded(m, n, k, num_experts, device)
+def expand_rule(device: torch.device) -> Optional[tuple]:
+    """The sizes from which GEMMs on ``device`` run the dequant_mm path by default, which expands both operands to
+    BF16 (so :class:`~nvfp4lab.NVFP4Operand` inputs save that work); None where it never does. Applied by
+    :func:`takes_expanded_by_rule` (plain comparisons: symbolic sizes too)."""
+    return opt_flags.expand_rule(device)
 
 
-def takes_expanded(m: int, n: int, k: int, device: torch.device) -> bool:
-    """Whether a dense (m, n, k) GEMM on ``device`` runs the dequant_mm path by default, which expands its
-    operands to BF16 (so :class:`~nvfp4lab.NVFP4Operand` inputs save that work)."""
-    return opt_flags.takes_expanded(m, n, k, device)
+takes_expanded_by_rule = opt_flags.takes_expanded_by_rule
 
 
 def _pr3045(a, b) -> bool:

@@ -122,14 +122,36 @@ def num_sms(device: torch.device) -> int:
     return _num_sms_cached(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def expand_rule(device: torch.device) -> Optional[tuple]:
+    """The sizes from which GEMMs on ``device`` take the dequant_mm path (both operands expanded to BF16):
+    (the dense stream kernel's largest M, the least M, the least M*N*K) of :data:`DENSE_RULES`; None where the
+    path is never the default (not CUDA, the interpreter). :func:`takes_expanded_by_rule` applies it."""
+    if device.type != "cuda" or interpreting():
+        return None
+    rules = DENSE_RULES[gpu_key(device)]
+    stream_max_m = max((max_m for max_m, _ in rules.get("stream", ())), default=0)
+    return stream_max_m, rules["dequant_min_m"], rules["dequant_min_mnk"]
+
+
+def takes_expanded_by_rule(m, n, k, rule: Optional[tuple], num_experts: int = 0) -> bool:
+    """Whether an (m, n, k) GEMM takes the dequant_mm path under ``rule`` (:func:`expand_rule`): a dense one past
+    the stream kernel's rows, a grouped one with host split sizes (``num_experts`` > 0) by the dense rule for
+    the average expert (M / E rows). Comparisons only: sizes traced symbolically by torch.compile take it too
+    (the graph then guards on them)."""
+    if rule is None:
+        return False
+    stream_max_m, min_m, min_mnk = rule
+    if num_experts:
+        m = m // num_experts
+    elif m <= stream_max_m:
+        return False
+    return m >= min_m and m * n * k >= min_mnk
+
+
 def grouped_dequant_applies(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:
     """Whether a grouped GEMM whose split sizes are known on the host runs as per-expert dequantize +
     cuBLAS GEMMs: the dense rule for the average expert (M / E rows)."""
-    if device.type != "cuda" or interpreting():
-        return False
-    rules = DENSE_RULES[gpu_key(device)]
-    m_e = m // max(num_experts, 1)
-    return m_e >= rules["dequant_min_m"] and m_e * n * k >= rules["dequant_min_mnk"]
+    return takes_expanded_by_rule(m, n, k, expand_rule(device), max(num_experts, 1))
 
 
 def stream_block_m(m: int) -> int:
@@ -162,7 +184,7 @@ def choose_config(m: int, n: int, k: int, device: torch.device, grouped: bool = 
         for max_m, cfg in rules.get("stream", ()):
             if m <= max_m:
                 return cfg
-        if m >= rules["dequant_min_m"] and m * n * k >= rules["dequant_min_mnk"]:
+        if takes_expanded_by_rule(m, n, k, expand_rule(device)):
             return rules["dequant"]
     for max_m, cfg in CONFIGS[gpu_key(device)]:
         if m <= max_m:
@@ -192,17 +214,6 @@ def resolve_config(config: Optional[GemmConfig], m: int, n: int, k: int, num_exp
 def dequant_config(device: torch.device) -> GemmConfig:
     """The dequant_mm path's config on ``device``: the one path that takes operands given expanded (BF16)."""
     return DENSE_RULES[gpu_key(device)]["dequant"]
-
-
-def grouped_takes_expanded(m: int, n: int, k: int, num_experts: int, device: torch.device) -> bool:
-    """Whether a grouped GEMM with host split sizes runs the dequant_mm path by default (expands its operands)."""
-    return m * n * k != 0 and resolve_config(None, m, n, k, num_experts, True, True, device).dequant_mm
-
-
-def takes_expanded(m: int, n: int, k: int, device: torch.device) -> bool:
-    """Whether a dense (m, n, k) GEMM on ``device`` runs the dequant_mm path by default, i.e. expands its
-    operands to BF16 anyway: then a cast that writes them expanded saves the expansion."""
-    return m * n * k != 0 and choose_config(m, n, k, device).dequant_mm
 
 
 def default_decode(device: torch.device) -> int:
