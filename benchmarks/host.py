@@ -286,7 +286,8 @@ def part_steps(device, iters, compile_modes, prev, only_cases=None, rounds=3):
     """Each case's variants (and their compiled modules: ``compile_modes``, names of :data:`COMPILE_MODES`;
     the previous version's module in the default mode only) are built and warmed up first; then every eager
     and compiled step is timed once per round, ``rounds`` interleaved rounds (median), so that each ratio
-    comes from measurements side by side (the host's speed drifts within a run). CUDA-graph replays after."""
+    comes from measurements side by side (the host's speed drifts within a run). CUDA-graph replays first, of
+    modules of their own."""
     rows = []
     cases = CASES if not SMOKE else [("linear", 64, 64, 64), ("moe", 128, 64, 32)]
     for kind, tokens, k, n in cases:
@@ -299,6 +300,13 @@ def part_steps(device, iters, compile_modes, prev, only_cases=None, rounds=3):
             variants.append(("prev", True, prev))
         built, steps = {}, {}
         torch._dynamo.reset()
+        if device.type == "cuda":  # first, on modules of their own: reduce-overhead's CUDA graphs broke these captures
+            for label, quantized, lib in variants:
+                try:
+                    row[f"{label}_graph"] = graph_ms(step_of(*build(kind, tokens, k, n, quantized, device, lib)), device,
+                                                     iters)
+                except Exception as err:  # noqa: BLE001 - reported in the row
+                    row[f"{label}_graph_error"] = f"{type(err).__name__}: {err}"[:160]
         for label, quantized, lib in variants:
             module, x, dy, splits = build(kind, tokens, k, n, quantized, device, lib)
             built[label] = (module, x, dy, splits)
@@ -321,12 +329,6 @@ def part_steps(device, iters, compile_modes, prev, only_cases=None, rounds=3):
         for (label, mode) in times:
             if mode != "eager":
                 row[f"{label}_{mode}_vs_eager"] = row[f"{label}_{mode}"] / row[f"{label}_eager"]
-        if device.type == "cuda":
-            for label in built:
-                try:
-                    row[f"{label}_graph"] = graph_ms(steps[(label, "eager")], device, iters)
-                except Exception as err:  # noqa: BLE001 - reported in the row
-                    row[f"{label}_graph_error"] = f"{type(err).__name__}: {err}"[:160]
         del built, steps
         rows.append(row)
         print_step_row(row, flush=True)
