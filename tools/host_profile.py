@@ -13,25 +13,53 @@ the eager step and of the ``torch.compile``d module's step.
 
 ``--sync`` runs one call under ``torch.cuda.set_sync_debug_mode("warn")`` and prints the stack of every
 host synchronization instead of profiling.
+
+``--cpu`` is a proxy that needs no GPU: the same calls on CPU tensors (Triton backend under the interpreter)
+with every Triton launch stubbed out and the GPU's GEMM paths forced (expanded operands, the dgrad from W's
+rowwise copy), at the given sizes (small ones keep the CPU twins of the cuBLAS products cheap). It prints the
+host time per call and the Python function calls per call, then the profile: what the Python path costs
+apart from launches, for trying host-path changes without the device (timings still come from host.py).
+
+    python tools/host_profile.py --cpu linear 128 256 256
 """
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 import sys
+import time
 from pathlib import Path
 
-import torch
+if "--cpu" in sys.argv:  # Triton reads it when the package's kernels are defined
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["NVFP4LAB_BACKEND"] = "triton"
 
-import nvfp4lab
+import torch  # noqa: E402
+
+import nvfp4lab  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from host import build, step_of  # noqa: E402  (the benchmark's own step: the same module, data and optimizer)
 
 
-def _step(kind: str, tokens: int, k: int, n: int):
-    module, x, dy, splits = build(kind, tokens, k, n, True, torch.device("cuda"))
+def _step(kind: str, tokens: int, k: int, n: int, device: str = "cuda"):
+    module, x, dy, splits = build(kind, tokens, k, n, True, torch.device(device))
+    if splits is not None and sum(splits) != tokens:  # the --cpu proxy's small token counts: even splits
+        splits = [tokens // len(splits)] * (len(splits) - 1) + [tokens - tokens // len(splits) * (len(splits) - 1)]
     return step_of(module, x, dy, splits)
+
+
+def _stub_launches() -> None:
+    """The --cpu proxy: no Triton launch runs (outputs stay uninitialized), the GEMMs take the GPU's expanded paths."""
+    import triton.runtime.interpreter as interpreter
+
+    from nvfp4lab import ops
+    from nvfp4lab.kernels import launch
+
+    launch.Launch.__call__ = lambda self, *args: None
+    interpreter.InterpretedFunction.run = lambda self, *args, **kwargs: None
+    ops.gemm_expand_rule = lambda device, backend=None: (0, 0, 0)
 
 
 def _torch_profile(kind: str, tokens: int, k: int, n: int) -> None:
@@ -60,20 +88,30 @@ def main(argv: list[str]) -> None:
         rest = [a for a in argv if a != "--torch"]
         _torch_profile(rest[0], *(int(v) for v in rest[1:4]))
         return
-    argv = [a for a in argv if a != "--sync"]
+    cpu = "--cpu" in argv
+    argv = [a for a in argv if a not in ("--sync", "--cpu")]
     kind = argv[0] if argv else "linear"
+    device = "cpu" if cpu else "cuda"
+    if cpu:
+        _stub_launches()
     if kind == "quantize":
-        x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(128, 256, device=device, dtype=torch.bfloat16)
 
         def fn():
             nvfp4lab.quantize_nvfp4(x, columnwise=True, rht=True, stochastic_rounding=True)
         calls = 2000
     else:
         tokens, k, n = (int(v) for v in argv[1:4])
-        fn, calls = _step(kind, tokens, k, n), 50
+        fn, calls = _step(kind, tokens, k, n, device), 50
     for _ in range(5):
         fn()
-    torch.cuda.synchronize()
+    if cpu:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        print(f"== --cpu proxy, {' '.join(argv)}: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per call")
+    else:
+        torch.cuda.synchronize()
     if sync:
         import traceback
         import warnings
@@ -93,9 +131,11 @@ def main(argv: list[str]) -> None:
     for _ in range(calls):
         fn()
     profile.disable()
-    torch.cuda.synchronize()
-    print(f"== {' '.join(argv)}: {calls} calls")
-    pstats.Stats(profile).sort_stats("tottime").print_stats(28)
+    if not cpu:
+        torch.cuda.synchronize()
+    stats = pstats.Stats(profile)
+    print(f"== {' '.join(argv)}: {calls} calls, {stats.total_calls / calls:.0f} Python function calls per call")
+    stats.sort_stats("tottime").print_stats(28)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,13 @@ def test_stream_probe_smoke():
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "max rel err 0.00e+00" in proc.stdout and "every mode ran" in proc.stdout
+
+
+def test_host_profile_cpu_proxy():
+    """tools/host_profile.py --cpu (the host path with launches stubbed, on the GPU's GEMM paths) profiles a Linear
+    step and reports its host time and Python function calls per call."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "host_profile.py"), "--cpu", "linear", "64", "64", "64"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "us per call" in proc.stdout and "Python function calls per call" in proc.stdout
