@@ -162,6 +162,14 @@ def _check_nvfp4_shape_and_seed(config: NVFP4QuantConfig, m: int, k: int, seed, 
             raise ValueError("seed and generator: pass one of them, not both")
 
 
+def _ref_generator(config: NVFP4QuantConfig, seed, generator, device: torch.device):
+    """The reference backend's SR generator: the caller's, else one seeded with ``seed`` (None on the meta device,
+    which holds no values to round)."""
+    if config.stochastic_rounding and generator is None and seed is not None and device.type != "meta":
+        return torch.Generator(device=device).manual_seed(int(seed))
+    return generator
+
+
 def quantize_nvfp4(
     x: torch.Tensor,
     *,
@@ -213,9 +221,8 @@ def quantize_nvfp4(
     if backend == "triton":
         out = nvfp4_quantize.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, seed=seed, generator=generator)
     else:
-        if config.stochastic_rounding and generator is None and seed is not None:
-            generator = torch.Generator(device=x.device).manual_seed(int(seed))
-        out = ref.nvfp4.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax, generator=generator)
+        out = ref.nvfp4.quantize(x2, config, amax=amax, columnwise_amax=columnwise_amax,
+                                 generator=_ref_generator(config, seed, generator, x.device))
     out.shape = x.shape
     return out
 
@@ -255,9 +262,7 @@ def quantize_nvfp4_operands(
         x2 = x if x.is_contiguous() else x.contiguous()
         return nvfp4_quantize.quantize_operands(x2, config, row_operand=rowwise_operand, col_operand=columnwise_operand,
                                                 seed=seed, generator=generator)
-    if config.stochastic_rounding and generator is None and seed is not None:
-        generator = torch.Generator(device=x.device).manual_seed(int(seed))
-    t = ref.nvfp4.quantize(x, config, generator=generator)
+    t = ref.nvfp4.quantize(x, config, generator=_ref_generator(config, seed, generator, x.device))
     return ref.gemm.expanded_operands(t, rowwise_operand, columnwise_operand)
 
 
@@ -335,10 +340,10 @@ def gemm_takes_expanded(m: int, n: int, k: int, device, backend: Optional[str] =
 def _split_offsets(name: str, split_sections, m: int, device, read_device: bool) -> torch.Tensor:
     """list of ints or 1-D integer tensor -> int64 offsets (n+1,) on ``device``; host sizes are checked,
     device sizes only when ``read_device`` (the reference backend, which reads them back anyway), tensor
-    sizes not while torch.compile traces."""
+    sizes not while torch.compile traces, nor meta ones (no values)."""
     if isinstance(split_sections, torch.Tensor):
         check_integer_vector(name, split_sections)
-        if (split_sections.device.type == "cpu" or read_device) and not compiling():
+        if (split_sections.device.type == "cpu" or read_device) and not split_sections.is_meta and not compiling():
             check_split_sizes(name, split_sections.tolist(), m)
         sizes = split_sections.to(device=device, dtype=torch.int64)
         offsets = torch.zeros(sizes.numel() + 1, dtype=torch.int64, device=device)
@@ -366,7 +371,7 @@ def _given_split_offsets(split_offsets, split_sections, m: int, device, read_dev
                          f"got {tuple(split_offsets.shape)}")
     if split_offsets.device != device:
         raise ValueError(f"split_offsets must be on x's device {device}, got {split_offsets.device}")
-    if (split_offsets.device.type == "cpu" or read_device) and not compiling():
+    if (split_offsets.device.type == "cpu" or read_device) and not split_offsets.is_meta and not compiling():
         expected_offsets = cumulative_offsets(split_sections)
         if split_offsets.tolist() != expected_offsets:
             raise ValueError(f"split_offsets must be the row offsets of split_sections, {expected_offsets}, "
@@ -430,9 +435,7 @@ def quantize_nvfp4_grouped_bulk(
         raise ValueError("seed and generator: pass one of them, not both")
     if backend == "triton":
         return grouped_quantize.quantize_grouped(x2, offsets, config, seed=seed, generator=generator)
-    if config.stochastic_rounding and generator is None and seed is not None:
-        generator = torch.Generator(device=x.device).manual_seed(int(seed))
-    return ref.nvfp4.quantize_grouped(x2, offsets, config, generator=generator)
+    return ref.nvfp4.quantize_grouped(x2, offsets, config, generator=_ref_generator(config, seed, generator, x.device))
 
 
 def quantize_nvfp4_grouped(x: torch.Tensor, split_sections, *, scale_layout: str = "compact", **kwargs) -> list:
@@ -754,7 +757,7 @@ def nvfp4_grouped_gemm(
     out_dtype = _check_out(out, accumulate, m, n, out_dtype)
     backend = resolve_backend(backend, device)
     # values readable without a sync (the reference reads them anyway); traced values are symbolic
-    if (offs.device.type == "cpu" or backend == "ref") and not compiling():
+    if (offs.device.type == "cpu" or backend == "ref") and not offs.is_meta and not compiling():
         _check_offs_values(offs.tolist(), m, m_splits)
     if m == 0 or n == 0 or k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
@@ -771,6 +774,8 @@ def nvfp4_grouped_gemm(
     if backend == "triton":
         return gemm_kernels.nvfp4_grouped_gemm(a, b, offs, num_experts, out_dtype=out_dtype, bias=bias, out=out,
                                                accumulate=accumulate, splits=m_splits, a_per_expert=a_experts is not None)
+    if device.type == "meta":  # no values (the reference reads offs): the result's shape and dtype
+        return out if out is not None else torch.empty((m, n), dtype=out_dtype, device=device)
     if a_experts is not None:  # the reference reads a per-row amax
         a = moe.token_operand(bulk, moe.per_row_amax(bulk))
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)

@@ -100,13 +100,22 @@ def test_linear_with_zero_features_is_nn_linear(preset, features):
     assert g(torch.randn(5, features[0]), [2, 3]).shape == (5, features[1])
 
 
-@pytest.mark.parametrize("preset", ["te_default", "mxfp8"])
-def test_linear_on_meta_tensors_propagates_shapes(preset):
-    lin = Linear(32, 64, device="meta", recipe=PRESETS[preset])
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+@pytest.mark.parametrize("preset", ["te_default", "per_token", "mxfp8"])
+def test_linear_on_meta_tensors_propagates_shapes(preset, backend):
+    """A model on the meta device runs fwd + bwd with either backend: every op gives its outputs' shapes."""
+    lin = Linear(32, 64, device="meta", recipe=PRESETS[preset], backend=backend)
     x = torch.empty(2, 16, 32, device="meta", requires_grad=True)
     y = lin(x)
     y.sum().backward()
     assert y.device.type == "meta" and y.shape == (2, 16, 64) and x.grad.shape == x.shape
+    assert lin.weight.grad.device.type == "meta" and lin.weight.grad.shape == lin.weight.shape
+    grouped = GroupedLinear(2, 32, 64, device="meta", recipe=PRESETS[preset], backend=backend)
+    xg = torch.empty(48, 32, device="meta", requires_grad=True)
+    yg = grouped(xg, [16, 32])
+    yg.sum().backward()
+    assert yg.device.type == "meta" and yg.shape == (48, 64) and xg.grad.shape == xg.shape
+    assert all(w.grad.device.type == "meta" and w.grad.shape == w.shape for w in grouped.weights)
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

@@ -53,8 +53,9 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def tracing(x) -> bool:
     """True when an op on ``x`` must go through the dispatcher: torch.compile traces, an
-    infrastructure dispatch mode is active, or ``x`` is not a plain tensor (a subclass)."""
-    if torch.compiler.is_compiling() or type(x) not in _PLAIN:
+    infrastructure dispatch mode is active, ``x`` is not a plain tensor (a subclass), or it is a meta
+    tensor (the fake implementations then give the outputs' shapes, as for any torch op on meta)."""
+    if torch.compiler.is_compiling() or type(x) not in _PLAIN or x.is_meta:
         return True
     get = torch._C._get_dispatch_mode
     fake, proxy, functional = _INFRA_MODES

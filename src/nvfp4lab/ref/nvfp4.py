@@ -330,8 +330,7 @@ def quantize_grouped(x: torch.Tensor, split_offsets: torch.Tensor, config, *, ge
     """Reference grouped quantize: each split of rows quantized alone (the definition), written into
     the bulk buffers of a :class:`GroupedNVFP4Tensor`."""
     m, k = x.shape
-    offsets = [int(v) for v in split_offsets.tolist()]
-    n = len(offsets) - 1
+    n = split_offsets.numel() - 1
     dev = x.device
     rowwise = columnwise = None
     if config.rowwise:
@@ -342,6 +341,9 @@ def quantize_grouped(x: torch.Tensor, split_offsets: torch.Tensor, config, *, ge
                       torch.zeros(k * m // 16, dtype=torch.uint8, device=dev),
                       torch.zeros((n, k) if config.per_token else (n,), dtype=_F32, device=dev))
     out = GroupedNVFP4Tensor.from_parts(x.shape, x.dtype, config, split_offsets, rowwise=rowwise, columnwise=columnwise)
+    if x.is_meta:  # no values: the bulk buffers' shapes are the result
+        return out
+    offsets = [int(v) for v in split_offsets.tolist()]
     for i, view in enumerate(out.split([offsets[j + 1] - offsets[j] for j in range(n)])):
         lo, hi = offsets[i], offsets[i + 1]
         if hi == lo:
