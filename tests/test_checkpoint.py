@@ -306,6 +306,19 @@ def test_load_quantized_refuses_bad_input_naming_the_layer(tmp_path):
         nvfp4lab.load_quantized(_Net(), tmp_path / "missing.safetensors")
     loaded = nvfp4lab.load_quantized(_Net(), tmp_path / "missing.safetensors", strict=False)
     assert isinstance(loaded.blocks[0][0], InferenceLinear)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="junk.safetensors' is not a safetensors file"):
+        nvfp4lab.load_quantized(_Net(), tmp_path / "junk.safetensors")
+
+
+def test_save_quantized_refuses_a_folder_or_a_missing_one(tmp_path):
+    model = _Net()
+    convert(model, NVFP4Recipe.te_default())
+    with pytest.raises(ValueError, match="path must name a file, .* is a directory"):
+        checkpoint.save_quantized(model, tmp_path)
+    with pytest.raises(FileNotFoundError, match="path's folder .*nope' does not exist"):
+        checkpoint.save_quantized(model, tmp_path / "nope" / "net.safetensors")
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 # --------------------------------------------------------------------------- ModelOpt export

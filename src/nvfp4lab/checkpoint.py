@@ -152,6 +152,12 @@ def save_quantized(model: nn.Module, path) -> dict:
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"path must name a file, {path!r} is a directory")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"path's folder {folder!r} does not exist")
     layers = _quantized_layers(model)
     if not layers:
         raise ValueError("model has no nvfp4lab layers: convert it first (nvfp4lab.convert)")
@@ -174,17 +180,20 @@ def save_quantized(model: nn.Module, path) -> dict:
     metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "nvfp4lab_version": __version__,
                 "recipe": recipes.pop() if len(recipes) == 1 else "per layer",
                 "layers": json.dumps(records, sort_keys=True)}
-    save_file(tensors, os.fspath(path), metadata=metadata)
+    save_file(tensors, path, metadata=metadata)
     return metadata
 
 
 def read_metadata(path) -> dict:
     """The metadata of an nvfp4lab quantized checkpoint, checked (format and version), with
     ``layers`` decoded; ValueError for another file."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(os.fspath(path), framework="pt") as f:
-        metadata = dict(f.metadata() or {})
+    try:
+        with safe_open(os.fspath(path), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+    except SafetensorError as exc:
+        raise ValueError(f"{os.fspath(path)!r} is not a safetensors file ({exc})") from None
     if metadata.get("format") != FORMAT:
         raise ValueError(f"{os.fspath(path)!r} is not an nvfp4lab quantized checkpoint "
                          f"(metadata format {metadata.get('format')!r}, expected {FORMAT!r})")
