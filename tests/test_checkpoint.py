@@ -384,6 +384,26 @@ def test_export_refuses_mxfp8_and_missing_calibration(tmp_path):
     nvfp4lab.export_modelopt(frozen, tmp_path / "frozen", {"blocks.0.0": 2.0}, dtype=torch.bfloat16)
     again = load_file(str(tmp_path / "frozen" / "model.safetensors"))
     assert again.keys() == tensors.keys() and all(torch.equal(again[k], v) for k, v in tensors.items())
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ValueError, match="a_file' exists and is not a folder"):
+        nvfp4lab.export_modelopt(model, a_file, {"blocks.0.0": 1.0})
+
+
+def test_cli_refuses_a_missing_gpu_and_a_file_as_export_folder(tmp_path, capsys, monkeypatch):
+    """demo and export name a device that is not there, and export an out path that is a file, as errors
+    (exit 2) before any work."""
+    from nvfp4lab.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["demo", "--device", "cuda"]) == 2
+    assert "torch sees no CUDA GPU" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "x"), "--device", "cuda"]) == 2
+    assert "torch sees no CUDA GPU" in capsys.readouterr().err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert main(["export", str(a_file)]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
 
 
 def test_export_command(minilm, tmp_path, capsys):

@@ -389,6 +389,8 @@ def export_modelopt(model: nn.Module, path, input_amax: Mapping[str, float], *, 
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(input_amax, Mapping):
         raise TypeError(f"input_amax must be a mapping layer name -> amax (collect_input_amax), got {type(input_amax).__name__}")
+    if Path(path).exists() and not Path(path).is_dir():
+        raise ValueError(f"path {os.fspath(path)!r} exists and is not a folder")
     layers = _quantized_layers(model)
     tensors, exported = {}, []
     for name, layer in layers.items():

@@ -27,8 +27,14 @@ def _cmd_conformance(args) -> int:
 
 def _cmd_demo(args) -> int:
     from .demo import run_demo
+    from .lab.runner import check_device
 
-    run_demo(device=args.device)
+    try:
+        device = check_device(args.device)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_demo(device=str(device))
     return 0
 
 
@@ -37,11 +43,13 @@ def _cmd_export(args) -> int:
 
     from . import checkpoint
     from .lab import capture
+    from .lab.runner import check_device, check_out_dir
     from .modules import convert
     from .recipes import from_recipe_name
 
-    device = torch.device(args.device)
     try:
+        check_out_dir(args.out)
+        device = check_device(args.device)
         folder = capture.check_model_path(args.model) if args.model else capture.default_model_path()
         model, tokenizer = capture.load_model(folder, device)
         if args.checkpoint:
