@@ -76,6 +76,16 @@ def _check_tensor_name(tensor: str) -> None:
         raise ValueError(f"tensor must be one of {TENSORS}, got {tensor!r}")
 
 
+# the variables NVFP4Recipe.from_env reads (its docstring says what each sets)
+NVFP4_ENV_VARIABLES = (
+    "NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "NVTE_NVFP4_DISABLE_2D_QUANTIZATION",
+    "NVTE_NVFP4_ROW_SCALED_ACTIVATION", "NVTE_NVFP4_PER_TOKEN_ACTIVATION", "NVFP4LAB_PER_TOKEN_GRADIENTS",
+    "NVTE_NVFP4_4OVER6", "NVTE_NVFP4_4OVER6_ERR_MODE", "NVTE_NVFP4_4OVER6_E4M3_USE_256", "NVTE_BACKWARD_OVERRIDE",
+    "NVFP4LAB_RHT_SIGN_MASK", "NVTE_NVFP4_PER_TOKEN", "NVTE_NVFP4_PER_TOKEN_RHT", "NVTE_NVFP4_PER_TOKEN_SR",
+    "NVTE_NVFP4_PER_TOKEN_WEIGHT_2D",
+)
+
+
 @dataclass(frozen=True)
 class NVFP4Recipe(HashOnce):
     """NVFP4 training recipe (TE's ``NVFP4BlockScaling`` options plus the seeds').
@@ -326,7 +336,11 @@ class NVFP4Recipe(HashOnce):
                                    ("per_token_weight_2d", "weight_2d")):
                 if te_name in pt:
                     changes[field] = pt[te_name]
-        return dataclasses.replace(base, **changes)
+        try:
+            return dataclasses.replace(base, **changes)
+        except ValueError as exc:  # name the variables that made the combination
+            given = ", ".join(f"{name}={env[name]!r}" for name in NVFP4_ENV_VARIABLES if env.get(name))
+            raise ValueError(f"the recipe of the environment ({given or 'no variable set'}) is not valid: {exc}") from None
 
     def replace(self, **changes) -> "NVFP4Recipe":
         """A copy with ``changes`` applied (validated like a new recipe)."""

@@ -171,7 +171,10 @@ def test_from_env_per_token_switch_is_pr3045s_recipe():
         ({"NVTE_BACKWARD_OVERRIDE": "fp32"}, "NVTE_BACKWARD_OVERRIDE must be"),
         ({"NVTE_BACKWARD_OVERRIDE": "none"}, "NVTE_BACKWARD_OVERRIDE must be"),  # TE's assert refuses it too
         ({"NVFP4LAB_RHT_SIGN_MASK": "abc"}, "NVFP4LAB_RHT_SIGN_MASK must be an integer"),
-        ({"NVTE_NVFP4_ROW_SCALED_ACTIVATION": "1"}, "rht and per_token_activations"),  # TE default keeps RHT on
+        # TE default keeps RHT on; the message names the variables that made the combination
+        ({"NVTE_NVFP4_ROW_SCALED_ACTIVATION": "1"},
+         r"environment \(NVTE_NVFP4_ROW_SCALED_ACTIVATION='1'\) is not valid: .*rht and per_token_activations"),
+        ({"NVFP4LAB_RHT_SIGN_MASK": "0x10000"}, r"\(NVFP4LAB_RHT_SIGN_MASK='0x10000'\) is not valid: .*16-bit"),
     ],
 )
 def test_from_env_rejects_bad_values(env, match):
