@@ -604,13 +604,20 @@ def nvfp4_gemm(
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, n = a.m, b.m
-    device = a.device
+    device = (a.values if isinstance(a, NVFP4Operand) else a.rowwise_data).device
+    b_device = (b.values if isinstance(b, NVFP4Operand) else b.rowwise_data).device
+    if b_device != device:
+        raise ValueError(f"a and b must be on one device, got {device} and {b_device}")
     if bias is not None:
         _check_tensor("bias", bias)
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape (N,) = ({n},), got {tuple(bias.shape)}")
+        if bias.device != device:
+            raise ValueError(f"bias must be on a's device {device}, got {bias.device}")
     if out is not None or accumulate:
         out_dtype = _check_out(out, accumulate, m, n, out_dtype)
+        if out is not None and out.device != device:
+            raise ValueError(f"out must be on a's device {device}, got {out.device}")
     if m == 0 or n == 0 or k == 0:
         result = torch.zeros(m, n, dtype=torch.float32, device=device)
         if bias is not None:

@@ -89,6 +89,14 @@ def test_gemm_rules():
         nvfp4lab.nvfp4_gemm(a, b, accumulate=True)
     with pytest.raises(TypeError, match="a must be an NVFP4Tensor"):
         nvfp4lab.nvfp4_gemm(torch.zeros(2, 2), b)
+    # operands, bias and out on another device (meta stands in for a GPU on a CPU-only machine)
+    b_meta = nvfp4lab.quantize_nvfp4(torch.empty(16, 64, device="meta"))
+    with pytest.raises(ValueError, match="a and b must be on one device, got cpu and meta"):
+        nvfp4lab.nvfp4_gemm(a, b_meta)
+    with pytest.raises(ValueError, match="bias must be on a's device cpu, got meta"):
+        nvfp4lab.nvfp4_gemm(a, b, bias=torch.zeros(16, device="meta"))
+    with pytest.raises(ValueError, match="out must be on a's device cpu, got meta"):
+        nvfp4lab.nvfp4_gemm(a, b, out=torch.zeros(32, 16, device="meta"))
 
 
 def test_swizzle_rules():
