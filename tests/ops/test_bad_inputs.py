@@ -99,6 +99,32 @@ def test_gemm_rules():
         nvfp4lab.nvfp4_gemm(a, b, out=torch.zeros(32, 16, device="meta"))
 
 
+@pytest.mark.parametrize("backend", ["ref", pytest.param("triton", marks=pytest.mark.skipif(
+    not nvfp4lab.ops.triton_available(), reason="triton"))])
+def test_gemm_refuses_malformed_containers(backend):
+    """A container whose parts do not match its shape and config (built by hand, or a field replaced) is refused naming
+    the operand and the part, by the GEMM and the operand expansion alike: the kernels would read it out of bounds."""
+    import dataclasses
+
+    a = nvfp4lab.quantize_nvfp4(torch.randn(32, 64))
+    b = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), block="16x16")
+    cases = [
+        (dataclasses.replace(a, rowwise_scale=a.rowwise_scale[:16]), ValueError, r"a: rowwise_scale must have shape \(32, 4\)"),
+        (dataclasses.replace(a, rowwise_data=a.rowwise_data[:, :16]), ValueError, r"a: rowwise_data must have shape \(32, 32\)"),
+        (dataclasses.replace(a, rowwise_scale=a.rowwise_scale.float()), TypeError, "a: rowwise_scale must be a uint8"),
+        (dataclasses.replace(a, rowwise_amax=torch.ones(2)), ValueError, "a: rowwise_amax must have 1 elements"),
+        (dataclasses.replace(a, rowwise_amax=torch.ones(1, dtype=torch.int32)), TypeError, "a: rowwise_amax must be a floating"),
+    ]
+    for bad, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            nvfp4lab.nvfp4_gemm(bad, b, backend=backend)
+    with pytest.raises(ValueError, match=r"t: rowwise_scale must have shape \(48, 4\)"):
+        nvfp4lab.nvfp4_operand(dataclasses.replace(b, rowwise_scale=b.rowwise_scale[:8]), backend=backend)
+    op = nvfp4lab.nvfp4_operand(b, backend=backend)
+    with pytest.raises(ValueError, match="b \\(an NVFP4Operand\\) must hold floating values"):
+        nvfp4lab.nvfp4_gemm(a, dataclasses.replace(op, amax=torch.ones(3)), backend=backend)
+
+
 def test_swizzle_rules():
     with pytest.raises(TypeError, match="scale must have dtype in"):
         nvfp4lab.swizzle_scales(torch.zeros(4, 4))
