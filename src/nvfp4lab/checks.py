@@ -102,6 +102,53 @@ def check_nvfp4_copy(t, which: str) -> None:
         raise ValueError(f"{which}_amax must have {expected} elements (per_token={t.per_token}), got {amax.numel()}")
 
 
+def check_rowwise_parts(name: str, t, amax_rule: bool = True) -> None:
+    """The rowwise copy's data and scales (and with ``amax_rule`` its amax) agree with ``t``'s shape and config, as
+    :func:`check_nvfp4_copy` defines it (an NVFP4Tensor, 2-D or a stack): a malformed container would be read out of
+    bounds. A fast test of the rule on the hot path; the full check names the part that breaks it."""
+    shape = t.shape
+    rows = int(shape[0]) if len(shape) == 2 else t.m
+    cols = int(shape[-1])
+    data, scale, amax = t.rowwise_data, t.rowwise_scale, t.rowwise_amax
+    blocks = cols >> 4
+    layout = t.config.scale_layout
+    ok = (isinstance(data, torch.Tensor) and isinstance(scale, torch.Tensor) and isinstance(amax, torch.Tensor)
+          and not cols & 15
+          and data.dtype == torch.uint8 and scale.dtype == torch.uint8 and data.shape == (rows, cols >> 1)
+          and scale.numel() == (rows * blocks if layout == "compact" else roundup(rows, 128) * roundup(blocks, 4))
+          and (layout == "swizzled" or scale.dim() == 2)
+          and amax.dtype.is_floating_point and (not amax_rule or amax.numel() == (rows if t.config.per_token else 1)))
+    if not ok:
+        try:
+            check_nvfp4_copy(t, "rowwise")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}: {exc}") from None
+        if amax_rule:
+            raise ValueError(f"{name}'s rowwise copy does not match its shape {tuple(shape)} and config")
+
+
+def check_grouped_copy(t, which: str) -> None:
+    """The bulk buffers of one copy of a GroupedNVFP4Tensor (M, K) of n splits agree with its shape and config (the
+    layout of :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`, compact scales): uint8 data of M*K/2 bytes and scales of
+    M*K/16, an amax of n values per tensor, or M (rowwise) / n*K (columnwise) per token."""
+    m, k = int(t.shape[0]), int(t.shape[-1])
+    n = t.split_offsets.numel() - 1
+    data, scale, amax = (getattr(t, f"{which}_{part}") for part in ("data", "scale", "amax"))
+    for part, value in (("data", data), ("scale", scale)):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
+            raise TypeError(f"{which}_{part} must be a uint8 tensor, got {getattr(value, 'dtype', type(value).__name__)}")
+    if data.numel() != m * k // 2:
+        raise ValueError(f"{which}_data must hold M*K/2 = {m * k // 2} bytes (two E2M1 codes per byte), got {data.numel()}")
+    if scale.numel() != m * k // 16:
+        raise ValueError(f"{which}_scale must hold M*K/16 = {m * k // 16} compact scales, got {scale.numel()}")
+    if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
+        raise TypeError(f"{which}_amax must be a floating-point tensor, got {getattr(amax, 'dtype', type(amax).__name__)}")
+    expected = (m if which == "rowwise" else n * k) if t.config.per_token else n
+    if amax.numel() != expected:
+        raise ValueError(f"{which}_amax must have {expected} elements ({n} splits, per_token={t.config.per_token}), "
+                         f"got {amax.numel()}")
+
+
 def mxfp8_scale_shape(rows: int, cols: int, layout: str, which: str) -> tuple[int, int]:
     """Scale shape of one copy of an (M, K) = (rows, cols) MXFP8 tensor: rowwise compact (M, K/32),
     padded / swizzled (roundup(M,128), roundup(K/32,4)); columnwise compact (M/32, K), padded

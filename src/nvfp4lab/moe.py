@@ -12,17 +12,20 @@ from typing import Optional, Sequence
 
 import torch
 
+from .checks import check_rowwise_parts
 from .layout import roundup
 from .ref.swizzle import compact_scales
 from .runtime import host_ints_on_device
 from .tensors import GroupedNVFP4Tensor, NVFP4Tensor, cumulative_offsets
 
 
-def check_rowwise(name: str, t) -> None:
+def check_rowwise(name: str, t, amax_rule: bool = True) -> None:
+    """An NVFP4Tensor with a rowwise copy whose parts match its shape (:func:`~nvfp4lab.checks.check_rowwise_parts`)."""
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"{name} must be an NVFP4Tensor, got {type(t).__name__}")
     if t.rowwise_data is None:
         raise ValueError(f"{name} has no rowwise copy: the GEMM reads rowwise data (quantize with rowwise=True)")
+    check_rowwise_parts(name, t, amax_rule)
 
 
 _TOKEN_CONFIGS: dict = {}

@@ -16,17 +16,18 @@ import torch
 from . import moe, ref
 from .checks import (
     check_amax_values,
+    check_grouped_copy,
     check_int,
     check_integer_vector,
     check_mxfp8_copy,
     check_nvfp4_copy,
+    check_rowwise_parts,
     check_seed,
     check_split_sizes,
 )
 from .checks import check_multiple as _check_multiple
 from .checks import check_tensor as _check_tensor
 from .config import MXFP8QuantConfig, NVFP4QuantConfig, operand_config
-from .layout import roundup
 from .runtime import compiling, graph_capturing, host_ints_on_device  # noqa: F401  (ops.compiling etc. are public)
 from .tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Operand, NVFP4Tensor, cumulative_offsets, register_dequantize
 
@@ -285,7 +286,7 @@ def nvfp4_operand(t: NVFP4Tensor, *, transposed: bool = False, backend: Optional
         raise ValueError("t has no rowwise copy: nvfp4_operand reads the rowwise copy (quantize with rowwise=True)")
     if len(t.shape) not in (2, 3):
         raise ValueError(f"t must be 2-D (M, K) or a stack of experts' weights (E, N, K), got shape {tuple(t.shape)}")
-    _check_rowwise_parts("t", t, amax_rule=len(t.shape) == 2)  # a stack's amax may be per expert
+    check_rowwise_parts("t", t, amax_rule=len(t.shape) == 2)  # a stack's amax may be per expert
     config = t.config
     if transposed and (config.block != "16x16" or config.per_token or config.broadcast_2d):
         raise ValueError("transposed=True needs 16x16 blocks with a per-tensor amax (block='16x16', per_token=False, "
@@ -568,30 +569,6 @@ def _check_out(out, accumulate: bool, m: int, n: int, out_dtype: torch.dtype) ->
 
 
 # ------------------------------------------------------------------------------------------ GEMM
-def _check_rowwise_parts(name: str, t: NVFP4Tensor, amax_rule: bool = True) -> None:
-    """The rowwise copy's data and scales (and with ``amax_rule`` its amax) agree with ``t``'s shape and config, as
-    :func:`~nvfp4lab.checks.check_nvfp4_copy` defines it: a malformed container would be read out of bounds. A fast
-    test of the rule on the hot path; the full check names the part that breaks it."""
-    shape = t.shape
-    rows = int(shape[0]) if len(shape) == 2 else t.m
-    cols = int(shape[-1])
-    data, scale, amax = t.rowwise_data, t.rowwise_scale, t.rowwise_amax
-    blocks = cols >> 4
-    layout = t.config.scale_layout
-    ok = (isinstance(scale, torch.Tensor) and isinstance(amax, torch.Tensor) and not cols & 15
-          and data.dtype == torch.uint8 and scale.dtype == torch.uint8 and data.shape == (rows, cols >> 1)
-          and scale.numel() == (rows * blocks if layout == "compact" else roundup(rows, 128) * roundup(blocks, 4))
-          and (layout == "swizzled" or scale.dim() == 2)
-          and amax.dtype.is_floating_point and (not amax_rule or amax.numel() == (rows if t.config.per_token else 1)))
-    if not ok:
-        try:
-            check_nvfp4_copy(t, "rowwise")
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{name}: {exc}") from None
-        if amax_rule:
-            raise ValueError(f"{name}'s rowwise copy does not match its shape {tuple(shape)} and config")
-
-
 def _check_operand_values(name: str, t: NVFP4Operand) -> None:
     """An NVFP4Operand of a dense GEMM: 2-D floating values (rows, K) and an fp amax of 1 or rows values."""
     values, amax = t.values, t.amax
@@ -634,7 +611,7 @@ def nvfp4_gemm(
             raise TypeError(f"{name} must be an NVFP4Tensor or NVFP4Operand, got {type(t).__name__}")
         if t.rowwise_data is None:
             raise ValueError(f"{name} has no rowwise copy: nvfp4_gemm reads rowwise data (quantize with rowwise=True)")
-        _check_rowwise_parts(name, t)
+        check_rowwise_parts(name, t)
     k = a.k
     if k != b.k:
         raise ValueError(f"a and b must share K (the contraction dim), got a K={k}, b K={b.k}")
@@ -739,6 +716,10 @@ def nvfp4_grouped_gemm(
         if offs is not None:
             raise ValueError("offs must be None when a is a GroupedNVFP4Tensor (its split_offsets say which rows belong "
                              "to which expert)")
+        try:
+            check_grouped_copy(a, "rowwise")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"a: {exc}") from None
         offs = a.split_offsets[1:]
         if not a.config.per_token:
             a_experts = a.rowwise_amax
@@ -762,10 +743,9 @@ def nvfp4_grouped_gemm(
                              "per-expert GEMMs on expanded operands")
         b_amax = b.amax
     elif isinstance(b, NVFP4Tensor):
-        moe.check_rowwise("b", b)
         if len(b.shape) != 3:
             raise ValueError(f"b must have logical shape (E, N, K) (the experts' weights stacked), got {tuple(b.shape)}")
-        _check_rowwise_parts("b", b, amax_rule=False)  # its amax: 1, E or E*N values (checked below)
+        moe.check_rowwise("b", b, amax_rule=False)  # its amax: 1, E or E*N values (checked below)
         b_amax = b.rowwise_amax
     else:
         b = moe.stack_weights(b, backend=backend)
@@ -856,6 +836,11 @@ def nvfp4_grouped_wgrad(
         if t.columnwise_data is None:
             raise ValueError(f"{name} has no columnwise copy: the weight gradient reads it (quantize with columnwise=True)")
     _check_same_numerics(dy, x)
+    for name, t in (("dy", dy), ("x", x)):
+        try:
+            check_grouped_copy(t, "columnwise")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}: {exc}") from None
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     check_split_sizes("split_sections", split_sections)

@@ -254,3 +254,35 @@ def test_grouped_gemm_refuses_host_offs_that_do_not_split_m(offs, m_splits, patt
         return
     with pytest.raises(ValueError, match=pattern):
         nvfp4lab.nvfp4_grouped_gemm(a, b, offs, m_splits=m_splits, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_gemm_and_wgrad_refuse_malformed_containers(backend):
+    """Grouped tensors and per-expert lists whose buffers do not match their shape and config are refused naming the
+    operand and the buffer (a per-split amax of the wrong length crashed the Triton wgrad under the interpreter)."""
+    import dataclasses
+
+    g = nvfp4lab.quantize_nvfp4_grouped_bulk(torch.randn(64, 64), [32, 32], columnwise=True, backend=backend)
+    dy = nvfp4lab.quantize_nvfp4_grouped_bulk(torch.randn(64, 48), [32, 32], columnwise=True, backend=backend)
+    w = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), backend=backend)
+    for field, value, exc, pattern in [
+        ("columnwise_amax", torch.ones(5), ValueError, "x: columnwise_amax must have 2 elements"),
+        ("columnwise_scale", g.columnwise_scale[:10], ValueError, "x: columnwise_scale must hold M.K/16 = 256"),
+        ("columnwise_data", g.columnwise_data.float(), TypeError, "x: columnwise_data must be a uint8 tensor"),
+    ]:
+        with pytest.raises(exc, match=pattern):
+            nvfp4lab.nvfp4_grouped_wgrad(dy, dataclasses.replace(g, **{field: value}), [32, 32], backend=backend)
+    for field, value, exc, pattern in [
+        ("rowwise_scale", g.rowwise_scale[:10], ValueError, "a: rowwise_scale must hold M.K/16 = 256"),
+        ("rowwise_scale", g.rowwise_scale.float(), TypeError, "a: rowwise_scale must be a uint8 tensor"),
+        ("rowwise_amax", torch.ones(5), ValueError, "a: rowwise_amax must have 2 elements"),
+    ]:
+        with pytest.raises(exc, match=pattern):
+            nvfp4lab.nvfp4_grouped_gemm(dataclasses.replace(g, **{field: value}), [w, w], backend=backend)
+    short = dataclasses.replace(w, rowwise_data=w.rowwise_data[:4])
+    with pytest.raises(ValueError, match=r"b\[1\]: rowwise_data must have shape \(48, 32\)"):
+        nvfp4lab.nvfp4_grouped_gemm(g, [w, short], backend=backend)
+    a = nvfp4lab.quantize_nvfp4(torch.randn(32, 64), backend=backend)
+    with pytest.raises(ValueError, match=r"a\[1\]: rowwise_scale must have shape \(32, 4\)"):
+        nvfp4lab.nvfp4_grouped_gemm([a, dataclasses.replace(a, rowwise_scale=a.rowwise_scale[:3])], [w, w],
+                                    backend=backend)
