@@ -127,25 +127,27 @@ def check_rowwise_parts(name: str, t, amax_rule: bool = True) -> None:
             raise ValueError(f"{name}'s rowwise copy does not match its shape {tuple(shape)} and config")
 
 
-def check_grouped_copy(t, which: str) -> None:
+def check_grouped_copy(t, which: str, name: str = "") -> None:
     """The bulk buffers of one copy of a GroupedNVFP4Tensor (M, K) of n splits agree with its shape and config (the
     layout of :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`, compact scales): uint8 data of M*K/2 bytes and scales of
-    M*K/16, an amax of n values per tensor, or M (rowwise) / n*K (columnwise) per token."""
+    M*K/16, an amax of n values per tensor, or M (rowwise) / n*K (columnwise) per token. ``name``: the argument the
+    messages start with."""
     m, k = int(t.shape[0]), int(t.shape[-1])
     n = t.split_offsets.numel() - 1
+    at = f"{name}: {which}" if name else which
     data, scale, amax = (getattr(t, f"{which}_{part}") for part in ("data", "scale", "amax"))
     for part, value in (("data", data), ("scale", scale)):
         if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
-            raise TypeError(f"{which}_{part} must be a uint8 tensor, got {getattr(value, 'dtype', type(value).__name__)}")
+            raise TypeError(f"{at}_{part} must be a uint8 tensor, got {getattr(value, 'dtype', type(value).__name__)}")
     if data.numel() != m * k // 2:
-        raise ValueError(f"{which}_data must hold M*K/2 = {m * k // 2} bytes (two E2M1 codes per byte), got {data.numel()}")
+        raise ValueError(f"{at}_data must hold M*K/2 = {m * k // 2} bytes (two E2M1 codes per byte), got {data.numel()}")
     if scale.numel() != m * k // 16:
-        raise ValueError(f"{which}_scale must hold M*K/16 = {m * k // 16} compact scales, got {scale.numel()}")
+        raise ValueError(f"{at}_scale must hold M*K/16 = {m * k // 16} compact scales, got {scale.numel()}")
     if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
-        raise TypeError(f"{which}_amax must be a floating-point tensor, got {getattr(amax, 'dtype', type(amax).__name__)}")
+        raise TypeError(f"{at}_amax must be a floating-point tensor, got {getattr(amax, 'dtype', type(amax).__name__)}")
     expected = (m if which == "rowwise" else n * k) if t.config.per_token else n
     if amax.numel() != expected:
-        raise ValueError(f"{which}_amax must have {expected} elements ({n} splits, per_token={t.config.per_token}), "
+        raise ValueError(f"{at}_amax must have {expected} elements ({n} splits, per_token={t.config.per_token}), "
                          f"got {amax.numel()}")
 
 

@@ -716,10 +716,7 @@ def nvfp4_grouped_gemm(
         if offs is not None:
             raise ValueError("offs must be None when a is a GroupedNVFP4Tensor (its split_offsets say which rows belong "
                              "to which expert)")
-        try:
-            check_grouped_copy(a, "rowwise")
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"a: {exc}") from None
+        check_grouped_copy(a, "rowwise", "a")
         offs = a.split_offsets[1:]
         if not a.config.per_token:
             a_experts = a.rowwise_amax
@@ -836,11 +833,8 @@ def nvfp4_grouped_wgrad(
         if t.columnwise_data is None:
             raise ValueError(f"{name} has no columnwise copy: the weight gradient reads it (quantize with columnwise=True)")
     _check_same_numerics(dy, x)
-    for name, t in (("dy", dy), ("x", x)):
-        try:
-            check_grouped_copy(t, "columnwise")
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{name}: {exc}") from None
+    check_grouped_copy(dy, "columnwise", "dy")
+    check_grouped_copy(x, "columnwise", "x")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     check_split_sizes("split_sections", split_sections)

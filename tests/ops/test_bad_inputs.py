@@ -259,7 +259,7 @@ def test_grouped_gemm_refuses_host_offs_that_do_not_split_m(offs, m_splits, patt
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grouped_gemm_and_wgrad_refuse_malformed_containers(backend):
     """Grouped tensors and per-expert lists whose buffers do not match their shape and config are refused naming the
-    operand and the buffer (a per-split amax of the wrong length crashed the Triton wgrad under the interpreter)."""
+    operand and the buffer (a per-split amax of the wrong length crashed the process in the wgrad)."""
     import dataclasses
 
     g = nvfp4lab.quantize_nvfp4_grouped_bulk(torch.randn(64, 64), [32, 32], columnwise=True, backend=backend)

@@ -5,9 +5,7 @@ import torch
 
 import nvfp4lab
 
-triton = pytest.importorskip("triton")
-
-BACKENDS = ["ref", "triton"]
+BACKENDS = ["ref", pytest.param("triton", marks=pytest.mark.skipif(not nvfp4lab.ops.triton_available(), reason="triton"))]
 FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
 RECIPES = {
     "1x16": dict(columnwise=True),
