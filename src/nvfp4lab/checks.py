@@ -100,6 +100,14 @@ def check_nvfp4_copy(t, which: str) -> None:
     expected = rows if t.per_token else 1
     if amax.numel() != expected:
         raise ValueError(f"{which}_amax must have {expected} elements (per_token={t.per_token}), got {amax.numel()}")
+    check_same_device(which, data, scale, amax)
+
+
+def check_same_device(which: str, data: torch.Tensor, *parts) -> None:
+    """The other parts of a copy (scale, amax) live on its data's device: a kernel reads them all from there."""
+    for part, value in zip(("scale", "amax"), parts):
+        if value.device != data.device:
+            raise ValueError(f"{which}_{part} must be on {which}_data's device {data.device}, got {value.device}")
 
 
 def check_rowwise_parts(name: str, t, amax_rule: bool = True) -> None:
@@ -117,12 +125,17 @@ def check_rowwise_parts(name: str, t, amax_rule: bool = True) -> None:
           and data.dtype == torch.uint8 and scale.dtype == torch.uint8 and data.shape == (rows, cols >> 1)
           and scale.numel() == (rows * blocks if layout == "compact" else roundup(rows, 128) * roundup(blocks, 4))
           and (layout == "swizzled" or scale.dim() == 2)
-          and amax.dtype.is_floating_point and (not amax_rule or amax.numel() == (rows if t.config.per_token else 1)))
+          and amax.dtype.is_floating_point and (not amax_rule or amax.numel() == (rows if t.config.per_token else 1))
+          and scale.device == data.device and amax.device == data.device)
     if not ok:
         try:
             check_nvfp4_copy(t, "rowwise")
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{name}: {exc}") from None
+        try:
+            check_same_device("rowwise", data, scale, amax)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
         if amax_rule:
             raise ValueError(f"{name}'s rowwise copy does not match its shape {tuple(shape)} and config")
 
@@ -149,6 +162,10 @@ def check_grouped_copy(t, which: str, name: str = "") -> None:
     if amax.numel() != expected:
         raise ValueError(f"{at}_amax must have {expected} elements ({n} splits, per_token={t.config.per_token}), "
                          f"got {amax.numel()}")
+    try:
+        check_same_device(which, data, scale, amax)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}" if name else str(exc)) from None
 
 
 def mxfp8_scale_shape(rows: int, cols: int, layout: str, which: str) -> tuple[int, int]:
@@ -181,3 +198,4 @@ def check_mxfp8_copy(t, which: str) -> None:
     scale_shape = mxfp8_scale_shape(rows, cols, t.scale_layout, which)
     if tuple(scale.shape) != scale_shape and not (t.scale_layout == "swizzled" and scale.numel() == scale_shape[0] * scale_shape[1]):
         raise ValueError(f"{which}_scale must have shape {scale_shape} for scale_layout={t.scale_layout!r}, got {tuple(scale.shape)}")
+    check_same_device(which, data, scale)

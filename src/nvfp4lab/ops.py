@@ -96,6 +96,8 @@ def _check_amax(name: str, amax, expected: tuple[int, ...], device) -> Optional[
         raise TypeError(f"{name} must be a floating-point tensor, got {amax.dtype}")
     if amax.numel() not in expected:
         raise ValueError(f"{name} must have {' or '.join(map(str, expected))} elements, got shape {tuple(amax.shape)}")
+    if amax.is_meta and torch.device(device).type != "meta":
+        raise ValueError(f"{name} is a meta tensor (it holds no values) while x is on {device}")
     if not compiling():  # traced values are symbolic: no host read
         check_amax_values(name, amax)
     return amax.to(device=device, dtype=torch.float32).reshape(-1)

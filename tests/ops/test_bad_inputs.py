@@ -286,3 +286,31 @@ def test_grouped_gemm_and_wgrad_refuse_malformed_containers(backend):
     with pytest.raises(ValueError, match=r"a\[1\]: rowwise_scale must have shape \(32, 4\)"):
         nvfp4lab.nvfp4_grouped_gemm([a, dataclasses.replace(a, rowwise_scale=a.rowwise_scale[:3])], [w, w],
                                     backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_containers_with_parts_on_another_device_are_refused(backend):
+    """A copy's scale or amax on another device than its data (meta stands in for a GPU on a CPU-only machine) is
+    refused naming the part, by dequantize and the GEMMs; a meta amax for a real x by quantize (kernels would read
+    them from the data's device)."""
+    import dataclasses
+
+    q = nvfp4lab.quantize_nvfp4(torch.randn(32, 64), columnwise=True, backend=backend)
+    w = nvfp4lab.quantize_nvfp4(torch.randn(48, 64), backend=backend)
+    amax_meta = dataclasses.replace(q, rowwise_amax=q.rowwise_amax.to("meta"))
+    scale_meta = dataclasses.replace(q, columnwise_scale=q.columnwise_scale.to("meta"))
+    with pytest.raises(ValueError, match="rowwise_amax must be on rowwise_data's device cpu, got meta"):
+        nvfp4lab.dequantize_nvfp4(amax_meta, backend=backend)
+    with pytest.raises(ValueError, match="columnwise_scale must be on columnwise_data's device cpu, got meta"):
+        nvfp4lab.dequantize_nvfp4(scale_meta, which="columnwise", backend=backend)
+    with pytest.raises(ValueError, match="a: rowwise_amax must be on rowwise_data's device cpu, got meta"):
+        nvfp4lab.nvfp4_gemm(amax_meta, w, backend=backend)
+    mx = nvfp4lab.quantize_mxfp8(torch.randn(64, 64), backend=backend)
+    with pytest.raises(ValueError, match="rowwise_scale must be on rowwise_data's device cpu, got meta"):
+        nvfp4lab.dequantize_mxfp8(dataclasses.replace(mx, rowwise_scale=mx.rowwise_scale.to("meta")), backend=backend)
+    g = nvfp4lab.quantize_nvfp4_grouped_bulk(torch.randn(64, 64), [32, 32], columnwise=True, backend=backend)
+    with pytest.raises(ValueError, match="x: columnwise_amax must be on columnwise_data's device cpu, got meta"):
+        nvfp4lab.nvfp4_grouped_wgrad(g, dataclasses.replace(g, columnwise_amax=g.columnwise_amax.to("meta")), [32, 32],
+                                     backend=backend)
+    with pytest.raises(ValueError, match="amax is a meta tensor .* while x is on cpu"):
+        nvfp4lab.quantize_nvfp4(torch.randn(32, 64), amax=torch.ones(1, device="meta"), backend=backend)
