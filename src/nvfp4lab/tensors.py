@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .checks import check_split_sizes
 from .config import MXFP8QuantConfig, NVFP4QuantConfig
 
 # container class -> the public dequantize op (nvfp4lab.ops registers dequantize_nvfp4 / dequantize_mxfp8)
@@ -270,8 +271,20 @@ class GroupedNVFP4Tensor(_DeviceMoves):
         return self.split_offsets.numel() - 1
 
     def split(self, sections: Optional[list] = None) -> list:
-        """Per-split :class:`NVFP4Tensor` views into the bulk buffers (compact scales)."""
-        offsets = [int(v) for v in self.split_offsets.tolist()] if sections is None else cumulative_offsets(sections)
+        """Per-split :class:`NVFP4Tensor` views into the bulk buffers (compact scales). ``sections``: the split
+        sizes on the host (no read of device offsets): one int per split, summing to M, multiples of 16 with a
+        columnwise copy, and equal to the offsets where those are on the host (ValueError otherwise: views of
+        other row ranges would take other splits' amaxes)."""
+        if sections is None:
+            offsets = [int(v) for v in self.split_offsets.tolist()]
+        else:
+            check_split_sizes("sections", sections, int(self.shape[0]), count=self.num_splits)
+            if self.config.columnwise and any(s % 16 for s in sections):
+                raise ValueError(f"sections must be multiples of 16 (the columnwise copy blocks 16 rows), got {list(sections)}")
+            offsets = cumulative_offsets(sections)
+            if self.split_offsets.device.type == "cpu" and self.split_offsets.tolist() != offsets:
+                raise ValueError(f"sections must be this tensor's split sizes (offsets {self.split_offsets.tolist()}), "
+                                 f"got {list(sections)}")
         k = int(self.shape[-1])
         cfg = self.config
         out = []
@@ -298,4 +311,5 @@ def cumulative_offsets(sizes) -> list:
 
 
 # torch.load(weights_only=True) rebuilds these containers (and their configs) from a torch.save file
-torch.serialization.add_safe_globals([NVFP4Tensor, MXFP8Tensor, GroupedNVFP4Tensor, NVFP4QuantConfig, MXFP8QuantConfig])
+torch.serialization.add_safe_globals([NVFP4Tensor, MXFP8Tensor, GroupedNVFP4Tensor, NVFP4Operand, NVFP4QuantConfig,
+                                      MXFP8QuantConfig])

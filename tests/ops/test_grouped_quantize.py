@@ -67,6 +67,14 @@ def test_grouped_rejects_bad_splits():
         nvfp4lab.quantize_nvfp4_grouped(x, "16,48")
     with pytest.raises(ValueError, match="at least one split"):
         nvfp4lab.quantize_nvfp4_grouped(x[:0], [])
+    # host sections given to split() must be the tensor's own split sizes: other row ranges would take other splits'
+    # amaxes
+    bulk = nvfp4lab.quantize_nvfp4_grouped_bulk(x, [32, 32], columnwise=True)
+    for sections, pattern in (([64], "must have 2 entries"), ([32, 16], "must sum to M = 64"),
+                              ([24, 40], "multiples of 16"), ([16, 48], "this tensor's split sizes")):
+        with pytest.raises(ValueError, match=pattern):
+            bulk.split(sections)
+    assert [p.shape for p in bulk.split([32, 32])] == [(32, 32), (32, 32)]
     # rowwise-only 1x16 takes any split sizes; an all-empty input works
     assert len(nvfp4lab.quantize_nvfp4_grouped(x, [8, 56])) == 2
     empty = nvfp4lab.quantize_nvfp4_grouped(torch.randn(0, 32), [0, 0, 0], columnwise=True)
