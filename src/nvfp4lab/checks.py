@@ -103,11 +103,13 @@ def check_nvfp4_copy(t, which: str) -> None:
     check_same_device(which, data, scale, amax)
 
 
-def check_same_device(which: str, data: torch.Tensor, *parts) -> None:
-    """The other parts of a copy (scale, amax) live on its data's device: a kernel reads them all from there."""
+def check_same_device(which: str, data: torch.Tensor, *parts, name: str = "") -> None:
+    """The other parts of a copy (scale, amax) live on its data's device: a kernel reads them all from there.
+    ``name``: the argument the message starts with."""
     for part, value in zip(("scale", "amax"), parts):
         if value.device != data.device:
-            raise ValueError(f"{which}_{part} must be on {which}_data's device {data.device}, got {value.device}")
+            raise ValueError(f"{name + ': ' if name else ''}{which}_{part} must be on {which}_data's device "
+                             f"{data.device}, got {value.device}")
 
 
 def check_rowwise_parts(name: str, t, amax_rule: bool = True) -> None:
@@ -132,10 +134,7 @@ def check_rowwise_parts(name: str, t, amax_rule: bool = True) -> None:
             check_nvfp4_copy(t, "rowwise")
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{name}: {exc}") from None
-        try:
-            check_same_device("rowwise", data, scale, amax)
-        except ValueError as exc:
-            raise ValueError(f"{name}: {exc}") from None
+        check_same_device("rowwise", data, scale, amax, name=name)
         if amax_rule:
             raise ValueError(f"{name}'s rowwise copy does not match its shape {tuple(shape)} and config")
 
@@ -162,10 +161,7 @@ def check_grouped_copy(t, which: str, name: str = "") -> None:
     if amax.numel() != expected:
         raise ValueError(f"{at}_amax must have {expected} elements ({n} splits, per_token={t.config.per_token}), "
                          f"got {amax.numel()}")
-    try:
-        check_same_device(which, data, scale, amax)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}" if name else str(exc)) from None
+    check_same_device(which, data, scale, amax, name=name)
 
 
 def mxfp8_scale_shape(rows: int, cols: int, layout: str, which: str) -> tuple[int, int]:
