@@ -195,7 +195,7 @@ class _EagerPlan:
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
                  "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
-                 "empty", "zeroed_amax", "operands", "out_dtypes")
+                 "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_make")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
                  col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool,
@@ -238,6 +238,21 @@ class _EagerPlan:
         self.zero_scales = (shapes[1] != (m, k // 16), shapes[3] != (k, m // 16))
         self.poison = poison
         self.steps = {}
+        # per output: None (absent) or (factory, shape, dtype, poison fill): BF16 operands, scale buffers with
+        # padding (zero-filled, scale_buffer's rule) and plain uint8 outputs
+        allocs = []
+        for i, shape in enumerate(self.out_shapes):
+            dtype = self.out_dtypes[i]
+            if shape is None:
+                allocs.append(None)
+            elif dtype is torch.bfloat16:
+                allocs.append((torch.full if poison else torch.empty, shape, dtype, float("nan")))
+            elif i & 1 and self.zero_scales[i >> 1]:
+                allocs.append((torch.zeros, shape, dtype, None))
+            else:
+                allocs.append((torch.full if poison else torch.empty, shape, dtype, 0xFF))
+        self.allocs = tuple(allocs)
+        self.amax_make = torch.zeros if self.zeroed_amax else torch.empty
 
     def _steps(self, x, seed_tensor, seed, block_m, block_k, num_warps):
         key = (seed_tensor is not None, arg_key(seed))
@@ -253,7 +268,7 @@ class _EagerPlan:
         config asks for no such copy; with :attr:`shared` the column amax is the row amax tensor.
         ``seed_tensor`` / ``seed``: the SR seed as :func:`draw_seed` gives it."""
         dev = x.device
-        make = torch.zeros if self.zeroed_amax else torch.empty
+        make = self.amax_make
         row_computed = col_computed = None
         if self.row_amax_shape is not None:
             row_computed = make(self.row_amax_shape, dtype=torch.float32, device=dev)
@@ -267,20 +282,11 @@ class _EagerPlan:
         else:
             row_amax, col_amax = _output_amaxes(self.config, amax, columnwise_amax, row_computed,
                                                 row_computed if self.shared else col_computed)
-        poison = self.poison
-        outputs = []
-        for i, shape in enumerate(self.out_shapes):
-            if shape is None:
-                outputs.append(None)
-            elif self.out_dtypes[i] is torch.bfloat16:  # a BF16 operand
-                outputs.append(torch.full(shape, float("nan"), dtype=torch.bfloat16, device=dev) if poison
-                               else torch.empty(shape, dtype=torch.bfloat16, device=dev))
-            elif i & 1 and self.zero_scales[i >> 1]:
-                outputs.append(torch.zeros(shape, dtype=torch.uint8, device=dev))
-            elif poison:
-                outputs.append(uninitialized(shape, dev, poison))
-            else:
-                outputs.append(torch.empty(shape, dtype=torch.uint8, device=dev))
+        if self.poison:
+            outputs = [None if a is None else a[0](a[1], a[3], dtype=a[2], device=dev) if a[3] is not None
+                       else a[0](a[1], dtype=a[2], device=dev) for a in self.allocs]
+        else:
+            outputs = [None if a is None else a[0](a[1], dtype=a[2], device=dev) for a in self.allocs]
         if not self.empty:
             run_cast(self._steps(x, seed_tensor, seed, block_m, block_k, num_warps), x, outputs, row_amax,
                      col_amax, seed_tensor, seed, tables=self.tables)
