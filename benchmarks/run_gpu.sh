@@ -31,8 +31,10 @@ step() {  # step NAME TIMEOUT CMD...
 
 step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
 # (the reference on cuda is checked by the GPU test tier: tests/test_conformance.py)
-step conf 150 bash -c 'for d in "$NVFP4LAB_GOLDEN" .gpu/golden_pr3045; do [ -d "$d" ] && echo "$d: $(python3 -m nvfp4lab conformance "$d" --backend triton --device cuda | tail -n 1)"; done'
-step tests ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
+# conformance and the test tier in worker processes: on a fresh machine Triton compiles every kernel first (CPU-bound)
+export JOBS=${JOBS:-8}
+step conf 200 bash -c 'for d in "$NVFP4LAB_GOLDEN" .gpu/golden_pr3045; do [ -d "$d" ] && echo "$d: $(python3 -m nvfp4lab conformance "$d" --backend triton --device cuda --jobs $JOBS | tail -n 1)"; done'
+step tests ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu -n "$JOBS" --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
   extra=""; limit=$BENCH_LIMIT

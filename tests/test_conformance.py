@@ -118,6 +118,30 @@ def test_cli_reports_a_mismatch(tmp_path):
     assert json.loads(meta["case"])["op"] == "nvfp4_quantize"
 
 
+def test_worker_processes_give_the_same_results_in_order(tmp_path):
+    """``jobs`` > 1 runs the cases in spawned workers: the same results, a failing case included, in name order."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cases = sorted(default_folder().glob("nvfp4_quantize_*.safetensors"))[:3]
+    for path in cases:
+        shutil.copy(path, tmp_path / path.name)
+    with safe_open(str(cases[1]), "pt") as f:  # the middle case corrupted: its failure must stay in its place
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    tensors["rowwise_data"] = tensors["rowwise_data"].clone()
+    tensors["rowwise_data"][0, 0] ^= 1
+    save_file(tensors, str(tmp_path / cases[1].name), metadata=meta)
+    serial = run_folder(tmp_path)
+    parallel = run_folder(tmp_path, jobs=2)
+    assert [r.passed for r in serial] == [True, False, True]
+    assert parallel == serial
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+            run_folder(tmp_path, jobs=bad)
+
+
 def _gpu_folder():
     import os
     from pathlib import Path

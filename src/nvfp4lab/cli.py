@@ -11,8 +11,8 @@ def _cmd_conformance(args) -> int:
 
     folder = args.folder or conformance.default_folder()
     try:
-        results = conformance.run_folder(folder, backend=args.backend, device=args.device)
-    except FileNotFoundError as exc:
+        results = conformance.run_folder(folder, backend=args.backend, device=args.device, jobs=args.jobs)
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     failed = [r for r in results if not r.passed]
@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", nargs="?", default=None, help="folder of *.safetensors cases (default: the subset shipped in the package)")
     p.add_argument("--backend", choices=("ref", "triton"), default="ref")
     p.add_argument("--device", default="cpu", help="device the cases run on (cpu or cuda)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes (default 1); more shorten a cold Triton cache's compilation on a GPU machine")
     p.set_defaults(func=_cmd_conformance)
     p = sub.add_parser("export", help="write a Hugging Face model with NVFP4 weights in Model Optimizer's layout (for vLLM, TRT-LLM)")
     p.add_argument("out", help="output folder (model.safetensors, hf_quant_config.json, config.json, tokenizer)")

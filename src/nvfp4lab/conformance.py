@@ -9,7 +9,9 @@ the check).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,14 +164,26 @@ def _gemm_operand_kwargs(params: dict) -> dict:
     return kwargs
 
 
-def run_folder(folder, backend: str = "ref", device: str = "cpu", pattern: str = "*.safetensors") -> list[CaseResult]:
+def _checked_case(path: Path, backend: str, device: str) -> CaseResult:
+    try:
+        return run_case(path, backend, device)
+    except Exception as exc:  # a crash is a failed case, reported with its cause
+        return CaseResult(path.name, False, f"raised {type(exc).__name__}: {exc}")
+
+
+def run_folder(folder, backend: str = "ref", device: str = "cpu", pattern: str = "*.safetensors",
+               jobs: int = 1) -> list[CaseResult]:
+    """Every case of ``folder`` (sorted by name), each a :class:`CaseResult`. ``jobs`` > 1 runs the cases in that
+    many worker processes (spawned: each compiles its own Triton kernels, which is what a cold cache spends its time
+    on); the results come back in the same order."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"conformance folder not found: {folder}")
-    results = []
-    for path in sorted(folder.glob(pattern)):
-        try:
-            results.append(run_case(path, backend, device))
-        except Exception as exc:  # a crash is a failed case, reported with its cause
-            results.append(CaseResult(path.name, False, f"raised {type(exc).__name__}: {exc}"))
-    return results
+    paths = sorted(folder.glob(pattern))
+    if jobs == 1 or len(paths) < 2:
+        return [_checked_case(path, backend, device) for path in paths]
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be used in forked children
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(paths)), mp_context=context) as pool:
+        return list(pool.map(_checked_case, paths, [backend] * len(paths), [device] * len(paths)))
