@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: environment, conformance (ref + triton on cuda), the GPU test tier, and
+# One call on the GPU machine: environment, the GPU test tier, conformance (triton on cuda), and
 # every benchmark; full logs and JSON results go to $OUT (or ./gpu-out); a short table is printed last.
 #   usage: bash benchmarks/run_gpu.sh [quick|full] [step ...]
-#   steps: env conf tests quantize dequantize mxfp8 grouped gemm linear host prev train lab
+#   steps: env tests conf quantize dequantize mxfp8 grouped gemm linear host prev train lab
 # Stage inputs first (git-ignored, carried): python tools/stage_gpu_inputs.py --golden ../shared/golden
 #   ../shared/golden_pr3045 --prev COMMIT [--minilm]
 # "prev" runs the quantize / gemm / linear benchmarks of the previous version (.gpu/prev_tree, its own scripts)
@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 MODE=${1:-quick}; shift || true
-STEPS=${*:-env conf tests quantize dequantize mxfp8 grouped gemm linear host prev train lab}
+STEPS=${*:-env tests conf quantize dequantize mxfp8 grouped gemm linear host prev train lab}
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NVFP4LAB_GOLDEN=${NVFP4LAB_GOLDEN:-$PWD/.gpu/golden}
@@ -32,9 +32,10 @@ step() {  # step NAME TIMEOUT CMD...
 step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__, torch.cuda.get_device_name())"'
 # (the reference on cuda is checked by the GPU test tier: tests/test_conformance.py)
 # conformance and the test tier in worker processes: on a fresh machine Triton compiles every kernel first (CPU-bound)
-export JOBS=${JOBS:-8}
+export JOBS=${JOBS:-12}
+step tests ${TESTS_LIMIT:-380} python3 -m pytest -q -m gpu -n "$JOBS" --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
+# after the tests: it reuses the kernels they compiled
 step conf 200 bash -c 'for d in "$NVFP4LAB_GOLDEN" .gpu/golden_pr3045; do [ -d "$d" ] && echo "$d: $(python3 -m nvfp4lab conformance "$d" --backend triton --device cuda --jobs $JOBS | tail -n 1)"; done'
-step tests ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu -n "$JOBS" --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
   extra=""; limit=$BENCH_LIMIT
