@@ -39,14 +39,14 @@ import contextlib
 import dataclasses
 import functools
 from collections import OrderedDict
-from typing import Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
 from .. import moe, ops
 from ..checks import check_integer_vector, check_split_sizes
 from ..checks import check_tensor as _check_float
-from ..config import operand_config, with_copies
+from ..config import MXFP8QuantConfig, operand_config, with_copies
 from ..layout import roundup as _roundup
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
 from ..tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor, cumulative_offsets
@@ -115,8 +115,12 @@ def _tensor_config_cached(recipe, tensor: str, rowwise: bool, columnwise: bool):
 def quantize_tensor(recipe, tensor: str, x2: torch.Tensor, *, rowwise: bool, columnwise: bool, backend) -> QuantizedTensor:
     """``x2`` quantized with the recipe's config for ``tensor`` ("input", "weight" or "grad") and the
     asked copies: what a layer's passes quantize (the recipe's NVFP4 or MXFP8 op)."""
-    config = _tensor_config(recipe, tensor, rowwise, columnwise)
-    if isinstance(recipe, MXFP8Recipe):
+    return _quantize(_tensor_config(recipe, tensor, rowwise, columnwise), x2, backend)
+
+
+def _quantize(config, x2: torch.Tensor, backend) -> QuantizedTensor:
+    """``x2`` quantized with a config of :func:`_tensor_config` (NVFP4 or MXFP8)."""
+    if isinstance(config, MXFP8QuantConfig):
         return ops.quantize_mxfp8(x2, config=config, backend=backend)
     return ops.quantize_nvfp4(x2, config=config, backend=backend)
 
@@ -246,6 +250,56 @@ def _unpack(tensors, meta) -> Optional[QuantizedTensor]:
 
 
 # ------------------------------------------------------------------------ one GEMM, both passes
+class _GemmPlan(NamedTuple):
+    """What a Linear GEMM's recipe, sizes (m tokens, k -> n), device, backend and needed gradients fix: the copies
+    each pass quantizes, their configs and the GEMM paths (:func:`_gemm_plan`)."""
+
+    w_columnwise: bool  # the forward quantizes W's columnwise copy (dgrad reads it)
+    w_rowwise_t: bool  # dgrad reads W's rowwise copy transposed instead (dgrad_reads_rowwise)
+    m_pad: int  # x's rows as quantized: m, or padded to the block multiple for a columnwise copy
+    x_config: object  # x's quantize config (rowwise, and columnwise for wgrad)
+    x_operand: bool  # the fprop operand straight from x's cast (the saved copy packed)
+    dy_rows: int  # dy's rows as quantized
+    dy_config: object  # dy's quantize config (None without a quantized backward GEMM)
+    dy_row_op: bool  # dgrad's / wgrad's dy operand straight from dy's cast
+    dy_col_op: bool
+
+
+def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: bool, need_wgrad: bool) -> _GemmPlan:
+    quantized = recipe.backward == "quantized"
+    x_columnwise = quantized and need_wgrad
+    w_columnwise = quantized and need_dgrad
+    w_rowwise_t = w_columnwise and dgrad_reads_rowwise(recipe, m, n, k, device, backend)
+    m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
+    x_operand = _operands_apply(recipe, "input", True, x_columnwise) and _takes_operands(m_pad, n, k, device, backend)
+    dy_rows = m_pad if need_wgrad else m
+    dy_config, dy_row_op, dy_col_op = None, False, False
+    if quantized and (need_dgrad or need_wgrad):
+        dy_config = _tensor_config(recipe, "grad", need_dgrad, need_wgrad)
+        operands = _operands_apply(recipe, "grad", need_dgrad, need_wgrad)
+        dy_row_op = operands and need_dgrad and _takes_operands(dy_rows, k, n, device, backend)
+        dy_col_op = operands and need_wgrad and _takes_operands(n, k, dy_rows, device, backend)
+    return _GemmPlan(w_columnwise and not w_rowwise_t, w_rowwise_t, m_pad,
+                     _tensor_config(recipe, "input", True, x_columnwise), x_operand, dy_rows, dy_config, dy_row_op,
+                     dy_col_op)
+
+
+_GEMM_PLANS: dict = {}
+
+
+def _gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: bool, need_wgrad: bool) -> _GemmPlan:
+    """The :class:`_GemmPlan` of one problem: built once per key in eager mode, anew while torch.compile traces."""
+    if ops.compiling():
+        return _new_gemm_plan(recipe, m, n, k, device, backend, need_dgrad, need_wgrad)
+    key = (recipe, m, n, k, device, backend, need_dgrad, need_wgrad)
+    plan = _GEMM_PLANS.get(key)
+    if plan is None:
+        if len(_GEMM_PLANS) >= 4096:
+            _GEMM_PLANS.clear()
+        plan = _GEMM_PLANS[key] = _new_gemm_plan(recipe, m, n, k, device, backend, need_dgrad, need_wgrad)
+    return plan
+
+
 def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wgrad, backend):
     """y = x2 W^T (+ bias). Returns (y, tensors to save, metadata for :func:`_backward_gemm`)."""
     m, k = x2.shape
@@ -254,24 +308,20 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
                 need_dgrad=need_dgrad, need_wgrad=need_wgrad, m_pad=m, x_meta=None, w_meta=None, w_rowwise_t=False)
     if m == 0:
         return x2.new_zeros((0, n), dtype=cdtype), [None] * 6, meta
-    x2 = x2.to(cdtype)
+    if x2.dtype != cdtype:
+        x2 = x2.to(cdtype)
     mode = recipe.backward
-    x_columnwise = mode == "quantized" and need_wgrad
-    w_columnwise = mode == "quantized" and need_dgrad
-    w_rowwise_t = w_columnwise and dgrad_reads_rowwise(recipe, m, n, k, x2.device, backend)
+    plan = _gemm_plan(recipe, m, n, k, x2.device, backend, need_dgrad, need_wgrad)
+    meta["plan"] = plan
+    w_rowwise_t, w_columnwise, m_pad = plan.w_rowwise_t, plan.w_columnwise, plan.m_pad
     meta["w_rowwise_t"] = w_rowwise_t
-    if w_rowwise_t:
-        w_columnwise = False
-    m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
     meta["m_pad"] = m_pad
     x_op = None
-    if _operands_apply(recipe, "input", True, x_columnwise) and _takes_operands(
-            m_pad, n, k, x2.device, backend):  # the fprop operand straight from the cast; the saved copy packed
-        qx, x_op, _ = ops.quantize_nvfp4_operands(_pad_rows(x2, m_pad), config=_tensor_config(
-            recipe, "input", True, x_columnwise), columnwise_operand=False, backend=backend)
+    if plan.x_operand:  # the fprop operand straight from the cast; the saved copy packed
+        qx, x_op, _ = ops.quantize_nvfp4_operands(_pad_rows(x2, m_pad), config=plan.x_config, columnwise_operand=False,
+                                                  backend=backend)
     else:
-        qx = quantize_tensor(recipe, "input", _pad_rows(x2, m_pad), rowwise=True, columnwise=x_columnwise,
-                             backend=backend)
+        qx = _quantize(plan.x_config, _pad_rows(x2, m_pad), backend)
     if qweight is None or (w_columnwise and qweight.columnwise_data is None):
         qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
     if x_op is not None:
@@ -303,25 +353,22 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
         dw = torch.zeros((n, k), dtype=meta["w_dtype"], device=device) if need_wgrad else None
         db = torch.zeros((n,), dtype=meta["bias_dtype"], device=device) if need_bgrad else None
         return dx, dw, db
-    dy2 = dy2.to(cdtype)
+    if dy2.dtype != cdtype:
+        dy2 = dy2.to(cdtype)
     db = dy2.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) if need_bgrad else None
     dx = dw = None
     mode = recipe.backward
     if mode == "quantized":
         qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
         if need_dgrad or need_wgrad:
-            rows = meta["m_pad"] if need_wgrad else m
-            dy_rows = _pad_rows(dy2, rows)
-            row_op = col_op = False
-            if _operands_apply(recipe, "grad", need_dgrad, need_wgrad):
-                row_op = need_dgrad and _takes_operands(rows, k, n, device, backend)
-                col_op = need_wgrad and _takes_operands(n, k, rows, device, backend)
+            plan = meta["plan"]
+            dy_rows = _pad_rows(dy2, plan.dy_rows)
+            row_op, col_op = plan.dy_row_op, plan.dy_col_op
             if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast
-                qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(
-                    dy_rows, config=_tensor_config(recipe, "grad", need_dgrad, need_wgrad), rowwise_operand=row_op,
-                    columnwise_operand=col_op, backend=backend)
+                qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(dy_rows, config=plan.dy_config, rowwise_operand=row_op,
+                                                                  columnwise_operand=col_op, backend=backend)
             else:
-                qdy = quantize_tensor(recipe, "grad", dy_rows, rowwise=need_dgrad, columnwise=need_wgrad, backend=backend)
+                qdy = _quantize(plan.dy_config, dy_rows, backend)
                 dy_row = dy_col = None
             if need_dgrad:
                 if meta["w_rowwise_t"] or dy_row is not None:  # NVFP4 operands
