@@ -11,6 +11,12 @@ benchmark (benchmarks/host.py measures).
 ``--torch`` prints torch.profiler tables (self CPU time and CUDA time per op / kernel, call counts) of
 the eager step and of the ``torch.compile``d module's step.
 
+``--ablate`` times the eager step (wall, GPU included) beside the same step with every warm Triton launch stubbed
+out, then with the cuBLASLt calls stubbed too, its forward alone under ``no_grad`` and the BF16 step: what the launches
+and cuBLAS calls cost on this host, and what remains (Python, allocations, autograd).
+
+    python tools/host_profile.py --ablate linear 4096 2048 2048
+
 ``--sync`` runs one call under ``torch.cuda.set_sync_debug_mode("warn")`` and prints the stack of every
 host synchronization instead of profiling.
 
@@ -40,7 +46,7 @@ import torch  # noqa: E402
 import nvfp4lab  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from host import build, step_of  # noqa: E402  (the benchmark's own step: the same module, data and optimizer)
+from host import build, step_of, sync  # noqa: E402  (the benchmark's own step: the same module, data and optimizer)
 
 
 def _step(kind: str, tokens: int, k: int, n: int, device: str = "cuda"):
@@ -82,8 +88,61 @@ def _torch_profile(kind: str, tokens: int, k: int, n: int) -> None:
         print(table.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
 
 
+def _wall_ms(fn, device: torch.device, steps: int = 60, rounds: int = 5) -> float:
+    """Median over rounds of the wall time per call of ``steps`` back-to-back calls, then one sync."""
+    for _ in range(10):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) / steps * 1e3)
+    return sorted(times)[rounds // 2]
+
+
+def _ablate(kind: str, tokens: int, k: int, n: int, device: str) -> None:
+    from nvfp4lab.kernels import launch
+    from nvfp4lab.kernels.nvfp4_gemm_details import cublaslt
+
+    dev = torch.device(device)
+    module, x, dy, splits = build(kind, tokens, k, n, True, dev)
+    if splits is not None and sum(splits) != tokens:  # the --cpu proxy's small token counts: even splits
+        splits = [tokens // len(splits)] * (len(splits) - 1) + [tokens - tokens // len(splits) * (len(splits) - 1)]
+    step = step_of(module, x, dy, splits)
+    bf16 = step_of(*build(kind, tokens, k, n, False, dev))
+
+    def forward():
+        with torch.no_grad():
+            module(x) if splits is None else module(x, splits)
+
+    rows = [("BF16 step", _wall_ms(bf16, dev)), ("step", _wall_ms(step, dev)), ("forward, no_grad", _wall_ms(forward, dev))]
+    call = launch.Launch.__call__
+    launch.Launch.__call__ = lambda self, *args: None if self.handle is not None else call(self, *args)
+    rows.append(("step, Triton launches stubbed", _wall_ms(step, dev)))
+    runners = (cublaslt.Plan, cublaslt.Batch)
+    saved = [r.__call__ for r in runners]
+    for r in runners:
+        r.__call__ = lambda self, *args, **kwargs: None
+    rows.append(("step, launches and cuBLASLt stubbed", _wall_ms(step, dev)))
+    for r, fn in zip(runners, saved):
+        r.__call__ = fn
+    launch.Launch.__call__ = call
+    print(f"== {kind} {tokens} x {k} -> {n}, te_default, fwd + bwd + SGD (ms per step, median of 5 rounds)")
+    for label, ms in rows:
+        print(f"{label:40s} {ms:8.3f}")
+
+
 def main(argv: list[str]) -> None:
-    sync = "--sync" in argv
+    if "--ablate" in argv:  # with --cpu: the proxy's launches are stubbed in every row
+        rest = [a for a in argv if a not in ("--ablate", "--cpu")]
+        if "--cpu" in argv:
+            _stub_launches()
+        _ablate(rest[0], *(int(v) for v in rest[1:4]), "cpu" if "--cpu" in argv else "cuda")
+        return
+    check_sync = "--sync" in argv
     if "--torch" in argv:
         rest = [a for a in argv if a != "--torch"]
         _torch_profile(rest[0], *(int(v) for v in rest[1:4]))
@@ -112,7 +171,7 @@ def main(argv: list[str]) -> None:
         print(f"== --cpu proxy, {' '.join(argv)}: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per call")
     else:
         torch.cuda.synchronize()
-    if sync:
+    if check_sync:
         import traceback
         import warnings
 

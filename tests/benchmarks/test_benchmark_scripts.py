@@ -101,3 +101,15 @@ def test_host_profile_cpu_proxy():
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "us per call" in proc.stdout and "Python function calls per call" in proc.stdout
+
+
+def test_host_profile_ablation_rows():
+    """tools/host_profile.py --ablate times the step beside its variants (here on the CPU proxy): every row printed."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "host_profile.py"), "--cpu", "--ablate", "linear", "64",
+                           "64", "64"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = [line.rsplit(None, 1) for line in proc.stdout.splitlines()[-5:]]
+    assert [label.strip() for label, _ in rows] == ["BF16 step", "step", "forward, no_grad", "step, Triton launches stubbed",
+                                                    "step, launches and cuBLASLt stubbed"]
+    assert all(float(ms) > 0 for _, ms in rows)
