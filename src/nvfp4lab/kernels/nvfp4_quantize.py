@@ -238,19 +238,20 @@ class _EagerPlan:
         self.zero_scales = (shapes[1] != (m, k // 16), shapes[3] != (k, m // 16))
         self.poison = poison
         self.steps = {}
-        # per output: None (absent) or (factory, shape, dtype, poison fill): BF16 operands, scale buffers with
-        # padding (zero-filled, scale_buffer's rule) and plain uint8 outputs
+        # each output's allocation (None: absent), called with the device: scale buffers with padding zero-filled
+        # (scale_buffer's rule), the others uninitialized or, with poison, filled (NaN operands, 0xFF bytes)
         allocs = []
         for i, shape in enumerate(self.out_shapes):
             dtype = self.out_dtypes[i]
             if shape is None:
                 allocs.append(None)
-            elif dtype is torch.bfloat16:
-                allocs.append((torch.full if poison else torch.empty, shape, dtype, float("nan")))
             elif i & 1 and self.zero_scales[i >> 1]:
-                allocs.append((torch.zeros, shape, dtype, None))
+                allocs.append(functools.partial(torch.zeros, shape, dtype=dtype))
+            elif poison:
+                fill = float("nan") if dtype is torch.bfloat16 else 0xFF
+                allocs.append(functools.partial(torch.full, shape, fill, dtype=dtype))
             else:
-                allocs.append((torch.full if poison else torch.empty, shape, dtype, 0xFF))
+                allocs.append(functools.partial(torch.empty, shape, dtype=dtype))
         self.allocs = tuple(allocs)
         self.amax_make = torch.zeros if self.zeroed_amax else torch.empty
 
@@ -282,11 +283,7 @@ class _EagerPlan:
         else:
             row_amax, col_amax = _output_amaxes(self.config, amax, columnwise_amax, row_computed,
                                                 row_computed if self.shared else col_computed)
-        if self.poison:
-            outputs = [None if a is None else a[0](a[1], a[3], dtype=a[2], device=dev) if a[3] is not None
-                       else a[0](a[1], dtype=a[2], device=dev) for a in self.allocs]
-        else:
-            outputs = [None if a is None else a[0](a[1], dtype=a[2], device=dev) for a in self.allocs]
+        outputs = [None if alloc is None else alloc(device=dev) for alloc in self.allocs]
         if not self.empty:
             run_cast(self._steps(x, seed_tensor, seed, block_m, block_k, num_warps), x, outputs, row_amax,
                      col_amax, seed_tensor, seed, tables=self.tables)
