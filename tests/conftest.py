@@ -49,10 +49,6 @@ def dgrad_from_rowwise(monkeypatch):
 
     functional_linear = sys.modules["nvfp4lab.functional.linear"]
     monkeypatch.setattr(ops, "gemm_expand_rule", lambda *args, **kwargs: (0, 0, 0))  # every size takes it
-    caches = (functional_linear._expand_rule_cached, functional_linear._takes_expanded_cached,
-              functional_linear._takes_operands_cached)
-    for cache in caches:
-        cache.cache_clear()
+    functional_linear._clear_path_caches()
     yield
-    for cache in caches:
-        cache.cache_clear()
+    functional_linear._clear_path_caches()

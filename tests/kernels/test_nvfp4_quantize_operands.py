@@ -300,7 +300,7 @@ def _linear_step(recipe, m, k, n, device, force_operands):
     functional_linear = sys.modules["nvfp4lab.functional.linear"]
     original = ops.gemm_takes_operands
     ops.gemm_takes_operands = lambda *args, **kwargs: force_operands
-    functional_linear._takes_operands_cached.cache_clear()
+    functional_linear._clear_path_caches()
     try:
         torch.manual_seed(0)
         layer = nvfp4lab.Linear(k, n, recipe=recipe, device=device, dtype=torch.bfloat16)
@@ -312,7 +312,7 @@ def _linear_step(recipe, m, k, n, device, force_operands):
         return y.detach(), x.grad, layer.weight.grad
     finally:
         ops.gemm_takes_operands = original
-        functional_linear._takes_operands_cached.cache_clear()
+        functional_linear._clear_path_caches()
 
 
 @pytest.mark.parametrize("preset", ["te_default", "per_token"])

@@ -566,7 +566,7 @@ def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped
     dgrad (the expansion op), x and dy cast straight to BF16 operands (dense Linear; forced too). Same results as
     eager, bit for bit."""
     monkeypatch.setattr(ops, "takes_operands_by_rule", lambda *args, **kwargs: True)
-    sys.modules["nvfp4lab.functional.linear"]._takes_operands_cached.cache_clear()
+    sys.modules["nvfp4lab.functional.linear"]._clear_path_caches()
     device = "cuda" if torch.cuda.is_available() else "cpu"  # Triton kernels (interpreted on CPU)
     torch.manual_seed(0)
     if grouped:

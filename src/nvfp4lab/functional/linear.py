@@ -287,6 +287,14 @@ def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: 
 _GEMM_PLANS: dict = {}
 
 
+def _clear_path_caches() -> None:
+    """Forget every cached path decision: the rule per device, each problem's answers and the GEMM plans (tests that
+    replace :mod:`nvfp4lab.ops`' path rules call it; the rules are constant in a program)."""
+    for cache in (_expand_rule_cached, _takes_expanded_cached, _takes_operands_cached):
+        cache.cache_clear()
+    _GEMM_PLANS.clear()
+
+
 def _gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: bool, need_wgrad: bool) -> _GemmPlan:
     """The :class:`_GemmPlan` of one problem: built once per key in eager mode, anew while torch.compile traces."""
     if ops.compiling():
