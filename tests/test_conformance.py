@@ -137,8 +137,11 @@ def test_worker_processes_give_the_same_results_in_order(tmp_path):
     parallel = run_folder(tmp_path, jobs=2)
     assert [r.passed for r in serial] == [True, False, True]
     assert parallel == serial
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="jobs must be >= 1"):
+            run_folder(tmp_path, jobs=bad)
+    for bad in (1.5, True, "2"):
+        with pytest.raises(TypeError, match="jobs must be an int"):
             run_folder(tmp_path, jobs=bad)
 
 

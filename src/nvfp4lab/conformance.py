@@ -176,8 +176,10 @@ def run_folder(folder, backend: str = "ref", device: str = "cpu", pattern: str =
     """Every case of ``folder`` (sorted by name), each a :class:`CaseResult`. ``jobs`` > 1 runs the cases in that
     many worker processes (spawned: each compiles its own Triton kernels, which is what a cold cache spends its time
     on); the results come back in the same order."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int):
+        raise TypeError(f"jobs must be an int, got {type(jobs).__name__} {jobs!r}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1 (worker processes), got {jobs}")
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"conformance folder not found: {folder}")
