@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import nvfp4lab  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from host import build, step_of, sync  # noqa: E402  (the benchmark's own step: the same module, data and optimizer)
+from host import build, median, step_of, wall_ms  # noqa: E402  (the benchmark's own step: the same module, data and optimizer)
 
 
 def _step(kind: str, tokens: int, k: int, n: int, device: str = "cuda"):
@@ -89,18 +89,8 @@ def _torch_profile(kind: str, tokens: int, k: int, n: int) -> None:
 
 
 def _wall_ms(fn, device: torch.device, steps: int = 60, rounds: int = 5) -> float:
-    """Median over rounds of the wall time per call of ``steps`` back-to-back calls, then one sync."""
-    for _ in range(10):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) / steps * 1e3)
-    return sorted(times)[rounds // 2]
+    """Median over rounds of the benchmark's wall time per step (``host.wall_ms``, the first round warming up more)."""
+    return median([wall_ms(fn, device, steps, warmup=10 if i == 0 else 0) for i in range(rounds)])
 
 
 def _ablate(kind: str, tokens: int, k: int, n: int, device: str) -> None:
