@@ -744,6 +744,37 @@ def test_cuda_graph_capture_with_stochastic_rounding():
     torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=0.1, atol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["te_default", "per_token"])
+def test_make_graphed_callables_gives_the_eager_bits(preset):
+    """torch.cuda.make_graphed_callables (PyTorch's route for host-bound small layers): forward and backward
+    replays give the eager layer's y, dx and dW bit for bit over SGD steps (the weight is quantized inside the
+    captured forward, so each replay sees the updated weight). SR off: the same bits in both."""
+    recipe = GRAPH_PRESETS[preset]
+    torch.manual_seed(0)
+    layer = Linear(256, 128, recipe=recipe).to("cuda", torch.bfloat16)
+    eager = copy.deepcopy(layer)
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(layer, (x,))
+    for step in range(3):
+        xs = [torch.randn(512, 256, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2)]
+        xs[1].data.copy_(xs[0].data)
+        dy = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
+        y_graph = graphed(xs[0])
+        y_graph.backward(dy)
+        y_eager = eager(xs[1])
+        y_eager.backward(dy)
+        assert torch.equal(y_graph, y_eager), step
+        assert torch.equal(xs[0].grad, xs[1].grad), step
+        for a, b in ((layer.weight, eager.weight), (layer.bias, eager.bias)):
+            assert torch.equal(a.grad, b.grad), step
+        with torch.no_grad():  # SGD, consuming the replayed grads before the next replay
+            for m in (layer, eager):
+                for p in m.parameters():
+                    p.add_(p.grad, alpha=-0.05)
+                    p.grad = None
+
+
 # MoE: an empty expert, and splits that need token padding for the columnwise copies (sum 256)
 GRAPH_SPLITS = [40, 0, 72, 24, 120]
 GRAPH_PRESETS = {  # stochastic rounding off: replays and eager steps then run the same bits

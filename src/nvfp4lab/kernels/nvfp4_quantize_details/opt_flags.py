@@ -17,11 +17,11 @@ from .amax import AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AM
 # (BLOCK_M, BLOCK_K, num_warps) of the amax passes: per tensor, with a per-token output, post-RHT
 AMAX_TILE = (64, 128, 8)
 AMAX_PER_TOKEN_TILE = (32, 64, 2)
-AMAX_RHT_TILE = (32, 128, 4)
+AMAX_RHT_TILE = (16, 128, 4)
 RHT_MAX_BLOCK_M = 64  # the block-diagonal RHT dot costs BLOCK_M MACs per element
 # four_over_six_kernel: cast16_kernel's layout (one 16-row group x 128 columns per one-warp program)
 FOUR_OVER_SIX_BLOCK_K, FOUR_OVER_SIX_WARPS = 128, 1
-# cast16_kernel: 16-row groups per program of casts with a plain columnwise output (see cast16_tile),
+# cast16_kernel: 16-row groups per program of casts with a per-tensor columnwise output without SR (see cast16_tile),
 # BLOCK_K, num_warps
 CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
 CAST16_ROW_MAXNREG = 128
@@ -144,23 +144,23 @@ def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, 
     return (stochastic_rounding or rht) and not block_2d and m * k >= SPLIT_CAST_MIN_ELEMENTS
 
 
-def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, rht: bool, sr: bool,
+def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool,
                 block_m: int = 0, block_k: int = 0, num_warps: int = 0, col_operand: bool = False) -> tuple[int, int, int]:
     """(GROUPS, BLOCK_K, num_warps) of ``cast16_kernel``.
 
     GROUPS (16-row groups per program; block_m / 16 rounded down to 1, 2 or 4 when given): 4 for casts
-    with a plain columnwise output (grouped ones included: each group finds its own split), whose
-    (K, M/2) rows then get 32-byte pieces (a full sector) per program; 1 for rowwise-only casts
-    (nothing to gain) and for per-token, RHT and SR casts (bound by instructions: more groups per
-    program did not make them faster). At most the 16-row groups of m, rounded up to a power of 2.
-    A columnwise BF16 operand (``col_operand``) takes 1: each group stores its own 32-byte pieces."""
+    with a per-tensor columnwise output without SR, RHT ones included (grouped ones too: each group finds
+    its own split), whose (K, M/2) rows then get 32-byte pieces (a full sector) per program; 1 for
+    rowwise-only casts (nothing to gain) and for per-token and SR casts (bound by instructions: more
+    groups per program did not make them faster). At most the 16-row groups of m, rounded up to a power
+    of 2. A columnwise BF16 operand (``col_operand``) takes 1: each group stores its own 32-byte pieces."""
     bk = block_k or CAST16_BLOCK_K
     if col_operand:
         groups = 1
     elif block_m:
         groups = 4 if block_m >= 64 else (2 if block_m >= 32 else 1)
     else:
-        groups = CAST16_COL_GROUPS if columnwise and not (per_token or rht or sr) else 1
+        groups = CAST16_COL_GROUPS if columnwise and not (per_token or sr) else 1
     groups = min(groups, next_power_of_2(max(cdiv(m, 16), 1)))
     return groups, max(16, min(bk, next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
 
@@ -186,7 +186,7 @@ def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool,
     REUSE_2D (16x16 row+col, per tensor, no SR): the columnwise copy takes the rowwise codes when both
     outer amaxes are equal. row_operand / col_operand: that side (when cast) as the BF16 GEMM operand."""
     col_operand = col_operand and columnwise
-    groups, bk, warps = cast16_tile(m, k, columnwise=columnwise, per_token=per_token, rht=rht_sign_mask >= 0,
+    groups, bk, warps = cast16_tile(m, k, columnwise=columnwise, per_token=per_token,
                                     sr=stochastic_rounding, block_m=block_m,
                                     block_k=block_k, num_warps=num_warps, col_operand=col_operand)
     meta = dict(
