@@ -745,27 +745,28 @@ def test_cuda_graph_capture_with_stochastic_rounding():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tokens,k,n", [(512, 256, 128), (4096, 2048, 1024)])  # Triton GEMMs; cuBLAS on expanded operands
 @pytest.mark.parametrize("preset", ["te_default", "per_token"])
-def test_make_graphed_callables_gives_the_eager_bits(preset):
+def test_make_graphed_callables_gives_the_eager_bits(preset, tokens, k, n):
     """torch.cuda.make_graphed_callables (PyTorch's route for host-bound small layers): forward and backward
     replays give the eager layer's y, dx and dW bit for bit over SGD steps (the weight is quantized inside the
     captured forward, so each replay sees the updated weight). SR off: the same bits in both."""
     recipe = GRAPH_PRESETS[preset]
     torch.manual_seed(0)
-    layer = Linear(256, 128, recipe=recipe).to("cuda", torch.bfloat16)
+    layer = Linear(k, n, recipe=recipe).to("cuda", torch.bfloat16)
     eager = copy.deepcopy(layer)
-    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    graphed = torch.cuda.make_graphed_callables(layer, (x,))
+    sample = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(layer, (sample,))
     for step in range(3):
-        xs = [torch.randn(512, 256, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2)]
-        xs[1].data.copy_(xs[0].data)
-        dy = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
-        y_graph = graphed(xs[0])
+        x_graph = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        x_eager = x_graph.detach().clone().requires_grad_()
+        dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+        y_graph = graphed(x_graph)
         y_graph.backward(dy)
-        y_eager = eager(xs[1])
+        y_eager = eager(x_eager)
         y_eager.backward(dy)
         assert torch.equal(y_graph, y_eager), step
-        assert torch.equal(xs[0].grad, xs[1].grad), step
+        assert torch.equal(x_graph.grad, x_eager.grad), step
         for a, b in ((layer.weight, eager.weight), (layer.bias, eager.bias)):
             assert torch.equal(a.grad, b.grad), step
         with torch.no_grad():  # SGD, consuming the replayed grads before the next replay
