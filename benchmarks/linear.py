@@ -23,6 +23,7 @@ also timed eagerly, in its own columns, since the MoE case is host-bound when ea
     python benchmarks/linear.py --out results.json
     python benchmarks/linear.py --device cpu --tiny --quick   # smoke run of the script on CPU
     python benchmarks/linear.py --quick --breakdown 12         # + each preset's top kernels (one eager step)
+    python benchmarks/linear.py --quick --timeline             # + every kernel of one eager step in launch order
 
 ``--breakdown N`` profiles one eager step per preset (torch.profiler; CUDA kernels on a GPU, CPU ops
 otherwise) and prints its N costliest kernels and the kernel time per kind (quantize: amax / cast / table
@@ -180,6 +181,31 @@ def kernel_breakdown(step, device: torch.device, top: int) -> dict:
     return dict(top=kernels[:top], totals=totals)
 
 
+def kernel_timeline(step, device: torch.device) -> list:
+    """Every kernel (CUDA) or top-level op (CPU) of one eager ``step`` in launch order: [name, duration us, gap us
+    since the previous one ended] (torch.profiler). Kernel durations are GPU time; the gaps of an eager step are
+    mostly its host's launch path, which a CUDA-graph replay does not have."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    step()  # compiled and cached before the profiled step
+    if cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    events = [e for e in prof.events() if (e.device_type.name == "CUDA") == cuda and (cuda or e.cpu_parent is None)
+              and e.time_range.end > e.time_range.start]
+    events.sort(key=lambda e: e.time_range.start)
+    out, prev_end = [], None
+    for e in events:
+        start, end = e.time_range.start, e.time_range.end
+        out.append([e.name, end - start, 0.0 if prev_end is None else start - prev_end])
+        prev_end = end
+    return out
+
+
 def bf16_grouped(weights, splits):
     class Loop(torch.nn.Module):
         def forward(self, x, m_splits):
@@ -257,6 +283,8 @@ def run_case(case, args, device, time_ms, eager_ms, linear_shape=None):
                        eager_ms=step_eager_ms, eager_ratio=step_eager_ms / bf16_eager_ms)
             if args.breakdown:
                 row["breakdown"] = kernel_breakdown(step, device, args.breakdown)
+            if args.timeline:
+                row["timeline"] = kernel_timeline(step, device)
         except Exception as err:  # keep going: one missing kernel should not hide the other rows
             row.update(error=f"{type(err).__name__}: {err}"[:160])
         rows.append(row)
@@ -302,6 +330,19 @@ def breakdown_text(rows) -> str:
     return "\n".join(lines)
 
 
+def timeline_text(rows) -> str:
+    lines = []
+    for r in rows:
+        if "timeline" not in r:
+            continue
+        events = r["timeline"]
+        lines.append(f"{r['case']} / {r['preset']}: one eager step, {len(events)} kernels (CPU: ops) in launch order "
+                     f"(us; gap since the previous one ended), {sum(us for _, us, _ in events):.1f} us in all")
+        for name, us, gap in events:
+            lines.append(f"    {us:8.1f}  gap {gap:8.1f}  [{kernel_kind(name)}] {name[:90]}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer warm-up and timed iterations")
@@ -318,6 +359,8 @@ def main(argv=None) -> int:
     parser.add_argument("--eager", action="store_true", help="time eager launches only (no CUDA graphs)")
     parser.add_argument("--breakdown", type=int, default=0, metavar="N",
                         help="profile one eager step per preset and print its N costliest kernels and the time per kind")
+    parser.add_argument("--timeline", action="store_true",
+                        help="profile one eager step per preset and print every kernel in launch order with its gap")
     args = parser.parse_args(argv)
     unknown = [p for p in args.presets.split(",") if p and p not in PRESETS]
     if unknown:
@@ -356,6 +399,8 @@ def main(argv=None) -> int:
           f"weights {meta['weights']} | timing {meta['timing']} | targets: issue 21's")
     if args.breakdown:
         print(breakdown_text(rows))
+    if args.timeline:
+        print(timeline_text(rows))
     print(table(rows))
     return 0
 

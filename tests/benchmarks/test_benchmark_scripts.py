@@ -49,6 +49,22 @@ def test_linear_benchmark_moe_smoke_run(tmp_path):
         assert f"MoE 8x 224->64, 256 tok / {row['preset']}: kernel ms per kind" in proc.stdout
 
 
+def test_linear_benchmark_timeline(tmp_path):
+    """--timeline: every kernel (CPU: top-level op) of one eager step per preset in launch order, with its duration
+    and the gap before it, in the JSON rows and printed under a header per preset."""
+    out = tmp_path / "results.json"
+    proc = run_script("linear.py", "--device", "cpu", "--tiny", "--quick", "--cases", "linear", "--presets", "te_default",
+                      "--timeline", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert "timeline" not in rows[0]  # the BF16 row
+    events = rows[1]["timeline"]
+    assert len(events) > 3 and all(isinstance(name, str) and us > 0 for name, us, _ in events)
+    names = [name for name, _, _ in events]
+    assert names[0] != names[-1] and any("_LinearFunctionBackward" in name for name in names)  # forward, then backward
+    header = f"Linear 256->256, 256 tok / te_default: one eager step, {len(events)} kernels (CPU: ops) in launch order"
+    assert header in proc.stdout
+
+
 def test_linear_benchmark_shapes(tmp_path):
     """--linear-shapes: one Linear case per M x K x N, each against its own BF16 row; a malformed list is refused
     with the option's name."""
