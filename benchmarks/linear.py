@@ -156,19 +156,27 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, pattern in _KINDS if pattern.search(name)), "other")
 
 
-def kernel_breakdown(step, device: torch.device, top: int) -> dict:
-    """Self time of each kernel (CUDA) or op (CPU) of one eager ``step``: the ``top`` costliest, and the
-    totals per kind, in ms."""
+def _profiled_step(step, device: torch.device):
+    """torch.profiler's record of one eager ``step`` (CUDA kernels on a GPU, CPU ops otherwise), after one
+    unprofiled call that compiles and caches."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
-    step()  # compiled and cached before the profiled step
+    step()
     if cuda:
         torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         step()
         if cuda:
             torch.cuda.synchronize(device)
+    return prof
+
+
+def kernel_breakdown(step, device: torch.device, top: int) -> dict:
+    """Self time of each kernel (CUDA) or op (CPU) of one eager ``step``: the ``top`` costliest, and the
+    totals per kind, in ms."""
+    cuda = device.type == "cuda"
+    prof = _profiled_step(step, device)
     kernels = []
     for event in prof.key_averages():
         us = getattr(event, "self_device_time_total", 0) if cuda else event.self_cpu_time_total
@@ -185,16 +193,8 @@ def kernel_timeline(step, device: torch.device) -> list:
     """Every kernel (CUDA) or top-level op (CPU) of one eager ``step`` in launch order: [name, duration us, gap us
     since the previous one ended] (torch.profiler). Kernel durations are GPU time; the gaps of an eager step are
     mostly its host's launch path, which a CUDA-graph replay does not have."""
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = device.type == "cuda"
-    step()  # compiled and cached before the profiled step
-    if cuda:
-        torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        step()
-        if cuda:
-            torch.cuda.synchronize(device)
+    prof = _profiled_step(step, device)
     events = [e for e in prof.events() if (e.device_type.name == "CUDA") == cuda and (cuda or e.cpu_parent is None)
               and e.time_range.end > e.time_range.start]
     events.sort(key=lambda e: e.time_range.start)
