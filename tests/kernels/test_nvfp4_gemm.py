@@ -648,10 +648,12 @@ for decode, rows in ((1, (opt_flags.HOPPER[0], opt_flags.HOPPER[-1])), (0, (opt_
         print("ok", decode, cfg)
 fn_x = fused.expand_kernel
 ptr_x = {"a_ptr": "*u8", "a_scale_ptr": "*u8", "a_out_ptr": "*fp16", "b_ptr": "*u8", "b_scale_ptr": "*u8",
-         "b_out_ptr": "*fp16"}
-for natural in (False, True):  # the GEMM's permuted order, and K order (next to NVFP4Operand inputs)
-    cx = dict(A_SWIZZLED=False, B_SWIZZLED=True, DECODE=1, BLOCK_R=64, BLOCK_K=64, NATURAL=natural)
-    sig = {name: ptr_x.get(name, "constexpr" if name in cx else "i32") for name in fn_x.arg_names}
+         "b_out_ptr": "*fp16", "alpha_ptr": "*fp32", "alpha_a_amax_ptr": "*fp32", "alpha_b_amax_ptr": "*fp32"}
+for natural in (False, True):  # the GEMM's permuted order, and K order (next to NVFP4Operand inputs), + alphas
+    cx = dict(A_SWIZZLED=False, B_SWIZZLED=True, DECODE=1, BLOCK_R=64, BLOCK_K=64, NATURAL=natural, ALPHA=natural,
+              A_PER_EXPERT=natural, B_PER_EXPERT=False, ALPHA_BLOCK=16)
+    sig = {name: ptr_x.get(name, "constexpr" if name in cx else ("fp32" if name == "inv_e" else "i32"))
+           for name in fn_x.arg_names}
     src = triton.compiler.ASTSource(fn=fn_x, signature=sig,
                                     attrs={(fn_x.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptr_x},
                                     constexprs={(fn_x.arg_names.index(k),): v for k, v in cx.items()})

@@ -129,6 +129,22 @@ def gemm_alpha(a2, b2, inv_e):
 
 
 @triton.jit
+def store_alphas(a_amax_ptr, b_amax_ptr, alpha_ptr, num, inv_e, A_PER_EXPERT: tl.constexpr, B_PER_EXPERT: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """cuBLAS' alphas: alpha[e] (e < ``num``) = fl(fl(amax_a * amax_b) * inv_e) with A's and B's amax of expert e
+    (A_PER_EXPERT / B_PER_EXPERT) or the one; fl(fl(alpha_low * 2^64) * 2^64) where fl(amax_a * amax_b) overflows
+    (:mod:`.dequant_mm`). alpha[num] = 0 (cuBLAS' beta). BLOCK: a power of 2 above ``num``."""
+    offs = tl.arange(0, BLOCK)
+    idx = tl.where(offs < num, offs, 0)
+    zero = tl.zeros((BLOCK,), dtype=tl.int32)
+    amax_a = tl.load(a_amax_ptr + (idx if A_PER_EXPERT else zero))
+    amax_b = tl.load(b_amax_ptr + (idx if B_PER_EXPERT else zero))
+    alpha, alpha_low, overflow = gemm_alpha(amax_a, amax_b, inv_e)
+    alpha = tl.where(overflow, (alpha_low * 1.8446744073709552e19) * 1.8446744073709552e19, alpha)
+    tl.store(alpha_ptr + offs, tl.where(offs < num, alpha, 0.0), mask=offs <= num)
+
+
+@triton.jit
 def finish(acc, a2, b2, bias, out_ptrs, omask, inv_e, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
            OUT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, EPI_PR3045: tl.constexpr):
     """The epilogue's arithmetic and store, once the operands are loaded: ``a2`` (BLOCK_M, 1) and ``b2``

@@ -7,8 +7,8 @@ two epilogues:
 
 * cuBLAS' own (:mod:`.cublaslt`), where alpha is one number per product (A's and B's amax per tensor or per
   expert), without accumulation or PR 3045's order, into a bf16 / fp32 output with unit column stride: the
-  operands are expanded to BF16, a one-program kernel (:func:`alpha_kernel`) writes alpha[e] =
-  fl(fl(amax_a * amax_b) * inv_e) per expert to device memory, and cuBLASLt writes fl(acc * alpha[e]) (plus the
+  operands are expanded to BF16, the expansion launch writes alpha[e] = fl(fl(amax_a * amax_b) * inv_e) per expert
+  to device memory (:func:`alpha_kernel` where both operands come expanded), and cuBLASLt writes fl(acc * alpha[e]) (plus the
   bias in fp32: its bias epilogue, for 16-byte aligned output rows) rounded once to the output's dtype. This is TE's own
   GEMM (cuBLAS with a device alpha). Where fl(amax_a * amax_b) overflows for finite amaxes, alpha[e] =
   fl(fl(alpha_low * 2^64) * 2^64): fl(acc * alpha) then equals the reference's fl(fl(fl(acc * alpha_low) * 2^64)
@@ -38,7 +38,7 @@ from ...layout import cdiv, roundup
 from ..formats import soft_bf16_loads, to_f32
 from ..launch import Launch, aligned
 from . import cublaslt, opt_flags
-from .common import epilogue, finish, gemm_alpha
+from .common import epilogue, finish, store_alphas
 from .fused import expand, expand_split_k
 
 
@@ -119,17 +119,9 @@ def grouped_epilogue_kernel(
 @triton.jit
 def alpha_kernel(a_amax_ptr, b_amax_ptr, alpha_ptr, num, inv_e, A_PER_EXPERT: tl.constexpr,
                  B_PER_EXPERT: tl.constexpr, BLOCK: tl.constexpr):
-    """cuBLAS' alphas: alpha[e] (e < ``num``) = fl(fl(amax_a * amax_b) * inv_e) with A's and B's amax of expert e
-    (A_PER_EXPERT / B_PER_EXPERT) or the one; fl(fl(alpha_low * 2^64) * 2^64) where fl(amax_a * amax_b) overflows
-    (module docstring). alpha[num] = 0 (cuBLAS' beta)."""
-    offs = tl.arange(0, BLOCK)
-    idx = tl.where(offs < num, offs, 0)
-    zero = tl.zeros((BLOCK,), dtype=tl.int32)
-    amax_a = tl.load(a_amax_ptr + (idx if A_PER_EXPERT else zero))
-    amax_b = tl.load(b_amax_ptr + (idx if B_PER_EXPERT else zero))
-    alpha, alpha_low, overflow = gemm_alpha(amax_a, amax_b, inv_e)
-    alpha = tl.where(overflow, (alpha_low * 1.8446744073709552e19) * 1.8446744073709552e19, alpha)
-    tl.store(alpha_ptr + offs, tl.where(offs < num, alpha, 0.0), mask=offs <= num)
+    """cuBLAS' alphas (:func:`.common.store_alphas`) where no expansion launch writes them (both operands given
+    expanded)."""
+    store_alphas(a_amax_ptr, b_amax_ptr, alpha_ptr, num, inv_e, A_PER_EXPERT, B_PER_EXPERT, BLOCK)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -176,9 +168,10 @@ def _base_key(t) -> tuple:
 
 
 def _per_expert_scaled_mm(products, a_amax, b_amax, num_experts: int, a_per_expert: bool, b_per_expert: bool,
-                          inv_e: float, bases: tuple, key: tuple) -> bool:
+                          inv_e: float, bases: tuple, key: tuple, alpha=None) -> bool:
     """Runs every (a16, b16, out, expert, bias or None) product of ``products()`` with cuBLAS' epilogue and one
-    alpha vector (E + 1 entries) and returns True; False (nothing run) where cuBLASLt has no plan for one of them.
+    alpha vector (E + 1 entries: ``alpha`` where the expansion launch wrote it, else :func:`alpha_kernel`'s) and
+    returns True; False (nothing run) where cuBLASLt has no plan for one of them.
     ``products`` is a callable: its views are of ``bases`` (a16, b16, out, bias or None), and what else fixes them
     is ``key``. On the GPU the plans and view offsets are kept per key and bases (:class:`.cublaslt.Batch`), so a
     repeated call neither slices nor plans."""
@@ -194,13 +187,16 @@ def _per_expert_scaled_mm(products, a_amax, b_amax, num_experts: int, a_per_expe
             run = _BATCHES[full_key] = cublaslt.batch(items, plans, *bases) if None not in plans else None
         if run is None:
             return False
-        run(bases[0], bases[1], out, _alphas(a_amax, b_amax, num_experts, a_per_expert, b_per_expert, inv_e), bases[3])
+        if alpha is None:
+            alpha = _alphas(a_amax, b_amax, num_experts, a_per_expert, b_per_expert, inv_e)
+        run(bases[0], bases[1], out, alpha, bases[3])
         return True
     items = products()
     runs = [_scaled_mm(a16, b16, o, bias) for a16, b16, o, _, bias in items]
     if any(r is None for r in runs):
         return False
-    alpha = _alphas(a_amax, b_amax, num_experts, a_per_expert, b_per_expert, inv_e)
+    if alpha is None:
+        alpha = _alphas(a_amax, b_amax, num_experts, a_per_expert, b_per_expert, inv_e)
     for r, (a16, b16, o, e, bias) in zip(runs, items):
         r(a16, b16, alpha, o, e, bias)
     return True
@@ -224,28 +220,37 @@ def _dequant_epilogue(acc, a_amax, b_amax, bias, out, flags, m, n, inv_e):
     return out
 
 
-def expand_padded(op, k: int, config, decode: int) -> torch.Tensor:
-    """One operand's q * s in BF16 and K order, (rows, roundup(k, config.block_k)), zeros past k."""
+def expand_padded(op, k: int, config, decode: int, alpha=None) -> torch.Tensor:
+    """One operand's q * s in BF16 and K order, (rows, roundup(k, config.block_k)), zeros past k (``alpha``: as
+    :func:`.fused.expand`'s)."""
     decode = opt_flags.expand_decode(decode, config.block_k)
-    return expand(op, k, config.block_k, decode, None, torch.bfloat16, natural=True)[0]
+    return expand(op, k, config.block_k, decode, None, torch.bfloat16, natural=True, alpha=alpha)[0]
 
 
-def expand_values(op, k: int, config, decode: int) -> torch.Tensor:
+def expand_values(op, k: int, config, decode: int, alpha=None) -> torch.Tensor:
     """One operand's q * s in BF16 and K order, (rows, k) (a view of rows padded to the K tile): the values an
     :class:`~nvfp4lab.NVFP4Operand` holds."""
-    return expand_padded(op, k, config, decode)[:, :k]
+    return expand_padded(op, k, config, decode, alpha)[:, :k]
 
 
-def _expand_both(a, b, k, config, decode, dtype=torch.float16):
+def _expand_both(a, b, k, config, decode, dtype=torch.float16, alpha=None):
     """q * s of all rows of A and of B (same K permutation) in ``dtype``, in one launch. Where one is given
     expanded already (BF16 in K order, :data:`.common.EXPANDED`), the other one is expanded to BF16 in K order
-    (its zero padding past K left out of the view), or nothing is launched when both are."""
+    (its zero padding past K left out of the view), or nothing is launched when both are. ``alpha`` (as
+    :func:`.fused.expand`'s, where a launch runs): that launch also writes the alpha vector."""
     if not (a.expanded or b.expanded):
-        return expand(a, k, config.block_k, opt_flags.expand_decode(decode, config.block_k), b, dtype)
+        return expand(a, k, config.block_k, opt_flags.expand_decode(decode, config.block_k), b, dtype, alpha=alpha)
     if a.expanded and b.expanded:
         return a.data, b.data
-    values = expand_values(b if a.expanded else a, k, config, decode)
+    values = expand_values(b if a.expanded else a, k, config, decode, alpha)
     return (a.data, values) if a.expanded else (values, b.data)
+
+
+def _alpha_args(a_amax, b_amax, num: int, a_per_expert: bool, b_per_expert: bool, inv_e: float) -> tuple:
+    """A new fp32 (num + 1,) alpha vector and the arguments with which an expansion launch writes it
+    (:func:`.fused.expand`'s ``alpha``)."""
+    out = torch.empty(num + 1, dtype=torch.float32, device=a_amax.device)
+    return out, (out, a_amax, b_amax, num, a_per_expert, b_per_expert, inv_e)
 
 
 def _mm_f32(a16, b16, out=None):
@@ -282,10 +287,12 @@ def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, con
     """Dense: both operands expanded (or given expanded), one matmul with cuBLAS' epilogue or an fp32-output one
     and the epilogue kernel. Writes ``out`` (M, N)."""
     cublas = _cublas_epilogue(flags, out)
-    a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
+    launches = not (a.expanded and b.expanded)  # an expansion launch, which then writes alpha too
+    alpha, alpha_args = _alpha_args(a.amax, b.amax, 1, False, False, inv_e) if cublas and launches else (None, None)
+    a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16, alpha_args)
     bias16 = bias if flags["BIAS_MODE"] else None
     if cublas and _per_expert_scaled_mm(functools.partial(_one_product, a16, b16, out, bias16), a.amax, b.amax, 1,
-                                        False, False, inv_e, (a16, b16, out, bias16), ()):
+                                        False, False, inv_e, (a16, b16, out, bias16), (), alpha):
         return out
     acc = _mm_f32(a16, b16)
     del a16, b16
@@ -324,13 +331,17 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
                  ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, SOFT_BF16=soft_bf16_loads(out.device),
                  EPI_PR3045=pr3045, A_AMAX_EXPERT=a_per_expert)
     cublas = _cublas_epilogue(flags, out)
-    a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16)
+    num = len(splits)
+    launches = not (a.expanded and b.expanded)
+    alpha, alpha_args = (_alpha_args(a.amax, b.amax, num, a_per_expert, b_mode == 1, inv_e) if cublas and launches
+                         else (None, None))
+    a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16, alpha_args)
     ends = list(itertools.accumulate(splits))
     parts = [(e, end - m_e, end) for e, (m_e, end) in enumerate(zip(splits, ends)) if m_e != 0]
     bias16 = bias if bias_mode else None
     if cublas and _per_expert_scaled_mm(functools.partial(_row_products, a16, b16, out, bias16, bias_mode, parts, n),
-                                        a.amax, b.amax, len(splits), a_per_expert, b_mode == 1, inv_e,
-                                        (a16, b16, out, bias16), (tuple(splits), n, bias_mode)):
+                                        a.amax, b.amax, num, a_per_expert, b_mode == 1, inv_e,
+                                        (a16, b16, out, bias16), (tuple(splits), n, bias_mode), alpha):
         return out
     acc = torch.empty((m, n), dtype=torch.float32, device=a.data.device)
     for e, r0, r1 in parts:

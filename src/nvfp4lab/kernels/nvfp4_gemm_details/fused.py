@@ -40,7 +40,7 @@ from ...layout import cdiv, next_power_of_2, roundup
 from ..formats import e4m3_decode
 from ..launch import Launch, aligned
 from . import opt_flags
-from .common import epilogue, scale_offsets
+from .common import epilogue, scale_offsets, store_alphas
 
 # PTX for DECODE=1, one invocation per 4 bytes (Triton's pack=4). Operands: $0,$1 = low-nibble values
 # of bytes (0,1) and (2,3); $2,$3 = high-nibble values of bytes (0,1) and (2,3) (FP16 pairs); $4 = the
@@ -288,16 +288,23 @@ def _expand_rows(b_ptr, b_scale_ptr, out_ptr, rows, K, stride_b, stride_bs, b_co
 def expand_kernel(
     a_ptr, a_scale_ptr, a_out_ptr, a_rows, stride_a, stride_as, a_cols4, stride_ao,
     b_ptr, b_scale_ptr, b_out_ptr, b_rows, stride_b, stride_bs, b_cols4, stride_bo,
-    K, a_tiles, tab_lo,
+    K, a_tiles, tab_lo, alpha_ptr, alpha_a_amax_ptr, alpha_b_amax_ptr, alpha_num, inv_e,
     A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr, NATURAL: tl.constexpr = False,
+    BLOCK_K: tl.constexpr, NATURAL: tl.constexpr = False, ALPHA: tl.constexpr = False,
+    A_PER_EXPERT: tl.constexpr = False, B_PER_EXPERT: tl.constexpr = False, ALPHA_BLOCK: tl.constexpr = 2,
 ):
     """Operands (rows, K) codes + scales -> q * s (rows, roundup(K, BLOCK_K)) in the output pointers' type (FP16
     or BF16), each BLOCK_K tile in the decoder's permuted order (as the GEMM decodes A with the same BLOCK_K;
     NATURAL: in K order), zeros past K; row tiles [0, a_tiles) expand A, the following ones B (two operands,
-    one launch)."""
+    one launch). ALPHA: the first program also writes the alpha vector of the product that consumes the
+    expansion (:func:`.common.store_alphas` of alpha_num experts), so that product needs no launch of its own
+    for it."""
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
+    if ALPHA:
+        if (pid_r == 0) & (pid_k == 0):
+            store_alphas(alpha_a_amax_ptr, alpha_b_amax_ptr, alpha_ptr, alpha_num, inv_e, A_PER_EXPERT, B_PER_EXPERT,
+                         ALPHA_BLOCK)
     if pid_r < a_tiles:
         _expand_rows(a_ptr, a_scale_ptr, a_out_ptr, a_rows, K, stride_a, stride_as, a_cols4, stride_ao, tab_lo, pid_r,
                      pid_k, A_SWIZZLED, DECODE, BLOCK_R, BLOCK_K, NATURAL)
@@ -374,21 +381,30 @@ def _expand_split_k_launch(a_rows: int, b_rows: int, k_tiles: int, block_k: int,
 
 @functools.lru_cache(maxsize=4096)
 def _expand_launch(a_rows: int, b_rows: int, k: int, block_k: int, decode: int, a_swizzled: bool, b_swizzled: bool,
-                   spec, natural: bool = False) -> Launch:
+                   spec, natural: bool = False, alpha_key: tuple = ()) -> Launch:
     """The expansion kernel's launch for one or two operand shapes (``b_rows`` 0: A only); ``spec``:
-    the tensors' device, dtypes, alignment and strides (part of the cache key only)."""
+    the tensors' device, dtypes, alignment and strides (part of the cache key only); ``alpha_key``: (number of
+    alphas, A per expert, B per expert) when the launch also writes the alpha vector."""
     tiles = cdiv(a_rows, opt_flags.EXPAND_ROWS) + cdiv(b_rows, opt_flags.EXPAND_ROWS)
     grid = (tiles, roundup(k, block_k) // block_k)
+    alpha = {}
+    if alpha_key:
+        num, a_per_expert, b_per_expert = alpha_key
+        alpha = dict(ALPHA=True, A_PER_EXPERT=a_per_expert, B_PER_EXPERT=b_per_expert,
+                     ALPHA_BLOCK=triton.next_power_of_2(num + 1))
     return Launch(expand_kernel, grid, dict(A_SWIZZLED=a_swizzled, B_SWIZZLED=b_swizzled, DECODE=decode,
                                             BLOCK_R=opt_flags.EXPAND_ROWS, BLOCK_K=block_k, NATURAL=natural,
-                                            num_warps=4))
+                                            **alpha, num_warps=4))
 
 
 def expand(a, k: int, block_k: int, decode: int, b=None, dtype: torch.dtype = torch.float16,
-           natural: bool = False) -> tuple:
+           natural: bool = False, alpha=None) -> tuple:
     """q * s in ``dtype`` (FP16 or BF16: exact either way) of all rows of operand ``a`` (and of ``b`` when
     given, in the same launch), each (rows, roundup(k, block_k)) in the decoder's permuted order per
-    block_k tile (``natural``: in K order), zeros past k. Returns (a16, b16 or None)."""
+    block_k tile (``natural``: in K order), zeros past k. Returns (a16, b16 or None).
+
+    ``alpha``: (out, a_amax, b_amax, num, a_per_expert, b_per_expert, inv_e): the same launch writes the
+    (num + 1,) fp32 alpha vector ``out`` of the product that consumes the expansion (:func:`.common.store_alphas`)."""
     width = roundup(k, block_k)
     a_rows = a.data.shape[0]
     a16 = torch.empty((a_rows, width), dtype=dtype, device=a.data.device)
@@ -399,11 +415,16 @@ def expand(a, k: int, block_k: int, decode: int, b=None, dtype: torch.dtype = to
         b_rows = b.data.shape[0]
         b16 = torch.empty((b_rows, width), dtype=dtype, device=a.data.device)
         b_args = (b.data, b.scale, b16, b_rows, b.data.stride(0), b.scale_stride, b.cols4, width)
-    args = (*a_args, *b_args, k, cdiv(a_rows, opt_flags.EXPAND_ROWS), TAB_LO)
+    if alpha is None:
+        alpha_args, alpha_key = (a16, a16, a16, 0, 0.0), ()  # stand-ins ALPHA=False never reads
+    else:
+        out, a_amax, b_amax, num, a_per_expert, b_per_expert, inv_e = alpha
+        alpha_args, alpha_key = (out, a_amax, b_amax, num, inv_e), (num, a_per_expert, b_per_expert)
+    args = (*a_args, *b_args, k, cdiv(a_rows, opt_flags.EXPAND_ROWS), TAB_LO, *alpha_args)
     spec = (a16.device, a.data.dtype, dtype, aligned(a.data), aligned(a.scale), aligned(b_args[0]), aligned(b_args[1]),
-            args[4:7], args[12:15])
+            args[4:7], args[12:15], *[(t.dtype, aligned(t)) for t in alpha_args[:3]])
     _expand_launch(a_rows, b_rows, k, block_k, decode, a.swizzled, (b if b is not None else a).swizzled, spec,
-                   natural)(*args)
+                   natural, alpha_key)(*args)
     return a16, b16
 
 
