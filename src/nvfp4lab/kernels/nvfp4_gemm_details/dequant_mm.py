@@ -246,11 +246,14 @@ def _expand_both(a, b, k, config, decode, dtype=torch.float16, alpha=None):
     return (a.data, values) if a.expanded else (values, b.data)
 
 
-def _alpha_args(a_amax, b_amax, num: int, a_per_expert: bool, b_per_expert: bool, inv_e: float) -> tuple:
-    """A new fp32 (num + 1,) alpha vector and the arguments with which an expansion launch writes it
-    (:func:`.fused.expand`'s ``alpha``)."""
-    out = torch.empty(num + 1, dtype=torch.float32, device=a_amax.device)
-    return out, (out, a_amax, b_amax, num, a_per_expert, b_per_expert, inv_e)
+def _alpha_args(cublas: bool, a, b, num: int, a_per_expert: bool, b_per_expert: bool, inv_e: float) -> tuple:
+    """(alpha, its :func:`.fused.expand` arguments): a new fp32 (num + 1,) alpha vector that the expansion launch of
+    operands ``a``, ``b`` writes, where the product takes cuBLAS' epilogue and at least one operand is expanded here;
+    (None, None) otherwise (no alpha needed, or :func:`alpha_kernel` writes it)."""
+    if not cublas or (a.expanded and b.expanded):
+        return None, None
+    out = torch.empty(num + 1, dtype=torch.float32, device=a.amax.device)
+    return out, (out, a.amax, b.amax, num, a_per_expert, b_per_expert, inv_e)
 
 
 def _mm_f32(a16, b16, out=None):
@@ -287,8 +290,7 @@ def gemm(a, b, bias, out, flags: dict, m: int, n: int, k: int, inv_e: float, con
     """Dense: both operands expanded (or given expanded), one matmul with cuBLAS' epilogue or an fp32-output one
     and the epilogue kernel. Writes ``out`` (M, N)."""
     cublas = _cublas_epilogue(flags, out)
-    launches = not (a.expanded and b.expanded)  # an expansion launch, which then writes alpha too
-    alpha, alpha_args = _alpha_args(a.amax, b.amax, 1, False, False, inv_e) if cublas and launches else (None, None)
+    alpha, alpha_args = _alpha_args(cublas, a, b, 1, False, False, inv_e)
     a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16, alpha_args)
     bias16 = bias if flags["BIAS_MODE"] else None
     if cublas and _per_expert_scaled_mm(functools.partial(_one_product, a16, b16, out, bias16), a.amax, b.amax, 1,
@@ -332,9 +334,7 @@ def grouped_gemm(a, b, bias, out, offs, b_mode: int, bias_mode: int, accumulate:
                  EPI_PR3045=pr3045, A_AMAX_EXPERT=a_per_expert)
     cublas = _cublas_epilogue(flags, out)
     num = len(splits)
-    launches = not (a.expanded and b.expanded)
-    alpha, alpha_args = (_alpha_args(a.amax, b.amax, num, a_per_expert, b_mode == 1, inv_e) if cublas and launches
-                         else (None, None))
+    alpha, alpha_args = _alpha_args(cublas, a, b, num, a_per_expert, b_mode == 1, inv_e)
     a16, b16 = _expand_both(a, b, k, config, decode, torch.bfloat16 if cublas else torch.float16, alpha_args)
     ends = list(itertools.accumulate(splits))
     parts = [(e, end - m_e, end) for e, (m_e, end) in enumerate(zip(splits, ends)) if m_e != 0]
