@@ -146,7 +146,7 @@ def step_fn(module, x, dy, params, splits=None, fresh_weights=True):
 
 # kernel (CUDA) or op (CPU, reference backend) names -> kind of work: the casts, the GEMM operands' expansion
 # to FP16, the matmul itself (cuBLAS, the fused / stream kernels), the fp32 epilogue kernel
-_KINDS = (("quantize", re.compile(r"amax|cast16|cast_row|row_factor|four_over_six|pt_scales|(?<!de)quantiz", re.I)),
+_KINDS = (("quantize", re.compile(r"amax|cast16|cast_row|cast_col|row_factor|four_over_six|pt_scales|(?<!de)quantiz", re.I)),
           ("operands", re.compile(r"expand_kernel", re.I)),
           ("epilogue", re.compile(r"epilogue_kernel", re.I)),
           ("GEMM", re.compile(r"gemm|stream_kernel|::(b|add)?mm$|matmul|sm90|cutlass|nvjet|xmma", re.I)))

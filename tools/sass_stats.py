@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig  # noqa: E402
 from nvfp4lab.kernels.nvfp4_quantize import FOUR_OVER_SIX_CODES  # noqa: E402
-from nvfp4lab.kernels.nvfp4_quantize_details import cast16, cast_row, four_over_six, opt_flags, pt_scales  # noqa: E402
+from nvfp4lab.kernels.nvfp4_quantize_details import cast16, cast_col, cast_row, four_over_six, opt_flags, pt_scales  # noqa: E402
 
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
@@ -52,7 +52,14 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     block_2d = cfg.block == "16x16"
     steps = split_steps or None
     explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
-    if allow_row and opt_flags.use_cast_row(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
+    if opt_flags.use_cast_col(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six, cfg.rht,
+                              steps is not None, False, True, True, False):
+        meta = opt_flags.cast_col_meta(8192, 8192, cfg.scale_layout, cfg.rht_sign_mask if cfg.rht else -1,
+                                       cfg.stochastic_rounding, cfg.stochastic_rounding, block_m=tile[0] if tile else 0,
+                                       **explicit)
+        meta["HW"] = True
+        fn, bm, bk = cast_col.cast_col_kernel, 16 * meta["GROUPS"], meta["BLOCK_C"] * 2
+    elif allow_row and opt_flags.use_cast_row(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
                                             cfg.stochastic_rounding, steps is not None, False, True, True):
         meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, cfg.per_token, cfg.e4m3_max,
                                        block_m=tile[0] if tile else 0, **explicit)
@@ -70,14 +77,14 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
                                             split_steps=steps, block_m=tile[0] if tile else 0, **explicit)
         fn, bm, bk = four_over_six.four_over_six_kernel, 16, meta["BLOCK_K"]
     warps = meta["num_warps"]
-    pointers = dict(x_ptr="*i32" if fn is cast_row.cast_row_kernel else "*bf16", data_ptr="*i32", scale_ptr="*u8",
-                    table_ptr="*fp32", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
+    pointers = dict(x_ptr="*i32" if fn in (cast_row.cast_row_kernel, cast_col.cast_col_kernel) else "*bf16", data_ptr="*i32", scale_ptr="*u8",
+                    table_ptr="*fp32", amax_ptr="*fp32", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
                     row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64",
                     group_split_ptr="*i32")
-    scalars = dict(seed_value="i64", M="i32", K="i32", num_splits="i32")
+    scalars = dict(seed_value="i64", M="i32", K="i32", M_WORDS="i32", num_splits="i32")
     sig = {n: pointers.get(n) or scalars.get(n) or "constexpr" for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers if n in fn.arg_names}
-    attrs.update({(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("M", "K")})
+    attrs.update({(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("M", "K", "M_WORDS") if n in fn.arg_names})
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
                                     constexprs={(fn.arg_names.index(k),): v for k, v in opt_flags.constexprs(meta).items()})
     options = dict(num_warps=warps, enable_fp_fusion=False)

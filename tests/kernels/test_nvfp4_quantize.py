@@ -185,6 +185,18 @@ def test_special_values_rht():
         assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), "rht special")
 
 
+@pytest.mark.parametrize("tile", [{}, dict(block_m=64), dict(block_m=32, block_k=32, num_warps=2)])
+def test_rht_amax_of_an_inf_element_any_tile(tile):
+    """The post-RHT amax of a tensor holding one inf is inf (its column block's RHT: +-inf) for every explicit
+    tile: a block-diagonal RHT dot wider than 16 rows multiplied the zeros off its diagonal blocks by the inf."""
+    x = rht_safe_input((64, 64), torch.bfloat16, seed=3, device="cpu")
+    x[5, 7] = float("inf")
+    config = NVFP4QuantConfig(rht=True, rowwise=False, columnwise=True)
+    got = quantize(x.to(DEV), config, **tile)
+    want = ref_nvfp4.quantize(x, config)
+    assert torch.isinf(want.columnwise_amax).all() and torch.isinf(got.columnwise_amax.cpu()).all()
+
+
 def _bf16_subnormals(rows: int) -> torch.Tensor:
     """Every bf16 subnormal, both signs (exponent 0, mantissa 1..127), with zeros, in (rows, 16 k) rows."""
     mant = torch.arange(1, 128, dtype=torch.int32)

@@ -12,6 +12,7 @@ from ..formats import soft_bf16_loads
 from ..launch import Launch, aligned, arg_key, tracing
 from . import opt_flags
 from .cast16 import cast16_kernel
+from .cast_col import cast_col_grid, cast_col_kernel
 from .cast_row import cast_row_grid, cast_row_kernel, row_factor_table, row_factor_table_kernel
 from .four_over_six import four_over_six_kernel
 from .pt_scales import pt_scales_grid, pt_scales_kernel, pt_scales_tables
@@ -153,7 +154,13 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
         return (CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False,
                          m if per_token else 0, 0),)
     for row_side, col_side in sides:
-        if opt_flags.use_cast16(four_over_six):
+        if opt_flags.use_cast_col(m, k, row_side, col_side, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
+                                  grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands[1]):
+            meta = opt_flags.cast_col_meta(m, k, scale_layout, rht_sign_mask, stochastic_rounding, seed_from_ptr,
+                                           block_m=block_m, **tile)
+            table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
+            steps.append(CastStep(Launch(cast_col_kernel, cast_col_grid(m, k, meta), meta), table, False, True, 0, 0))
+        elif opt_flags.use_cast16(four_over_six):
             meta = opt_flags.cast16_meta(m, k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
                                          stochastic_rounding, seed_from_ptr, scale_layout, split_steps=split_steps,
                                          block_m=block_m, **tile, pr3045=pr3045, row_operand=operands[0],
@@ -203,6 +210,10 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
             else:
                 table = row_amax if tables else pt_scales_tables(step.tables, row_amax, step.n_row, None, 0)[0]
             step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table, m, k)
+            continue
+        if step.cast.kernel is cast_col_kernel:  # the same, columnwise, from the column amax
+            step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], row_factor_table(step.tables, col_amax),
+                      col_amax, seed_tensor if seed_tensor is not None else x, seed, m, k, m // 8)
             continue
         row_in = row_amax if step.rowwise else None
         col_in = col_amax if step.columnwise else None

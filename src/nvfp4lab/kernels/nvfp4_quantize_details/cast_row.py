@@ -19,7 +19,7 @@ this kernel does the per-block work once per 16 elements and in a few instructio
   folded by an unsigned 16x2 max (``max.u16x2``, one instruction per word on sm_90; integer halves
   under the interpreter). bf16 magnitude order is integer order, NaN above inf (torch.amax's NaN).
 * The E2M1 codes by ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade)
-  with the code and sign read into the top nibble by one multiply-add (``_code_top``), packed by one
+  with the code and sign read into the top nibble by one multiply-add (``code_top``), packed by one
   funnel shift per code (``shf.l``; shifts and ORs under the interpreter); the bf16 values unpacked
   from the words by one shift or mask each (exact, subnormals included).
 
@@ -61,7 +61,7 @@ def row_factor_table_kernel(amax_ptr, table_ptr, E6: tl.constexpr):
 
 
 @triton.jit
-def _umax16x2(a, b, HW: tl.constexpr):
+def umax16x2(a, b, HW: tl.constexpr):
     """Per 16-bit half unsigned max of two int32 words whose halves are < 2^15."""
     if HW:
         out = tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
@@ -72,7 +72,7 @@ def _umax16x2(a, b, HW: tl.constexpr):
 
 
 @triton.jit
-def _e4m3_code(v, HW: tl.constexpr):
+def e4m3_code(v, HW: tl.constexpr):
     """E4M3 bits (int32 0..255) of v >= 0 (or NaN), saturating: e4m3_encode(min(v, FLT_MAX))."""
     if HW:
         code = tl.inline_asm_elementwise(
@@ -84,7 +84,7 @@ def _e4m3_code(v, HW: tl.constexpr):
 
 
 @triton.jit
-def _code_top(x, enc):
+def code_top(x, enc):
     """The E2M1 code of fl(x * enc) (not NaN) in bits 31..28 of the result (bits below: garbage):
     ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade), its code
     (sb + (sb >> 22)) mod 16 read by one multiply, sb * (2^28 + 2^6) (the low product term never
@@ -100,7 +100,7 @@ def _code_top(x, enc):
 
 
 @triton.jit
-def _push(acc, t, HW: tl.constexpr):
+def push_code(acc, t, HW: tl.constexpr):
     """acc << 4 with the top nibble of t below: one funnel shift (shf.l) on the GPU."""
     if HW:
         out = tl.inline_asm_elementwise("shf.l.wrap.b32 $0, $2, $1, 4;", "=r,r,r", [acc, t], dtype=tl.int32,
@@ -114,8 +114,8 @@ def _push(acc, t, HW: tl.constexpr):
 def _push_word(acc, w, enc, HW: tl.constexpr):
     """Push the codes of the two bf16 of int32 word w (high element first: packing runs from the last
     element of an output word down to its first, which ends in the low nibble)."""
-    acc = _push(acc, _code_top((w & -65536).to(tl.float32, bitcast=True), enc), HW)
-    return _push(acc, _code_top((w << 16).to(tl.float32, bitcast=True), enc), HW)
+    acc = push_code(acc, code_top((w & -65536).to(tl.float32, bitcast=True), enc), HW)
+    return push_code(acc, code_top((w << 16).to(tl.float32, bitcast=True), enc), HW)
 
 
 @triton.jit
@@ -158,27 +158,27 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
     w0 = tl.load(x_ptr + word[:, :, None] + j, mask=ok[:, :, None], other=0)
     w1 = tl.load(x_ptr + word[:, :, None] + (j + 4), mask=ok[:, :, None], other=0)
 
-    mag = _umax16x2(w0 & 0x7FFF7FFF, w1 & 0x7FFF7FFF, HW)  # [BM, KB, 4]
+    mag = umax16x2(w0 & 0x7FFF7FFF, w1 & 0x7FFF7FFF, HW)  # [BM, KB, 4]
     a, b = tl.split(tl.reshape(mag, [BLOCK_M, KB, 2, 2]))
-    a, b = tl.split(_umax16x2(a, b, HW))
-    mag = _umax16x2(a, b, HW)  # [BM, KB]: both halves' maxima
+    a, b = tl.split(umax16x2(a, b, HW))
+    mag = umax16x2(a, b, HW)  # [BM, KB]: both halves' maxima
     bamax = tl.maximum(mag << 16, mag & -65536).to(tl.float32, bitcast=True)
 
     if PER_TOKEN:
         row_ok = rows < M
         s_enc_sixth, s_dec, normal = pt_table_load(table_ptr, rows, M, row_ok)
         if normal:
-            scale = _e4m3_code(bamax * s_enc_sixth[:, None], HW)
+            scale = e4m3_code(bamax * s_enc_sixth[:, None], HW)
             enc = encode_factor(e4m3_decode(scale & 0x7F), s_dec[:, None], False)
         else:  # fp64 divisions from the amax (new names: see cast16_kernel)
             outer = tl.load(table_ptr + rows, mask=row_ok, other=0.0)[:, None]
             s_enc_x, s_dec_x = global_scales(outer, E6, True)
-            scale_x = _e4m3_code(bamax * (s_enc_x * ONE_SIXTH), HW)
+            scale_x = e4m3_code(bamax * (s_enc_x * ONE_SIXTH), HW)
             enc = encode_factor(e4m3_decode(scale_x & 0x7F), s_dec_x, True)
             scale = scale_x
     else:
         s_enc_sixth = tl.load(table_ptr + 128)
-        scale = _e4m3_code(bamax * s_enc_sixth, HW)
+        scale = e4m3_code(bamax * s_enc_sixth, HW)
         enc = tl.load(table_ptr + (scale & 0x7F))  # [BM, KB]
 
     word0 = _pack8(w0, enc, HW)

@@ -18,7 +18,9 @@ from .amax import AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AM
 AMAX_TILE = (64, 128, 8)
 AMAX_PER_TOKEN_TILE = (32, 64, 2)
 AMAX_RHT_TILE = (16, 128, 4)
-RHT_MAX_BLOCK_M = 64  # the block-diagonal RHT dot costs BLOCK_M MACs per element
+# the post-RHT amax's block-diagonal dot takes one 16-row group per tile row block: a wider one would multiply
+# the zeros off its diagonal blocks by the tile, and an inf element would make the amax 0 * inf = NaN
+RHT_MAX_BLOCK_M = 16
 # four_over_six_kernel: cast16_kernel's layout (one 16-row group x 128 columns per one-warp program)
 FOUR_OVER_SIX_BLOCK_K, FOUR_OVER_SIX_WARPS = 128, 1
 # cast16_kernel: 16-row groups per program of casts with a per-tensor columnwise output without SR (see cast16_tile),
@@ -32,6 +34,10 @@ PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
 # kernel saves on the GPU
 CAST_ROW_TILE = (16, 16, 2)
 CAST_ROW_MIN_ELEMENTS = 1 << 24
+# cast_col_kernel: (16-row groups per program, num_warps; one word column of two bf16 per thread); taken from
+# CAST_COL_MIN_ELEMENTS elements on, as cast_row_kernel
+CAST_COL_TILE = (2, 4)
+CAST_COL_MIN_ELEMENTS = 1 << 24
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
 LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
@@ -243,6 +249,32 @@ def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: 
                              block_k=block_k, num_warps=num_warps)
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, KB=bk // 16, HW=not interpreting(), PER_TOKEN=per_token,
                 E6=6.0 * e4m3_max, num_warps=warps, enable_fp_fusion=False)
+
+
+def use_cast_col(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
+                 rht: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool, col_operand: bool) -> bool:
+    """Whether a columnwise-only launch runs ``cast_col_kernel`` (cast_col.py): per-tensor 1x16 RHT casts (SR
+    or not) of bf16 input into packed codes, x 16-byte aligned (read as int32 words), from
+    ``CAST_COL_MIN_ELEMENTS`` elements on (below, its factor-table launch costs more host time than the
+    kernel saves). Split row+col casts (``split_cast``) take it for their columnwise launch. Without RHT
+    ``cast16_kernel``'s four-group columnwise cast is faster (benchmarks/RESULTS.md), so it keeps those."""
+    return (columnwise and not rowwise and rht and not block_2d and not per_token and not four_over_six and not grouped
+            and not pr3045 and not col_operand and dtype_bf16 and x_aligned and m * k >= CAST_COL_MIN_ELEMENTS)
+
+
+def cast_col_meta(m: int, k: int, scale_layout: str, rht_sign_mask: int, stochastic_rounding: bool,
+                  seed_from_ptr: bool, *, block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
+    """Constexprs and num_warps of ``cast_col_kernel`` (rht_sign_mask >= 0; block_m: at most 16 * GROUPS rows, GROUPS the largest
+    of 4, 2, 1 that divides m / 16; block_k: the tile's columns, BLOCK_C = block_k / 2 words; by default one
+    word column per thread)."""
+    warps = num_warps or CAST_COL_TILE[1]
+    groups = block_m // 16 if block_m else CAST_COL_TILE[0]
+    groups = next(g for g in (4, 2, 1) if g <= max(groups, 1) and (m // 16) % g == 0)
+    block_c = block_k // 2 if block_k else 32 * warps
+    block_c = max(8, min(block_c, next_power_of_2(max(k // 2, 1))))
+    return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_C=block_c, GROUPS=groups, HW=not interpreting(),
+                RHT_MASK=rht_sign_mask, SR=stochastic_rounding,
+                SEED_FROM_PTR=seed_from_ptr, num_warps=warps, enable_fp_fusion=False)
 
 
 def row_factor_table_meta(e4m3_max: float) -> dict:

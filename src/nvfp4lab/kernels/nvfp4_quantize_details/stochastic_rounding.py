@@ -12,12 +12,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _philox_bytes(seed, counter, STREAM: tl.constexpr, jj):
-    """Byte jj (0..15, broadcastable against counter) of the Philox block of each block counter
-    (key = seed, counter = (lo, hi, STREAM, 0)): word jj // 4, byte jj % 4 (TE's mapping)."""
+def philox_words(seed, counter, STREAM: tl.constexpr):
+    """The four uint32 words of the Philox block of each int64 block counter (key = seed, counter =
+    (lo, hi, STREAM, 0))."""
     lo = (counter & 0xFFFFFFFF).to(tl.uint32)
     hi = (counter >> 32).to(tl.uint32)
-    w0, w1, w2, w3 = tl.philox(seed, lo, hi, tl.zeros_like(lo) + STREAM, tl.zeros_like(lo))
+    return tl.philox(seed, lo, hi, tl.zeros_like(lo) + STREAM, tl.zeros_like(lo))
+
+
+@triton.jit
+def _philox_bytes(seed, counter, STREAM: tl.constexpr, jj):
+    """Byte jj (0..15, broadcastable against counter) of the Philox block of each block counter
+    (``philox_words``): word jj // 4, byte jj % 4 (TE's mapping)."""
+    w0, w1, w2, w3 = philox_words(seed, counter, STREAM)
     w = tl.where(jj < 4, w0, tl.where(jj < 8, w1, tl.where(jj < 12, w2, w3))).to(tl.int32, bitcast=True)
     return (w >> ((jj % 4) * 8)) & 0xFF
 

@@ -1,0 +1,347 @@
+"""The columnwise-only NVFP4 cast of per-tensor 1x16 RHT recipes of bf16 input, stochastic rounding included:
+``cast_col_kernel``, fed by ``row_factor_table_kernel``'s 128-entry table of encode factors (cast_row.py)
+for the columnwise outer amax.
+
+``cast16_kernel`` splits each column's 16-row block between two threads (8 rows each, so that the same
+tile gives the rowwise blocks too): its RHT needs one shuffle per element, and its tiles take 140-230
+registers, i.e. 8-14 warps per SM, too few to hide the memory latency. A columnwise-only cast has no
+rowwise blocks to serve, so here each thread owns whole columns: the block amax, the RHT butterflies,
+the scale and the codes of a block stay in one thread, with no exchange and few live values.
+
+Layout: x (M, K) bf16 contiguous, 16-byte aligned, read as (M, K / 2) int32 words (bf16 pairs: columns
+2p and 2p + 1 in word p, the first in the low half). A program covers GROUPS 16-row groups x BLOCK_C
+words. GROUPS (1, 2 or 4) divides M / 16, so there are no masks along M (they would split the vector
+stores). With BLOCK_C = 32 * num_warps each thread holds one word column: each of a group's 16 row loads
+is one coalesced 128-byte line per warp, and the thread holds two whole column blocks. Columnwise data
+(K, M / 2) uint8, written as (K, M / 8) int32 words (M_WORDS = M / 8 per column, an argument so that
+its divisibility is known): a program's GROUPS blocks of a column are one contiguous run of 8 * GROUPS
+bytes, stored at once (16-byte stores; 4 groups fill a 32-byte sector) rather than 8-byte pieces one by
+one. Scales E4M3 bits, compact / padded / swizzled (``scale_offsets``), likewise GROUPS per column at
+once where the layout keeps them contiguous.
+
+Numerics: ``cast16_kernel``'s columnwise side, with cast_row.py's per-tensor encoder: the block scale by
+``e4m3_code`` (Hopper's E4M3 convert; the integer encoder under the interpreter), the encode factor read
+from the table (fp64 divisions there, so one code path for every outer amax), codes by ``code_top``
+(round to nearest even) or ``sr_e2m1`` (SR), packed by ``push_code``. NaN blocks get code 0 without SR
+(the reference's x * NaN), as there. RHT: bf16(v @ T) of each column's 16 rows, summed with T / 16 in the
+butterfly order of ``rht16_cast16`` (index bit 0, 1, 2, 3), so the same bits. SR: the columnwise Philox
+units of ``pair_bytes_cols`` (columns 2p, 2p + 1 x rows 8q..8q+7, counter p * (M / 8) + q, stream 1,
+byte 8 (column % 2) + row % 8): a thread's word column is exactly one unit per 8 rows.
+"""
+import triton
+import triton.language as tl
+
+from ...layout import cdiv
+from ..formats import bf16_rne
+from .cast_row import code_top, e4m3_code, push_code
+from .common import abs_bits, normal_range, scale_offsets
+from .rht import SCALED_ENTRY, finish16
+from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
+
+
+@triton.jit
+def _signed(v, RHT_MASK: tl.constexpr, R: tl.constexpr):
+    """Row R's term of the RHT sum with T / 16: v * (+-2^-6), negative where bit R of the sign mask is set."""
+    if (RHT_MASK >> R) & 1:
+        out = v * -SCALED_ENTRY
+    else:
+        out = v * SCALED_ENTRY
+    return out
+
+
+@triton.jit
+def _bfly(a, b):
+    """One butterfly of a Hadamard stage: (a + b, a - b)."""
+    return a + b, a - b
+
+
+@triton.jit
+def _finish(s, SATURATE: tl.constexpr):
+    """bf16(16 s); SATURATE: ``finish16`` (results past bf16's range saturate), else for tiles whose outer
+    amax is in the normal range, where none can be."""
+    if SATURATE:
+        out = finish16(s)
+    else:
+        out = bf16_rne(s * 16.0)
+    return out
+
+
+@triton.jit
+def _rht16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+           RHT_MASK: tl.constexpr, SATURATE: tl.constexpr):
+    """bf16(v @ T) of one column's 16 rows v0..v15 (fp32 values of bf16): sign flips times 2^-6, the four
+    butterfly stages of Sylvester's H16 over row-index bits 0, 1, 2, 3, times 16 and rounded once."""
+    v0, v1, v2, v3 = (_signed(v0, RHT_MASK, 0), _signed(v1, RHT_MASK, 1), _signed(v2, RHT_MASK, 2),
+                      _signed(v3, RHT_MASK, 3))
+    v4, v5, v6, v7 = (_signed(v4, RHT_MASK, 4), _signed(v5, RHT_MASK, 5), _signed(v6, RHT_MASK, 6),
+                      _signed(v7, RHT_MASK, 7))
+    v8, v9, v10, v11 = (_signed(v8, RHT_MASK, 8), _signed(v9, RHT_MASK, 9), _signed(v10, RHT_MASK, 10),
+                        _signed(v11, RHT_MASK, 11))
+    v12, v13, v14, v15 = (_signed(v12, RHT_MASK, 12), _signed(v13, RHT_MASK, 13), _signed(v14, RHT_MASK, 14),
+                          _signed(v15, RHT_MASK, 15))
+    # bit 0
+    v0, v1 = _bfly(v0, v1)
+    v2, v3 = _bfly(v2, v3)
+    v4, v5 = _bfly(v4, v5)
+    v6, v7 = _bfly(v6, v7)
+    v8, v9 = _bfly(v8, v9)
+    v10, v11 = _bfly(v10, v11)
+    v12, v13 = _bfly(v12, v13)
+    v14, v15 = _bfly(v14, v15)
+    # bit 1
+    v0, v2 = _bfly(v0, v2)
+    v1, v3 = _bfly(v1, v3)
+    v4, v6 = _bfly(v4, v6)
+    v5, v7 = _bfly(v5, v7)
+    v8, v10 = _bfly(v8, v10)
+    v9, v11 = _bfly(v9, v11)
+    v12, v14 = _bfly(v12, v14)
+    v13, v15 = _bfly(v13, v15)
+    # bit 2
+    v0, v4 = _bfly(v0, v4)
+    v1, v5 = _bfly(v1, v5)
+    v2, v6 = _bfly(v2, v6)
+    v3, v7 = _bfly(v3, v7)
+    v8, v12 = _bfly(v8, v12)
+    v9, v13 = _bfly(v9, v13)
+    v10, v14 = _bfly(v10, v14)
+    v11, v15 = _bfly(v11, v15)
+    # bit 3
+    v0, v8 = _bfly(v0, v8)
+    v1, v9 = _bfly(v1, v9)
+    v2, v10 = _bfly(v2, v10)
+    v3, v11 = _bfly(v3, v11)
+    v4, v12 = _bfly(v4, v12)
+    v5, v13 = _bfly(v5, v13)
+    v6, v14 = _bfly(v6, v14)
+    v7, v15 = _bfly(v7, v15)
+    return (_finish(v0, SATURATE), _finish(v1, SATURATE), _finish(v2, SATURATE), _finish(v3, SATURATE),
+            _finish(v4, SATURATE), _finish(v5, SATURATE), _finish(v6, SATURATE), _finish(v7, SATURATE),
+            _finish(v8, SATURATE), _finish(v9, SATURATE), _finish(v10, SATURATE), _finish(v11, SATURATE),
+            _finish(v12, SATURATE), _finish(v13, SATURATE), _finish(v14, SATURATE), _finish(v15, SATURATE))
+
+
+@triton.jit
+def _abs_max16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15):
+    """max |v| of 16 fp32 values as an integer max of their magnitude bits (NaN above inf, as torch.amax)."""
+    a = tl.maximum(tl.maximum(abs_bits(v0), abs_bits(v1)), tl.maximum(abs_bits(v2), abs_bits(v3)))
+    b = tl.maximum(tl.maximum(abs_bits(v4), abs_bits(v5)), tl.maximum(abs_bits(v6), abs_bits(v7)))
+    c = tl.maximum(tl.maximum(abs_bits(v8), abs_bits(v9)), tl.maximum(abs_bits(v10), abs_bits(v11)))
+    d = tl.maximum(tl.maximum(abs_bits(v12), abs_bits(v13)), tl.maximum(abs_bits(v14), abs_bits(v15)))
+    return tl.maximum(tl.maximum(a, b), tl.maximum(c, d)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _code(v, enc, rword, R: tl.constexpr, SR: tl.constexpr):
+    """Row R's E2M1 code of fl(v * enc) in the top nibble (below it: whatever ``push_code`` ignores):
+    round to nearest even, or SR with byte R % 4 of the random word ``rword``."""
+    if SR:
+        out = sr_e2m1(v * enc, (rword >> ((R % 4) * 8)) & 0xFF) << 28
+    else:
+        out = code_top(v, enc)
+    return out
+
+
+@triton.jit
+def _word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, ra, rb, HW: tl.constexpr, SR: tl.constexpr):
+    """The int32 word of 8 rows' codes, row 0 in the low nibble (pushed from the last row down); SR: rows
+    0-3 take the bytes of random word ``ra``, rows 4-7 those of ``rb``."""
+    acc = push_code(tl.zeros_like(ra), _code(v7, enc, rb, 7, SR), HW)
+    acc = push_code(acc, _code(v6, enc, rb, 6, SR), HW)
+    acc = push_code(acc, _code(v5, enc, rb, 5, SR), HW)
+    acc = push_code(acc, _code(v4, enc, rb, 4, SR), HW)
+    acc = push_code(acc, _code(v3, enc, ra, 3, SR), HW)
+    acc = push_code(acc, _code(v2, enc, ra, 2, SR), HW)
+    acc = push_code(acc, _code(v1, enc, ra, 1, SR), HW)
+    return push_code(acc, _code(v0, enc, ra, 0, SR), HW)
+
+
+@triton.jit
+def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, bamax, s_enc_sixth, table_ptr,
+              r0, r1, r2, r3, HW: tl.constexpr, SR: tl.constexpr):
+    """(word of rows 0-7, word of rows 8-15, E4M3 scale code) of one column block of 16 fp32 values with
+    block amax ``bamax``; SR: random words r0..r3 for rows 0-3, 4-7, 8-11, 12-15."""
+    scale = e4m3_code(bamax * s_enc_sixth, HW)
+    enc = tl.load(table_ptr + (scale & 0x7F))
+    lo = _word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, r0, r1, HW, SR)
+    hi = _word8(v8, v9, v10, v11, v12, v13, v14, v15, enc, r2, r3, HW, SR)
+    if not SR:  # a NaN factor (NaN element or outer amax): code 0, as the reference
+        lo = tl.where(enc != enc, 0, lo)
+        hi = tl.where(enc != enc, 0, hi)
+    return lo, hi, scale
+
+
+@triton.jit
+def _lo(w):
+    """fp32 value of the low bf16 of int32 words (column 2p)."""
+    return (w << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _hi(w):
+    """fp32 value of the high bf16 of int32 words (column 2p + 1)."""
+    return (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store_words(data_ptr, col, first, words, g0, m_blocks, m_words, c_ok):
+    """Words [BLOCK_C, W] (W = 2 or 4: at most 16 bytes, so that the store keeps one thread per column and
+    needs no layout conversion) at word slots first.. of column ``col``'s run from group g0 on."""
+    slot = first + tl.arange(0, words.shape[1])
+    tl.store(data_ptr + (col * m_words + g0 * 2)[:, None] + slot[None, :], words, mask=c_ok[:, None])
+
+
+@triton.jit
+def _store_scales(scale_ptr, col, g0, m_blocks, m_words, s0, s1, s2, s3, c_ok, GROUPS: tl.constexpr,
+                  LAYOUT: tl.constexpr):
+    """Column ``col``'s scale codes of groups g0..g0+GROUPS-1 (s0..s3, the unused ones ignored): one run per
+    column in the compact and padded layouts (row length m_blocks, or rounded up to 4: divisible by 4, so
+    the run is one store), one byte per group in the swizzled one."""
+    if LAYOUT == 2 or GROUPS == 1:
+        for j in tl.static_range(GROUPS):
+            if j == 0:
+                s = s0
+            elif j == 1:
+                s = s1
+            elif j == 2:
+                s = s2
+            else:
+                s = s3
+            tl.store(scale_ptr + scale_offsets(col, g0 + j, m_blocks, LAYOUT), s.to(tl.uint8), mask=c_ok)
+    else:
+        if LAYOUT == 0:
+            row = m_words // 2
+        else:
+            row = (m_words // 2 + 3) // 4 * 4
+        if GROUPS == 2:
+            scales = _in_order2(s0, s1)
+        else:
+            scales = _in_order4(s0, s1, s2, s3)
+        groups = g0 + tl.arange(0, GROUPS)
+        tl.store(scale_ptr + (col * row)[:, None] + groups[None, :], scales.to(tl.uint8), mask=c_ok[:, None])
+
+
+@triton.jit
+def _in_order2(a, b):
+    """[N, 2] of a, b (b next to a in registers and in memory)."""
+    return tl.join(a, b)
+
+
+@triton.jit
+def _in_order4(a, b, c, d):
+    """[N, 4] of a, b, c, d in this order, in registers as in memory (the last join is the fastest axis)."""
+    return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), [a.shape[0], 4])
+
+
+@triton.jit
+def _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g, kw, m_blocks, HW: tl.constexpr, RHT_MASK: tl.constexpr,
+                SATURATE: tl.constexpr, SR: tl.constexpr):
+    """The columnwise blocks of 16-row group g (int64 scalar) for word columns wc, both columns of each word:
+    (column 2p's two words, column 2p + 1's two words, their two scale codes)."""
+    ok = c_ok
+    p = x_ptr + g * 16 * kw + wc
+    w0 = tl.load(p, mask=ok, other=0)
+    w1 = tl.load(p + kw, mask=ok, other=0)
+    w2 = tl.load(p + 2 * kw, mask=ok, other=0)
+    w3 = tl.load(p + 3 * kw, mask=ok, other=0)
+    w4 = tl.load(p + 4 * kw, mask=ok, other=0)
+    w5 = tl.load(p + 5 * kw, mask=ok, other=0)
+    w6 = tl.load(p + 6 * kw, mask=ok, other=0)
+    w7 = tl.load(p + 7 * kw, mask=ok, other=0)
+    w8 = tl.load(p + 8 * kw, mask=ok, other=0)
+    w9 = tl.load(p + 9 * kw, mask=ok, other=0)
+    w10 = tl.load(p + 10 * kw, mask=ok, other=0)
+    w11 = tl.load(p + 11 * kw, mask=ok, other=0)
+    w12 = tl.load(p + 12 * kw, mask=ok, other=0)
+    w13 = tl.load(p + 13 * kw, mask=ok, other=0)
+    w14 = tl.load(p + 14 * kw, mask=ok, other=0)
+    w15 = tl.load(p + 15 * kw, mask=ok, other=0)
+    if SR:  # one Philox block per 8 rows of the word column: words 0, 1 -> column 2p, words 2, 3 -> 2p + 1
+        counter = wc * (m_blocks * 2) + g * 2
+        a0, a1, a2, a3 = philox_words(seed, counter, 1)
+        b0, b1, b2, b3 = philox_words(seed, counter + 1, 1)
+        a0, a1, a2, a3 = (a0.to(tl.int32, bitcast=True), a1.to(tl.int32, bitcast=True), a2.to(tl.int32, bitcast=True),
+                          a3.to(tl.int32, bitcast=True))
+        b0, b1, b2, b3 = (b0.to(tl.int32, bitcast=True), b1.to(tl.int32, bitcast=True), b2.to(tl.int32, bitcast=True),
+                          b3.to(tl.int32, bitcast=True))
+    else:
+        a0, a1, a2, a3, b0, b1, b2, b3 = w0, w0, w0, w0, w0, w0, w0, w0  # unused without SR
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15 = _rht16(
+        _lo(w0), _lo(w1), _lo(w2), _lo(w3), _lo(w4), _lo(w5), _lo(w6), _lo(w7),
+        _lo(w8), _lo(w9), _lo(w10), _lo(w11), _lo(w12), _lo(w13), _lo(w14), _lo(w15), RHT_MASK, SATURATE)
+    amax_lo = _abs_max16(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15)
+    lo0, lo1, scale_lo = _encode16(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, amax_lo,
+                                   s_enc_sixth, table_ptr, a0, a1, b0, b1, HW, SR)
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = _rht16(
+        _hi(w0), _hi(w1), _hi(w2), _hi(w3), _hi(w4), _hi(w5), _hi(w6), _hi(w7),
+        _hi(w8), _hi(w9), _hi(w10), _hi(w11), _hi(w12), _hi(w13), _hi(w14), _hi(w15), RHT_MASK, SATURATE)
+    amax_hi = _abs_max16(h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15)
+    hi0, hi1, scale_hi = _encode16(h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15, amax_hi,
+                                   s_enc_sixth, table_ptr, a2, a3, b2, b3, HW, SR)
+    return lo0, lo1, hi0, hi1, scale_lo, scale_hi
+
+
+@triton.jit
+def _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, m_words,
+                 LAYOUT: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr,
+                 SATURATE: tl.constexpr, SR: tl.constexpr):
+    """GROUPS (1, 2 or 4) consecutive 16-row groups from g0, unrolled; each column's words and scales of them
+    stored together."""
+    l0, l1, h0, h1, sl0, sh0 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, HW,
+                                           RHT_MASK, SATURATE, SR)
+    lo_col = wc * 2
+    hi_col = lo_col + 1
+    if GROUPS == 1:
+        _store_words(data_ptr, lo_col, 0, _in_order2(l0, l1), g0, m_blocks, m_words, c_ok)
+        _store_words(data_ptr, hi_col, 0, _in_order2(h0, h1), g0, m_blocks, m_words, c_ok)
+        _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl0, sl0, sl0, c_ok, 1, LAYOUT)
+        _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh0, sh0, sh0, c_ok, 1, LAYOUT)
+    else:
+        l2, l3, h2, h3, sl1, sh1 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 1, kw, m_blocks, HW,
+                                               RHT_MASK, SATURATE, SR)
+        _store_words(data_ptr, lo_col, 0, _in_order4(l0, l1, l2, l3), g0, m_blocks, m_words, c_ok)
+        _store_words(data_ptr, hi_col, 0, _in_order4(h0, h1, h2, h3), g0, m_blocks, m_words, c_ok)
+        if GROUPS == 2:
+            _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl1, sl1, c_ok, 2, LAYOUT)
+            _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh1, sh1, c_ok, 2, LAYOUT)
+        else:
+            l4, l5, h4, h5, sl2, sh2 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 2, kw, m_blocks,
+                                                   HW, RHT_MASK, SATURATE, SR)
+            l6, l7, h6, h7, sl3, sh3 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 3, kw, m_blocks,
+                                                   HW, RHT_MASK, SATURATE, SR)
+            # the run's second 16 bytes right after its first (the same sector)
+            _store_words(data_ptr, lo_col, 4, _in_order4(l4, l5, l6, l7), g0, m_blocks, m_words, c_ok)
+            _store_words(data_ptr, hi_col, 4, _in_order4(h4, h5, h6, h7), g0, m_blocks, m_words, c_ok)
+            _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl2, sl3, c_ok, 4, LAYOUT)
+            _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh2, sh3, c_ok, 4, LAYOUT)
+
+
+@triton.jit(do_not_specialize=["seed_value"])  # a fresh seed per call must not select another compiled kernel
+def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, seed_value, M, K, M_WORDS,
+                    LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr,
+                    RHT_MASK: tl.constexpr, SR: tl.constexpr = False, SEED_FROM_PTR: tl.constexpr = False):
+    """Columnwise codes and scales of GROUPS 16-row groups x BLOCK_C word columns (module docstring).
+    x_ptr: x as int32 words; data_ptr: the columnwise data as int32 words; table_ptr: the
+    ``row_factor_table_kernel`` table of the columnwise amax at amax_ptr (read here only to choose the
+    RHT's rounding without saturation); HW: inline PTX (GPU) instead of the integer formulas. Blocks of
+    bf16(RHT(x^T)) with the sign mask RHT_MASK; SR with the seed (SEED_FROM_PTR: read from seed_ptr)."""
+    pid = tl.program_id(0)
+    kw = K // 2
+    n_c = tl.cdiv(kw, BLOCK_C)
+    wc = ((pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+    c_ok = wc < kw
+    g0 = (pid // n_c).to(tl.int64) * GROUPS
+    m_blocks = M // 16
+    s_enc_sixth = tl.load(table_ptr + 128)
+    seed = sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
+    # a normal-range outer amax (the post-RHT maximum) bounds every result: no saturation
+    if normal_range(tl.load(amax_ptr + tl.zeros([1], tl.int32))):
+        _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS, LAYOUT,
+                     GROUPS, HW, RHT_MASK, False, SR)
+    else:
+        _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS, LAYOUT,
+                     GROUPS, HW, RHT_MASK, True, SR)
+
+
+def cast_col_grid(m: int, k: int, meta: dict) -> tuple[int]:
+    return (cdiv(cdiv(m, 16), meta["GROUPS"]) * cdiv(k // 2, meta["BLOCK_C"]),)
