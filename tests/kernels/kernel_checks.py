@@ -57,6 +57,15 @@ def record_launches(monkeypatch, module, kernel_name: str, calls: list | None = 
     return calls
 
 
+def set_plan_flags(monkeypatch, opt_flags, quantize_module, cast_module, **values) -> None:
+    """Set ``opt_flags`` attributes (launch thresholds) for the test and drop the quantize plans cached under
+    the previous values (the eager plans of ``quantize_module``, ``cast_module.cast_plan``)."""
+    for name, value in values.items():
+        monkeypatch.setattr(opt_flags, name, value)
+    monkeypatch.setattr(quantize_module, "_EAGER_PLANS", {})
+    cast_module.cast_plan.cache_clear()
+
+
 def gpu_golden_folders() -> list[Path]:
     """The shipped subset, plus the full golden set staged for the GPU run when it is there."""
     staged = Path(os.environ.get("NVFP4LAB_GOLDEN", Path(__file__).resolve().parents[2] / ".gpu" / "golden"))

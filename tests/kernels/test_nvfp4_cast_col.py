@@ -14,7 +14,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import host_sr_bytes, record_launches
+from .kernel_checks import host_sr_bytes, record_launches, set_plan_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
@@ -27,12 +27,8 @@ FLT_MAX = torch.finfo(torch.float32).max
 def cast_col_from(monkeypatch):
     """``cast_col_from(n)``: columnwise-only RHT casts take cast_col_kernel from n elements on, and split row+col
     casts split from n elements on, during the test; cached plans are dropped before and after."""
-    def set_threshold(elements: int) -> None:
-        monkeypatch.setattr(opt_flags, "CAST_COL_MIN_ELEMENTS", elements)
-        monkeypatch.setattr(opt_flags, "SPLIT_CAST_MIN_ELEMENTS", elements)
-        monkeypatch.setattr(kq, "_EAGER_PLANS", {})
-        cast_module.cast_plan.cache_clear()
-    yield set_threshold
+    yield lambda elements: set_plan_flags(monkeypatch, opt_flags, kq, cast_module, CAST_COL_MIN_ELEMENTS=elements,
+                                          SPLIT_CAST_MIN_ELEMENTS=elements)
     cast_module.cast_plan.cache_clear()
 
 

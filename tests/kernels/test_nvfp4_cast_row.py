@@ -15,7 +15,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_modul
 from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_factor_table_kernel
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import TILE_16X32, assert_same_bits, record_launches
+from .kernel_checks import TILE_16X32, assert_same_bits, record_launches, set_plan_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
@@ -28,11 +28,7 @@ FLT_MAX = torch.finfo(torch.float32).max
 def cast_row_from(monkeypatch):
     """``cast_row_from(n)``: per-tensor casts take cast_row_kernel from n elements on during the test; the
     cached launch plans are dropped before (built under the default threshold) and after (under n)."""
-    def set_threshold(elements: int) -> None:
-        monkeypatch.setattr(opt_flags, "CAST_ROW_MIN_ELEMENTS", elements)
-        monkeypatch.setattr(kq, "_EAGER_PLANS", {})
-        cast_module.cast_plan.cache_clear()
-    yield set_threshold
+    yield lambda elements: set_plan_flags(monkeypatch, opt_flags, kq, cast_module, CAST_ROW_MIN_ELEMENTS=elements)
     cast_module.cast_plan.cache_clear()
 
 

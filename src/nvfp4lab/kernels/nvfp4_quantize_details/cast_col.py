@@ -172,15 +172,28 @@ def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v
 
 
 @triton.jit
-def _lo(w):
-    """fp32 value of the low bf16 of int32 words (column 2p)."""
-    return (w << 16).to(tl.float32, bitcast=True)
+def _half(w, HI: tl.constexpr):
+    """fp32 values of one bf16 of int32 words: the low half (column 2p) or, with HI, the high one (2p + 1)."""
+    if HI:
+        out = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        out = (w << 16).to(tl.float32, bitcast=True)
+    return out
 
 
 @triton.jit
-def _hi(w):
-    """fp32 value of the high bf16 of int32 words (column 2p + 1)."""
-    return (w & -65536).to(tl.float32, bitcast=True)
+def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, s_enc_sixth, table_ptr,
+                  r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr,
+                  SR: tl.constexpr):
+    """(word of rows 0-7, word of rows 8-15, scale code) of the RHT block of one column of 16 rows of words w0..w15
+    (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s."""
+    v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _rht16(
+        _half(w0, HI), _half(w1, HI), _half(w2, HI), _half(w3, HI), _half(w4, HI), _half(w5, HI), _half(w6, HI),
+        _half(w7, HI), _half(w8, HI), _half(w9, HI), _half(w10, HI), _half(w11, HI), _half(w12, HI), _half(w13, HI),
+        _half(w14, HI), _half(w15, HI), RHT_MASK, SATURATE)
+    bamax = _abs_max16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)
+    return _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, bamax, s_enc_sixth,
+                     table_ptr, r0, r1, r2, r3, HW, SR)
 
 
 @triton.jit
@@ -198,16 +211,12 @@ def _store_scales(scale_ptr, col, g0, m_blocks, m_words, s0, s1, s2, s3, c_ok, G
     column in the compact and padded layouts (row length m_blocks, or rounded up to 4: divisible by 4, so
     the run is one store), one byte per group in the swizzled one."""
     if LAYOUT == 2 or GROUPS == 1:
-        for j in tl.static_range(GROUPS):
-            if j == 0:
-                s = s0
-            elif j == 1:
-                s = s1
-            elif j == 2:
-                s = s2
-            else:
-                s = s3
-            tl.store(scale_ptr + scale_offsets(col, g0 + j, m_blocks, LAYOUT), s.to(tl.uint8), mask=c_ok)
+        tl.store(scale_ptr + scale_offsets(col, g0, m_blocks, LAYOUT), s0.to(tl.uint8), mask=c_ok)
+        if GROUPS > 1:
+            tl.store(scale_ptr + scale_offsets(col, g0 + 1, m_blocks, LAYOUT), s1.to(tl.uint8), mask=c_ok)
+        if GROUPS > 2:
+            tl.store(scale_ptr + scale_offsets(col, g0 + 2, m_blocks, LAYOUT), s2.to(tl.uint8), mask=c_ok)
+            tl.store(scale_ptr + scale_offsets(col, g0 + 3, m_blocks, LAYOUT), s3.to(tl.uint8), mask=c_ok)
     else:
         if LAYOUT == 0:
             row = m_words // 2
@@ -266,18 +275,10 @@ def _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g, kw, m_blocks, 
                           b3.to(tl.int32, bitcast=True))
     else:
         a0, a1, a2, a3, b0, b1, b2, b3 = w0, w0, w0, w0, w0, w0, w0, w0  # unused without SR
-    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15 = _rht16(
-        _lo(w0), _lo(w1), _lo(w2), _lo(w3), _lo(w4), _lo(w5), _lo(w6), _lo(w7),
-        _lo(w8), _lo(w9), _lo(w10), _lo(w11), _lo(w12), _lo(w13), _lo(w14), _lo(w15), RHT_MASK, SATURATE)
-    amax_lo = _abs_max16(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15)
-    lo0, lo1, scale_lo = _encode16(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, amax_lo,
-                                   s_enc_sixth, table_ptr, a0, a1, b0, b1, HW, SR)
-    h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = _rht16(
-        _hi(w0), _hi(w1), _hi(w2), _hi(w3), _hi(w4), _hi(w5), _hi(w6), _hi(w7),
-        _hi(w8), _hi(w9), _hi(w10), _hi(w11), _hi(w12), _hi(w13), _hi(w14), _hi(w15), RHT_MASK, SATURATE)
-    amax_hi = _abs_max16(h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15)
-    hi0, hi1, scale_hi = _encode16(h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15, amax_hi,
-                                   s_enc_sixth, table_ptr, a2, a3, b2, b3, HW, SR)
+    lo0, lo1, scale_lo = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
+                                       s_enc_sixth, table_ptr, a0, a1, b0, b1, False, HW, RHT_MASK, SATURATE, SR)
+    hi0, hi1, scale_hi = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
+                                       s_enc_sixth, table_ptr, a2, a3, b2, b3, True, HW, RHT_MASK, SATURATE, SR)
     return lo0, lo1, hi0, hi1, scale_lo, scale_hi
 
 
