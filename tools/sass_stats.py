@@ -2,7 +2,8 @@
 
 Prints registers, spills, instruction count per thread and per element, and an opcode histogram, for
 the cast kernel of each named recipe (``cast16_kernel``, ``cast_row_kernel`` for rowwise-only bf16 casts
-without SR, or ``four_over_six_kernel`` for 4over6; ``--cast16`` for cast16_kernel instead of cast_row) as the
+without SR, ``cast_col_kernel`` for columnwise-only RHT casts (``--side col``), or ``four_over_six_kernel`` for
+4over6; ``--cast16`` for cast16_kernel instead of cast_row) as the
 launcher builds it (one launch for rowwise and columnwise, ``--side`` for one output) at its default
 tile (or ``--tile``). Instruction count per element is the one number that bounds these kernels on
 Hopper (see kernels/nvfp4_quantize.py).

@@ -213,6 +213,24 @@ def test_sr_bits_match_host_philox(shape, tile, launches, device=DEV):
     assert torch.equal(got.columnwise_data.cpu(), want)
 
 
+def test_sr_seed_from_a_device_tensor(launches):
+    """The seed read by the kernel from an int64 tensor (graph capture, torch.compile) gives the bits of the same
+    seed passed as an int; another seed gives other codes."""
+    x = rht_exact_input(64, 96, seed=25).to(DEV)
+    amax = ref_nvfp4.quantize(x.cpu(), COL_RHT).columnwise_amax.to(DEV)
+
+    def cast(seed_tensor, seed):
+        return kq.cast_outputs(x, None, amax, seed_tensor, seed, False, True, False, False, COL_RHT.rht_sign_mask, 0,
+                               448.0, True, "compact", poison=True)
+
+    from_int = cast(None, 77)
+    from_tensor = cast(torch.tensor([77], dtype=torch.int64, device=DEV), 0)
+    other = cast(torch.tensor([78], dtype=torch.int64, device=DEV), 0)
+    assert len(launches) == 3
+    assert torch.equal(from_int[2], from_tensor[2]) and torch.equal(from_int[3], from_tensor[3])
+    assert not torch.equal(from_int[2], other[2])
+
+
 def test_empty_input(launches):
     for shape in ((0, 64), (32, 0)):
         out = kq.quantize(torch.zeros(shape, dtype=torch.bfloat16, device=DEV), COL_RHT, poison=True)
