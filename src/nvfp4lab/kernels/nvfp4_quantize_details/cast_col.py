@@ -197,7 +197,7 @@ def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w1
 
 
 @triton.jit
-def _store_words(data_ptr, col, first, words, g0, m_blocks, m_words, c_ok):
+def _store_words(data_ptr, col, first, words, g0, m_words, c_ok):
     """Words [BLOCK_C, W] (W = 2 or 4: at most 16 bytes, so that the store keeps one thread per column and
     needs no layout conversion) at word slots first.. of column ``col``'s run from group g0 on."""
     slot = first + tl.arange(0, words.shape[1])
@@ -247,24 +247,23 @@ def _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g, kw, m_blocks, 
                 SATURATE: tl.constexpr, SR: tl.constexpr):
     """The columnwise blocks of 16-row group g (int64 scalar) for word columns wc, both columns of each word:
     (column 2p's two words, column 2p + 1's two words, their two scale codes)."""
-    ok = c_ok
     p = x_ptr + g * 16 * kw + wc
-    w0 = tl.load(p, mask=ok, other=0)
-    w1 = tl.load(p + kw, mask=ok, other=0)
-    w2 = tl.load(p + 2 * kw, mask=ok, other=0)
-    w3 = tl.load(p + 3 * kw, mask=ok, other=0)
-    w4 = tl.load(p + 4 * kw, mask=ok, other=0)
-    w5 = tl.load(p + 5 * kw, mask=ok, other=0)
-    w6 = tl.load(p + 6 * kw, mask=ok, other=0)
-    w7 = tl.load(p + 7 * kw, mask=ok, other=0)
-    w8 = tl.load(p + 8 * kw, mask=ok, other=0)
-    w9 = tl.load(p + 9 * kw, mask=ok, other=0)
-    w10 = tl.load(p + 10 * kw, mask=ok, other=0)
-    w11 = tl.load(p + 11 * kw, mask=ok, other=0)
-    w12 = tl.load(p + 12 * kw, mask=ok, other=0)
-    w13 = tl.load(p + 13 * kw, mask=ok, other=0)
-    w14 = tl.load(p + 14 * kw, mask=ok, other=0)
-    w15 = tl.load(p + 15 * kw, mask=ok, other=0)
+    w0 = tl.load(p, mask=c_ok, other=0)
+    w1 = tl.load(p + kw, mask=c_ok, other=0)
+    w2 = tl.load(p + 2 * kw, mask=c_ok, other=0)
+    w3 = tl.load(p + 3 * kw, mask=c_ok, other=0)
+    w4 = tl.load(p + 4 * kw, mask=c_ok, other=0)
+    w5 = tl.load(p + 5 * kw, mask=c_ok, other=0)
+    w6 = tl.load(p + 6 * kw, mask=c_ok, other=0)
+    w7 = tl.load(p + 7 * kw, mask=c_ok, other=0)
+    w8 = tl.load(p + 8 * kw, mask=c_ok, other=0)
+    w9 = tl.load(p + 9 * kw, mask=c_ok, other=0)
+    w10 = tl.load(p + 10 * kw, mask=c_ok, other=0)
+    w11 = tl.load(p + 11 * kw, mask=c_ok, other=0)
+    w12 = tl.load(p + 12 * kw, mask=c_ok, other=0)
+    w13 = tl.load(p + 13 * kw, mask=c_ok, other=0)
+    w14 = tl.load(p + 14 * kw, mask=c_ok, other=0)
+    w15 = tl.load(p + 15 * kw, mask=c_ok, other=0)
     if SR:  # one Philox block per 8 rows of the word column: words 0, 1 -> column 2p, words 2, 3 -> 2p + 1
         counter = wc * (m_blocks * 2) + g * 2
         a0, a1, a2, a3 = philox_words(seed, counter, 1)
@@ -293,15 +292,15 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c
     lo_col = wc * 2
     hi_col = lo_col + 1
     if GROUPS == 1:
-        _store_words(data_ptr, lo_col, 0, _in_order2(l0, l1), g0, m_blocks, m_words, c_ok)
-        _store_words(data_ptr, hi_col, 0, _in_order2(h0, h1), g0, m_blocks, m_words, c_ok)
+        _store_words(data_ptr, lo_col, 0, _in_order2(l0, l1), g0, m_words, c_ok)
+        _store_words(data_ptr, hi_col, 0, _in_order2(h0, h1), g0, m_words, c_ok)
         _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl0, sl0, sl0, c_ok, 1, LAYOUT)
         _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh0, sh0, sh0, c_ok, 1, LAYOUT)
     else:
         l2, l3, h2, h3, sl1, sh1 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 1, kw, m_blocks, HW,
                                                RHT_MASK, SATURATE, SR)
-        _store_words(data_ptr, lo_col, 0, _in_order4(l0, l1, l2, l3), g0, m_blocks, m_words, c_ok)
-        _store_words(data_ptr, hi_col, 0, _in_order4(h0, h1, h2, h3), g0, m_blocks, m_words, c_ok)
+        _store_words(data_ptr, lo_col, 0, _in_order4(l0, l1, l2, l3), g0, m_words, c_ok)
+        _store_words(data_ptr, hi_col, 0, _in_order4(h0, h1, h2, h3), g0, m_words, c_ok)
         if GROUPS == 2:
             _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl1, sl1, c_ok, 2, LAYOUT)
             _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh1, sh1, c_ok, 2, LAYOUT)
@@ -311,8 +310,8 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c
             l6, l7, h6, h7, sl3, sh3 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 3, kw, m_blocks,
                                                    HW, RHT_MASK, SATURATE, SR)
             # the run's second 16 bytes right after its first (the same sector)
-            _store_words(data_ptr, lo_col, 4, _in_order4(l4, l5, l6, l7), g0, m_blocks, m_words, c_ok)
-            _store_words(data_ptr, hi_col, 4, _in_order4(h4, h5, h6, h7), g0, m_blocks, m_words, c_ok)
+            _store_words(data_ptr, lo_col, 4, _in_order4(l4, l5, l6, l7), g0, m_words, c_ok)
+            _store_words(data_ptr, hi_col, 4, _in_order4(h4, h5, h6, h7), g0, m_words, c_ok)
             _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl2, sl3, c_ok, 4, LAYOUT)
             _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh2, sh3, c_ok, 4, LAYOUT)
 
