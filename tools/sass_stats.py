@@ -56,7 +56,7 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     if opt_flags.use_cast_col(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six, cfg.rht,
                               steps is not None, False, True, True, False):
         meta = opt_flags.cast_col_meta(8192, 8192, cfg.scale_layout, cfg.rht_sign_mask if cfg.rht else -1,
-                                       cfg.stochastic_rounding, cfg.stochastic_rounding, block_m=tile[0] if tile else 0,
+                                       cfg.e4m3_max, cfg.stochastic_rounding, cfg.stochastic_rounding, block_m=tile[0] if tile else 0,
                                        **explicit)
         meta["HW"] = True
         fn, bm, bk = cast_col.cast_col_kernel, 16 * meta["GROUPS"], meta["BLOCK_C"] * 2
@@ -142,6 +142,7 @@ def main():
             return True
 
         cast16.normal_range = _always
+        cast_col.normal_range = _always
         four_over_six.normal_range = _always
         pt_scales.normal_range_pt = _always  # per token: the tables' range flag
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None

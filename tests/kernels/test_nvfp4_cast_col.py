@@ -28,7 +28,7 @@ def cast_col_from(monkeypatch):
     """``cast_col_from(n)``: columnwise-only RHT casts take cast_col_kernel from n elements on, and split row+col
     casts split from n elements on, during the test; cached plans are dropped before and after."""
     yield lambda elements: set_plan_flags(monkeypatch, opt_flags, kq, cast_module, CAST_COL_MIN_ELEMENTS=elements,
-                                          SPLIT_CAST_MIN_ELEMENTS=elements)
+                                          SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(("rht", "rht_sr", "sr"), elements))
     cast_module.cast_plan.cache_clear()
 
 
@@ -113,7 +113,7 @@ def test_which_casts_take_cast_col(kwargs, dtype, takes_it, monkeypatch, cast_co
 
 
 def test_small_casts_take_cast16(monkeypatch, cast_col_from):
-    """Below CAST_COL_MIN_ELEMENTS a columnwise RHT cast runs cast16_kernel (no factor-table launch)."""
+    """Below CAST_COL_MIN_ELEMENTS a columnwise RHT cast runs cast16_kernel."""
     cast_col_from(32 * 64 + 16)
     fast = record_launches(monkeypatch, cast_col_module, "cast_col_kernel")
     slow = record_launches(monkeypatch, cast16_module, "cast16_kernel")
@@ -127,8 +127,11 @@ def test_misaligned_input_takes_cast16(monkeypatch, cast_col_from):
     """x not 16-byte aligned (a view at an odd offset): not read as int32 words."""
     cast_col_from(0)
     fast = record_launches(monkeypatch, cast_col_module, "cast_col_kernel")
-    x = rht_exact_input(1, 32 * 64 + 1, seed=2).flatten()[1:].reshape(32, 64)
-    got = kq.quantize(x.to(DEV), COL_RHT, poison=True)
+    x = rht_exact_input(32, 64, seed=2)
+    x_dev = torch.empty(32 * 64 + 1, dtype=torch.bfloat16, device=DEV)[1:].view(32, 64)  # made on the device: .to() aligns
+    x_dev.copy_(x)
+    assert x_dev.data_ptr() % 16
+    got = kq.quantize(x_dev, COL_RHT, poison=True)
     assert torch.equal(got.columnwise_data.cpu(), ref_nvfp4.quantize(x, COL_RHT).columnwise_data)
     assert not fast
 
@@ -136,7 +139,7 @@ def test_misaligned_input_takes_cast16(monkeypatch, cast_col_from):
 @pytest.mark.parametrize("m,block_m,groups", [(64, 64, 4), (96, 64, 2), (48, 64, 1), (64, 32, 2), (64, 16, 1)])
 def test_row_groups_divide_the_rows(m, block_m, groups):
     """GROUPS is the largest of 4, 2, 1 within block_m / 16 that divides M / 16 (the kernel has no row masks)."""
-    assert opt_flags.cast_col_meta(m, 64, "compact", 0xD7E8, False, False, block_m=block_m)["GROUPS"] == groups
+    assert opt_flags.cast_col_meta(m, 64, "compact", 0xD7E8, 448.0, False, False, block_m=block_m)["GROUPS"] == groups
 
 
 # ---------------------------------------------------------------------------------- bits vs the reference
@@ -179,13 +182,32 @@ def test_special_values(launches):
 
 @pytest.mark.parametrize("amax", [0.0, float("inf"), float("nan"), 1e-38, 3e-41, 1e-31, 1e30, 1e35, FLT_MAX, 20.0])
 def test_provided_amax_outside_the_normal_range(amax, launches):
-    """Given columnwise amaxes 0, inf, NaN, subnormal, tiny, huge: one code path (the table divides in fp64); outside
+    """Given columnwise amaxes 0, inf, NaN, subnormal, tiny, huge: fp64 factors outside the normal range, fp32 in it; outside
     the normal range the RHT saturates past bf16's range (the reference's rule)."""
     scales = torch.ones(2, 64)
     scales[0, 3] = 2.0**120
     x = rht_exact_input(32, 64, seed=4, block_scales=scales)
     assert_columnwise_same(launches, x, COL_RHT, f"amax {amax}", columnwise_amax=torch.tensor([amax]),
                            nan_scale=amax != amax)
+
+
+def normal_range_amaxes(n, seed):
+    """n columnwise amaxes across the range where the kernel divides in fp32: both ends (2^-100, 2^100), 2^-100's
+    fp32 predecessor and 2^100's successor (fp64 there), and log-uniform values with random mantissas between."""
+    g = torch.Generator().manual_seed(seed)
+    spread = 2.0 ** (torch.rand(max(n - 4, 0), generator=g, dtype=torch.float64) * 200 - 100)
+    ends = torch.tensor([2.0**-100, 2.0**100], dtype=torch.float64)
+    beyond = torch.nextafter(ends.float(), torch.tensor([0.0, float("inf")]))
+    return torch.cat([ends.float(), beyond, spread.float()])
+
+
+def test_encode_factor_across_the_normal_range(launches):
+    """Each block's encode factor 1 / (s * S_dec) by one fp32 division for outer amaxes in [2^-100, 2^100]: the
+    reference's bits (scales from 2^-9 to 448 among the blocks) at both ends, just past them, and between."""
+    scales = 2.0 ** torch.arange(-12, 12, dtype=torch.float32).reshape(2, 12).repeat(1, 4)
+    x = rht_exact_input(32, 48, seed=8, block_scales=scales)
+    for amax in normal_range_amaxes(12, seed=1).tolist():
+        assert_columnwise_same(launches, x, COL_RHT, f"amax {amax!r}", columnwise_amax=torch.tensor([amax]))
 
 
 # ---------------------------------------------------------------------------------- stochastic rounding
@@ -204,8 +226,9 @@ def test_sr_bits_match_host_philox(shape, tile, launches, device=DEV):
     config = NVFP4QuantConfig(rowwise=False, columnwise=True, rht=True, stochastic_rounding=True)
     x = rht_exact_input(*shape, seed=24)
     seed = 0x1234_5678_9ABC
+    before = len(launches)
     got = kq.quantize(x.to(device), config, seed=seed, poison=True, **tile)
-    assert len(launches) == 1
+    assert len(launches) == before + 1
     rn = ref_nvfp4.quantize(x, COL_RHT)
     assert torch.equal(got.columnwise_scale.cpu(), rn.columnwise_scale)
     rbytes = host_sr_bytes(seed, shape[1], shape[0], 1)
@@ -251,9 +274,44 @@ def test_gpu_inline_ptx_matches_reference(launches):
     for amax in (0.0, float("inf"), float("nan"), 3e-41, 1e-31, 1e35):
         assert_columnwise_same(launches, rht_exact_input(64, 256, seed=5), COL_RHT, f"gpu amax {amax}", device="cuda",
                                columnwise_amax=torch.tensor([amax]), nan_scale=amax != amax)
+    scales = 2.0 ** torch.arange(-24, 24, dtype=torch.float32).reshape(4, 12).repeat(1, 8)
+    x = rht_exact_input(64, 96, seed=8, block_scales=scales)
+    for amax in normal_range_amaxes(400, seed=2).tolist():  # the fp32 divisions of div.rn on the GPU
+        assert_columnwise_same(launches, x, COL_RHT, f"gpu amax {amax!r}", device="cuda",
+                               columnwise_amax=torch.tensor([amax]))
     for tile in ({}, dict(block_m=64), dict(block_m=16), dict(block_m=32, block_k=32, num_warps=1)):
         for layout in ("compact", "swizzled"):
             config = NVFP4QuantConfig(rowwise=False, columnwise=True, rht=True, scale_layout=layout)
             assert_columnwise_same(launches, rht_exact_input(1024, 4096, seed=6), config, f"gpu {tile} {layout}",
                                    device="cuda", tile=tile)
     test_sr_bits_match_host_philox((1024, 2048), {}, launches, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sr", [False, True])
+def test_gpu_graph_capture_splits_where_eager_does_not(sr, monkeypatch):
+    """Inside a CUDA-graph capture a row+col RHT cast splits from SPLIT_CAST_MIN_ELEMENTS_GRAPHED elements (its
+    columnwise launch: cast_col_kernel), an eager call of the same size keeps one launch; the replay gives the
+    eager bits (SR: the same seed tensor)."""
+    recipes = ("rht", "rht_sr", "sr")
+    set_plan_flags(monkeypatch, opt_flags, kq, cast_module, CAST_COL_MIN_ELEMENTS=0,
+                   SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(recipes, 1 << 40),
+                   SPLIT_CAST_MIN_ELEMENTS_GRAPHED=dict.fromkeys(recipes, 0))
+    fast = record_launches(monkeypatch, cast_col_module, "cast_col_kernel")
+    x = rht_exact_input(256, 512, seed=12).cuda()
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True, stochastic_rounding=sr)
+    eager = kq.quantize(x, config, poison=True, seed=5)
+    assert not fast
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kq.quantize(x, config, poison=True, seed=5)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kq.quantize(x, config, poison=True, seed=5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(fast) == 1
+    for field in ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"):
+        assert torch.equal(getattr(captured, field), getattr(eager, field)), field

@@ -197,7 +197,7 @@ class _EagerPlan:
     kind), built once per key by :func:`_eager_plan` so that a call only allocates and launches."""
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
-                 "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
+                 "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps", "graph_sensitive",
                  "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_make")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
@@ -231,6 +231,11 @@ class _EagerPlan:
                      config.rht_sign_mask if config.rht else -1, FOUR_OVER_SIX_CODES[config.four_over_six],
                      config.e4m3_max, config.stochastic_rounding, config.scale_layout)
         self.pr3045 = config.numerics == "te_pr3045"
+        # whether a CUDA-graph capture casts in other launches than an eager call (opt_flags.split_cast)
+        split_args = (m, k, config.rowwise, config.columnwise, config.block == "16x16", config.rht,
+                      config.stochastic_rounding, config.four_over_six, False)
+        self.graph_sensitive = (device.type == "cuda"
+                                and opt_flags.split_cast(*split_args, True) != opt_flags.split_cast(*split_args, False))
         self.operands = operands = (operands[0] and config.rowwise, operands[1] and config.columnwise)
         shapes = cast_shapes(m, k, config.rowwise, config.columnwise, config.scale_layout, operands)
         present = (config.rowwise, config.rowwise and not operands[0], config.columnwise,
@@ -259,11 +264,13 @@ class _EagerPlan:
         self.amax_make = torch.zeros if self.zeroed_amax else torch.empty
 
     def _steps(self, x, seed_tensor, seed, block_m, block_k, num_warps):
-        key = (seed_tensor is not None, arg_key(seed))
+        graphed = self.graph_sensitive and torch.cuda.is_current_stream_capturing()
+        key = (seed_tensor is not None, arg_key(seed), graphed)
         steps = self.steps.get(key)
         if steps is None:
             steps = self.steps[key] = cast_steps(x, seed_tensor, seed, *self.args, block_m=block_m, block_k=block_k,
-                                                 num_warps=num_warps, pr3045=self.pr3045, operands=self.operands)
+                                                 num_warps=num_warps, pr3045=self.pr3045, operands=self.operands,
+                                                 graphed=graphed)
         return steps
 
     def parts(self, x, amax, columnwise_amax, seed_tensor, seed: int, block_m: int, block_k: int,

@@ -123,14 +123,15 @@ class CastStep(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
               stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
-              pr3045, spec, operands: tuple = (False, False)) -> tuple:
+              pr3045, spec, operands: tuple = (False, False), graphed: bool = False) -> tuple:
     """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts of
     ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast16_kernel`` (per-token
     tables first) or ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
     the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
     caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`).
     ``pr3045``: PR 3045's numerics (per-token casts). ``operands``: the sides (rowwise, columnwise) cast as BF16
-    GEMM operands (single casts through ``cast16_kernel`` only)."""
+    GEMM operands (single casts through ``cast16_kernel`` only). ``graphed``: launched into a CUDA-graph
+    capture (``opt_flags.split_cast``)."""
     check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding, pr3045,
                     operands)
     grouped = split_steps is not None
@@ -138,7 +139,7 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
         raise ValueError("BF16 operand outputs are for single casts, not grouped ones")
     tile = dict(block_k=block_k, num_warps=num_warps)
     if opt_flags.split_cast(m, k, rowwise, columnwise, block_2d, rht_sign_mask >= 0, stochastic_rounding,
-                            four_over_six, grouped):
+                            four_over_six, grouped, graphed):
         sides = ((True, False), (False, True))
     else:
         sides = ((rowwise, columnwise),)
@@ -156,9 +157,10 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     for row_side, col_side in sides:
         if opt_flags.use_cast_col(m, k, row_side, col_side, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
                                   grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands[1]):
-            meta = opt_flags.cast_col_meta(m, k, scale_layout, rht_sign_mask, stochastic_rounding, seed_from_ptr,
-                                           block_m=block_m, **tile)
-            table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
+            meta = opt_flags.cast_col_meta(m, k, scale_layout, rht_sign_mask, e4m3_max, stochastic_rounding,
+                                           seed_from_ptr, block_m=block_m, **tile)
+            table = (Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max)) if meta["TABLE"]
+                     else None)
             steps.append(CastStep(Launch(cast_col_kernel, cast_col_grid(m, k, meta), meta), table, False, True, 0, 0))
         elif opt_flags.use_cast16(four_over_six):
             meta = opt_flags.cast16_meta(m, k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
@@ -186,16 +188,16 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
 def cast_steps(x, seed_tensor, seed, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
                stochastic_rounding, scale_layout, offsets=None, num_splits=0, split_steps=None, group_split=None,
                block_m: int = 0, block_k: int = 0, num_warps: int = 0, pr3045: bool = False,
-               amax_aligned: tuple = (True, True), operands: tuple = (False, False)) -> tuple:
+               amax_aligned: tuple = (True, True), operands: tuple = (False, False), graphed: bool = False) -> tuple:
     """The :class:`CastStep` launches of :func:`launch_cast`'s cast (its arguments; ``amax_aligned``:
-    whether the row / column amax tensors are 16-byte aligned)."""
+    whether the row / column amax tensors are 16-byte aligned; ``graphed``: launched into a CUDA-graph capture)."""
     m, k = x.shape
     seed_from_ptr = seed_tensor is not None
     spec = (x.device, x.dtype, aligned(x), arg_key(seed), seed_from_ptr,
             offsets is not None and aligned(offsets), group_split is not None and aligned(group_split), *amax_aligned)
     return cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
                      stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k,
-                     num_warps, pr3045, spec, operands)
+                     num_warps, pr3045, spec, operands, graphed)
 
 
 def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, offsets=None, num_splits=0,
@@ -211,9 +213,10 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
                 table = row_amax if tables else pt_scales_tables(step.tables, row_amax, step.n_row, None, 0)[0]
             step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table, m, k)
             continue
-        if step.cast.kernel is cast_col_kernel:  # the same, columnwise, from the column amax
-            step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], row_factor_table(step.tables, col_amax),
-                      col_amax, seed_tensor if seed_tensor is not None else x, seed, m, k, m // 8)
+        if step.cast.kernel is cast_col_kernel:  # x and the data as int32 words, from the column amax
+            table = row_factor_table(step.tables, col_amax) if step.tables is not None else col_amax
+            step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], table, col_amax,
+                      seed_tensor if seed_tensor is not None else x, seed, m, k, m // 8)
             continue
         row_in = row_amax if step.rowwise else None
         col_in = col_amax if step.columnwise else None
@@ -252,5 +255,5 @@ def launch_cast(x, outputs, row_amax, col_amax, seed_tensor, seed, rowwise, colu
                        e4m3_max, stochastic_rounding, scale_layout, offsets, num_splits, split_steps, group_split,
                        block_m, block_k, num_warps, pr3045,
                        (row_amax is not None and aligned(row_amax), col_amax is not None and aligned(col_amax)),
-                       operands)
+                       operands, x.is_cuda and torch.cuda.is_current_stream_capturing())
     run_cast(steps, x, outputs, row_amax, col_amax, seed_tensor, seed, offsets, num_splits, group_split, tables)

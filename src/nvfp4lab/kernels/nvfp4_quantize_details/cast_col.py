@@ -1,6 +1,7 @@
 """The columnwise-only NVFP4 cast of per-tensor 1x16 RHT recipes of bf16 input, stochastic rounding included:
-``cast_col_kernel``, fed by ``row_factor_table_kernel``'s 128-entry table of encode factors (cast_row.py)
-for the columnwise outer amax.
+``cast_col_kernel``, from the columnwise outer amax: without SR it divides each block's encode factor
+itself; with SR (whose Philox words leave fewer registers for the divisions) it reads them from
+``row_factor_table_kernel``'s 128-entry table (cast_row.py), launched before it.
 
 ``cast16_kernel`` splits each column's 16-row block between two threads (8 rows each, so that the same
 tile gives the rowwise blocks too): its RHT needs one shuffle per element, and its tiles take 140-230
@@ -20,11 +21,12 @@ one. Scales E4M3 bits, compact / padded / swizzled (``scale_offsets``), likewise
 once where the layout keeps them contiguous.
 
 Numerics: ``cast16_kernel``'s columnwise side, with cast_row.py's per-tensor encoder: the block scale by
-``e4m3_code`` (Hopper's E4M3 convert; the integer encoder under the interpreter), the encode factor read
-from the table (fp64 divisions there, so one code path for every outer amax), codes by ``code_top``
-(round to nearest even) or ``sr_e2m1`` (SR), packed by ``push_code``. NaN blocks get code 0 without SR
-(the reference's x * NaN), as there. RHT: bf16(v @ T) of each column's 16 rows, summed with T / 16 in the
-butterfly order of ``rht16_cast16`` (index bit 0, 1, 2, 3), so the same bits. SR: the columnwise Philox
+``e4m3_code`` (Hopper's E4M3 convert; the integer encoder under the interpreter), the encode factor
+1 / (s * S_dec) from the table (fp64 divisions there) or by one division per block (fp32 where the outer
+amax is in the normal range, exact there; fp64 otherwise), codes by ``code_top`` (round to nearest even)
+or ``sr_e2m1`` (SR), packed by ``push_code``. NaN blocks get code 0 without SR (the reference's
+x * NaN), as there. RHT: bf16(v @ T) of each column's 16 rows, summed with T / 16 in the butterfly order
+of ``rht16_cast16`` (index bit 0, 1, 2, 3), so the same bits. SR: the columnwise Philox
 units of ``pair_bytes_cols`` (columns 2p, 2p + 1 x rows 8q..8q+7, counter p * (M / 8) + q, stream 1,
 byte 8 (column % 2) + row % 8): a thread's word column is exactly one unit per 8 rows.
 """
@@ -32,9 +34,9 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
-from ..formats import bf16_rne
+from ..formats import bf16_rne, e4m3_decode
 from .cast_row import code_top, e4m3_code, push_code
-from .common import abs_bits, normal_range, scale_offsets
+from .common import ONE_SIXTH, abs_bits, encode_factor, global_scales, normal_range, scale_offsets
 from .rht import SCALED_ENTRY, finish16
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 
@@ -157,12 +159,17 @@ def _word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, ra, rb, HW: tl.constexpr, SR: tl
 
 
 @triton.jit
-def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, bamax, s_enc_sixth, table_ptr,
-              r0, r1, r2, r3, HW: tl.constexpr, SR: tl.constexpr):
+def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, bamax, s_enc_sixth, s_dec, table_ptr,
+              r0, r1, r2, r3, HW: tl.constexpr, EXACT: tl.constexpr, TABLE: tl.constexpr,
+              SR: tl.constexpr):
     """(word of rows 0-7, word of rows 8-15, E4M3 scale code) of one column block of 16 fp32 values with
-    block amax ``bamax``; SR: random words r0..r3 for rows 0-3, 4-7, 8-11, 12-15."""
+    block amax ``bamax``; SR: random words r0..r3 for rows 0-3, 4-7, 8-11, 12-15. The encode factor read from
+    the table (TABLE), else by one division: fp32 (exact for a normal-range outer amax), or (EXACT) fp64."""
     scale = e4m3_code(bamax * s_enc_sixth, HW)
-    enc = tl.load(table_ptr + (scale & 0x7F))
+    if TABLE:
+        enc = tl.load(table_ptr + (scale & 0x7F))
+    else:
+        enc = encode_factor(e4m3_decode(scale & 0x7F), s_dec, EXACT)
     lo = _word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, r0, r1, HW, SR)
     hi = _word8(v8, v9, v10, v11, v12, v13, v14, v15, enc, r2, r3, HW, SR)
     if not SR:  # a NaN factor (NaN element or outer amax): code 0, as the reference
@@ -182,8 +189,8 @@ def _half(w, HI: tl.constexpr):
 
 
 @triton.jit
-def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, s_enc_sixth, table_ptr,
-                  r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr,
+def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, s_enc_sixth, s_dec, table_ptr,
+                  r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr, TABLE: tl.constexpr,
                   SR: tl.constexpr):
     """(word of rows 0-7, word of rows 8-15, scale code) of the RHT block of one column of 16 rows of words w0..w15
     (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s."""
@@ -193,7 +200,7 @@ def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w1
         _half(w14, HI), _half(w15, HI), RHT_MASK, SATURATE)
     bamax = _abs_max16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)
     return _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, bamax, s_enc_sixth,
-                     table_ptr, r0, r1, r2, r3, HW, SR)
+                     s_dec, table_ptr, r0, r1, r2, r3, HW, SATURATE, TABLE, SR)
 
 
 @triton.jit
@@ -243,8 +250,8 @@ def _in_order4(a, b, c, d):
 
 
 @triton.jit
-def _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g, kw, m_blocks, HW: tl.constexpr, RHT_MASK: tl.constexpr,
-                SATURATE: tl.constexpr, SR: tl.constexpr):
+def _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g, kw, m_blocks, HW: tl.constexpr, RHT_MASK: tl.constexpr,
+                SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr):
     """The columnwise blocks of 16-row group g (int64 scalar) for word columns wc, both columns of each word:
     (column 2p's two words, column 2p + 1's two words, their two scale codes)."""
     p = x_ptr + g * 16 * kw + wc
@@ -275,20 +282,20 @@ def _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g, kw, m_blocks, 
     else:
         a0, a1, a2, a3, b0, b1, b2, b3 = w0, w0, w0, w0, w0, w0, w0, w0  # unused without SR
     lo0, lo1, scale_lo = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
-                                       s_enc_sixth, table_ptr, a0, a1, b0, b1, False, HW, RHT_MASK, SATURATE, SR)
+                                       s_enc_sixth, s_dec, table_ptr, a0, a1, b0, b1, False, HW, RHT_MASK, SATURATE, TABLE, SR)
     hi0, hi1, scale_hi = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
-                                       s_enc_sixth, table_ptr, a2, a3, b2, b3, True, HW, RHT_MASK, SATURATE, SR)
+                                       s_enc_sixth, s_dec, table_ptr, a2, a3, b2, b3, True, HW, RHT_MASK, SATURATE, TABLE, SR)
     return lo0, lo1, hi0, hi1, scale_lo, scale_hi
 
 
 @triton.jit
-def _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, m_words,
+def _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, m_words,
                  LAYOUT: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr,
-                 SATURATE: tl.constexpr, SR: tl.constexpr):
+                 SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr):
     """GROUPS (1, 2 or 4) consecutive 16-row groups from g0, unrolled; each column's words and scales of them
     stored together."""
-    l0, l1, h0, h1, sl0, sh0 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, HW,
-                                           RHT_MASK, SATURATE, SR)
+    l0, l1, h0, h1, sl0, sh0 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, HW,
+                                           RHT_MASK, SATURATE, TABLE, SR)
     lo_col = wc * 2
     hi_col = lo_col + 1
     if GROUPS == 1:
@@ -297,18 +304,18 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c
         _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl0, sl0, sl0, c_ok, 1, LAYOUT)
         _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh0, sh0, sh0, c_ok, 1, LAYOUT)
     else:
-        l2, l3, h2, h3, sl1, sh1 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 1, kw, m_blocks, HW,
-                                               RHT_MASK, SATURATE, SR)
+        l2, l3, h2, h3, sl1, sh1 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 1, kw, m_blocks, HW,
+                                               RHT_MASK, SATURATE, TABLE, SR)
         _store_words(data_ptr, lo_col, 0, _in_order4(l0, l1, l2, l3), g0, m_words, c_ok)
         _store_words(data_ptr, hi_col, 0, _in_order4(h0, h1, h2, h3), g0, m_words, c_ok)
         if GROUPS == 2:
             _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl1, sl1, c_ok, 2, LAYOUT)
             _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh1, sh1, c_ok, 2, LAYOUT)
         else:
-            l4, l5, h4, h5, sl2, sh2 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 2, kw, m_blocks,
-                                                   HW, RHT_MASK, SATURATE, SR)
-            l6, l7, h6, h7, sl3, sh3 = _cast_group(x_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0 + 3, kw, m_blocks,
-                                                   HW, RHT_MASK, SATURATE, SR)
+            l4, l5, h4, h5, sl2, sh2 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 2, kw, m_blocks,
+                                                   HW, RHT_MASK, SATURATE, TABLE, SR)
+            l6, l7, h6, h7, sl3, sh3 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 3, kw, m_blocks,
+                                                   HW, RHT_MASK, SATURATE, TABLE, SR)
             # the run's second 16 bytes right after its first (the same sector)
             _store_words(data_ptr, lo_col, 4, _in_order4(l4, l5, l6, l7), g0, m_words, c_ok)
             _store_words(data_ptr, hi_col, 4, _in_order4(h4, h5, h6, h7), g0, m_words, c_ok)
@@ -319,12 +326,14 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c
 @triton.jit(do_not_specialize=["seed_value"])  # a fresh seed per call must not select another compiled kernel
 def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, seed_value, M, K, M_WORDS,
                     LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr,
-                    RHT_MASK: tl.constexpr, SR: tl.constexpr = False, SEED_FROM_PTR: tl.constexpr = False):
+                    RHT_MASK: tl.constexpr, E6: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr = False,
+                    SEED_FROM_PTR: tl.constexpr = False):
     """Columnwise codes and scales of GROUPS 16-row groups x BLOCK_C word columns (module docstring).
-    x_ptr: x as int32 words; data_ptr: the columnwise data as int32 words; table_ptr: the
-    ``row_factor_table_kernel`` table of the columnwise amax at amax_ptr (read here only to choose the
-    RHT's rounding without saturation); HW: inline PTX (GPU) instead of the integer formulas. Blocks of
-    bf16(RHT(x^T)) with the sign mask RHT_MASK; SR with the seed (SEED_FROM_PTR: read from seed_ptr)."""
+    x_ptr: x as int32 words; data_ptr: the columnwise data as int32 words; amax_ptr: the (1,) columnwise
+    outer amax (post-RHT); TABLE: encode factors from table_ptr, ``row_factor_table_kernel``'s table of
+    that amax, else divided here (E6: 6 * the E4M3 maximum); HW: inline PTX (GPU) instead of the integer
+    formulas. Blocks of bf16(RHT(x^T)) with the sign mask RHT_MASK; SR with the seed (SEED_FROM_PTR: read
+    from seed_ptr)."""
     pid = tl.program_id(0)
     kw = K // 2
     n_c = tl.cdiv(kw, BLOCK_C)
@@ -332,15 +341,22 @@ def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, s
     c_ok = wc < kw
     g0 = (pid // n_c).to(tl.int64) * GROUPS
     m_blocks = M // 16
-    s_enc_sixth = tl.load(table_ptr + 128)
-    seed = sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
-    # a normal-range outer amax (the post-RHT maximum) bounds every result: no saturation
-    if normal_range(tl.load(amax_ptr + tl.zeros([1], tl.int32))):
-        _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS, LAYOUT,
-                     GROUPS, HW, RHT_MASK, False, SR)
+    outer = tl.load(amax_ptr + tl.zeros([1], tl.int32))
+    if TABLE:
+        s_enc_sixth = tl.load(table_ptr + 128)
+        s_dec = s_enc_sixth  # unused
     else:
-        _cast_groups(x_ptr, data_ptr, scale_ptr, table_ptr, s_enc_sixth, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS, LAYOUT,
-                     GROUPS, HW, RHT_MASK, True, SR)
+        s_enc, s_dec = global_scales(outer, E6, True)  # once per program, fp64 divisions (spec 3.1)
+        s_enc_sixth = s_enc * ONE_SIXTH
+    seed = sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
+    # a normal-range outer amax (the post-RHT maximum) bounds every result: no saturation, and the fp32
+    # division of a block's encode factor is exact; other amaxes (0 included: S_enc = 1) take fp64
+    if normal_range(outer):
+        _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS,
+                     LAYOUT, GROUPS, HW, RHT_MASK, False, TABLE, SR)
+    else:
+        _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS,
+                     LAYOUT, GROUPS, HW, RHT_MASK, True, TABLE, SR)
 
 
 def cast_col_grid(m: int, k: int, meta: dict) -> tuple[int]:

@@ -35,9 +35,9 @@ PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
 CAST_ROW_TILE = (16, 16, 2)
 CAST_ROW_MIN_ELEMENTS = 1 << 24
 # cast_col_kernel: (16-row groups per program, num_warps; one word column of two bf16 per thread); taken from
-# CAST_COL_MIN_ELEMENTS elements on, as cast_row_kernel
+# CAST_COL_MIN_ELEMENTS elements on (the smallest size timed against cast16_kernel)
 CAST_COL_TILE = (2, 4)
-CAST_COL_MIN_ELEMENTS = 1 << 24
+CAST_COL_MIN_ELEMENTS = 1 << 19
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
 LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
@@ -121,9 +121,11 @@ def use_cast16(four_over_six) -> bool:
     return not four_over_six
 
 
-# Elements from which a row+col SR or RHT cast runs as two launches: below, the GPU time the split
-# saves is smaller than the host time of the second launch.
-SPLIT_CAST_MIN_ELEMENTS = 1 << 24
+# Elements from which a row+col SR or RHT cast runs as two launches (``split_cast``), by recipe: in eager calls
+# (below, the GPU time the split saves is smaller than the host time of the second launch) and in CUDA-graph
+# capture (a replay launches nothing from the host; below, the split was slower on the GPU or not measured)
+SPLIT_CAST_MIN_ELEMENTS = {"rht": 1 << 24, "rht_sr": 1 << 24, "sr": 1 << 24}
+SPLIT_CAST_MIN_ELEMENTS_GRAPHED = {"rht": 1 << 19, "rht_sr": 1 << 21, "sr": 1 << 24}
 
 
 # Elements of a GEMM's A operand (M x K) from which a cast with BF16 operand outputs (``ROW_OPERAND`` /
@@ -138,16 +140,19 @@ def operand_cast_pays(m: int, k: int) -> bool:
 
 
 def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, rht: bool,
-               stochastic_rounding: bool, four_over_six, grouped: bool) -> bool:
+               stochastic_rounding: bool, four_over_six, grouped: bool, graphed: bool = False) -> bool:
     """Whether a row+col cast runs as two launches of ``cast16_kernel`` (rowwise only, then columnwise
     only) instead of one. Same bits either way (each output's codes and random bytes depend only on its
     own position); with SR or RHT the two lighter kernels (fewer registers each) are faster on the GPU
-    than the one that does both, from ``SPLIT_CAST_MIN_ELEMENTS`` elements on, while plain, per-token
-    and 16x16 casts (whose columnwise copy reuses the rowwise codes) keep one launch. The grouped cast
-    always takes one."""
-    if not (rowwise and columnwise) or grouped or not use_cast16(four_over_six):
+    than the one that does both, from ``SPLIT_CAST_MIN_ELEMENTS[recipe]`` elements on (``graphed``: a launch
+    captured into a CUDA graph, ``SPLIT_CAST_MIN_ELEMENTS_GRAPHED``), while plain, per-token and 16x16 casts
+    (whose columnwise copy reuses the rowwise codes) keep one launch. The grouped cast always takes one."""
+    if not (rowwise and columnwise) or grouped or not use_cast16(four_over_six) or block_2d:
         return False
-    return (stochastic_rounding or rht) and not block_2d and m * k >= SPLIT_CAST_MIN_ELEMENTS
+    recipe = ("rht_sr" if stochastic_rounding else "rht") if rht else ("sr" if stochastic_rounding else None)
+    if recipe is None:
+        return False
+    return m * k >= (SPLIT_CAST_MIN_ELEMENTS_GRAPHED if graphed else SPLIT_CAST_MIN_ELEMENTS)[recipe]
 
 
 def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool,
@@ -255,14 +260,13 @@ def use_cast_col(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool
                  rht: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool, col_operand: bool) -> bool:
     """Whether a columnwise-only launch runs ``cast_col_kernel`` (cast_col.py): per-tensor 1x16 RHT casts (SR
     or not) of bf16 input into packed codes, x 16-byte aligned (read as int32 words), from
-    ``CAST_COL_MIN_ELEMENTS`` elements on (below, its factor-table launch costs more host time than the
-    kernel saves). Split row+col casts (``split_cast``) take it for their columnwise launch. Without RHT
+    ``CAST_COL_MIN_ELEMENTS`` elements on. Split row+col casts (``split_cast``) take it for their columnwise launch. Without RHT
     ``cast16_kernel``'s four-group columnwise cast is faster (benchmarks/RESULTS.md), so it keeps those."""
     return (columnwise and not rowwise and rht and not block_2d and not per_token and not four_over_six and not grouped
             and not pr3045 and not col_operand and dtype_bf16 and x_aligned and m * k >= CAST_COL_MIN_ELEMENTS)
 
 
-def cast_col_meta(m: int, k: int, scale_layout: str, rht_sign_mask: int, stochastic_rounding: bool,
+def cast_col_meta(m: int, k: int, scale_layout: str, rht_sign_mask: int, e4m3_max: float, stochastic_rounding: bool,
                   seed_from_ptr: bool, *, block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
     """Constexprs and num_warps of ``cast_col_kernel`` (rht_sign_mask >= 0; block_m: at most 16 * GROUPS rows, GROUPS the largest
     of 4, 2, 1 that divides m / 16; block_k: the tile's columns, BLOCK_C = block_k / 2 words; by default one
@@ -273,7 +277,7 @@ def cast_col_meta(m: int, k: int, scale_layout: str, rht_sign_mask: int, stochas
     block_c = block_k // 2 if block_k else 32 * warps
     block_c = max(8, min(block_c, next_power_of_2(max(k // 2, 1))))
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_C=block_c, GROUPS=groups, HW=not interpreting(),
-                RHT_MASK=rht_sign_mask, SR=stochastic_rounding,
+                RHT_MASK=rht_sign_mask, E6=6.0 * e4m3_max, TABLE=stochastic_rounding, SR=stochastic_rounding,
                 SEED_FROM_PTR=seed_from_ptr, num_warps=warps, enable_fp_fusion=False)
 
 
