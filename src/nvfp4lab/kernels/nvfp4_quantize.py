@@ -17,10 +17,12 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
    * ``cast_row_kernel`` (rowwise-only per-tensor 1x16 bf16 casts without SR): whole blocks per thread,
      the encode factors of the 128 E4M3 scale codes from a per-tensor table (``row_factor_table_kernel``,
      fp64 divisions, so no EXACT path), the block scale by the GPU's E4M3 convert (``cast_row``).
-   * ``cast_col_kernel`` (columnwise-only per-tensor 1x16 RHT casts of bf16 input, SR or not, from 2^24
-     elements: the columnwise launch of a split RHT cast): whole column blocks per thread in few registers,
-     ``cast_row``'s factor table, the RHT butterflies in registers (``cast_col``).
-   Row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch (``opt_flags``).
+   * ``cast_col_kernel`` (columnwise-only per-tensor 1x16 RHT casts of bf16 input, SR or not: the
+     columnwise launch of a split RHT cast): whole column blocks per thread in few registers, the encode
+     factors divided in the kernel (with SR: ``cast_row``'s factor table), the RHT butterflies in
+     registers (``cast_col``).
+   Large row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch; inside a CUDA-graph
+   capture, where a replay pays no host time per launch, smaller RHT casts too (``opt_flags.split_cast``).
    :func:`quantize_operands` runs the same plan with either side of ``cast16_kernel`` writing the exact BF16
    GEMM operand q * s ((M, K) rowwise, (K, M) columnwise) instead of codes and scales.
 
