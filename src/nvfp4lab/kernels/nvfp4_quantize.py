@@ -199,8 +199,8 @@ class _EagerPlan:
     kind), built once per key by :func:`_eager_plan` so that a call only allocates and launches."""
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
-                 "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps", "graph_sensitive",
-                 "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_make")
+                 "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
+                 "graph_sensitive", "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_make")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
                  col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool,

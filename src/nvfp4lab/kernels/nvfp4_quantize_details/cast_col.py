@@ -190,8 +190,8 @@ def _half(w, HI: tl.constexpr):
 
 @triton.jit
 def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, s_enc_sixth, s_dec, table_ptr,
-                  r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr, TABLE: tl.constexpr,
-                  SR: tl.constexpr):
+                  r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr,
+                  TABLE: tl.constexpr, SR: tl.constexpr):
     """(word of rows 0-7, word of rows 8-15, scale code) of the RHT block of one column of 16 rows of words w0..w15
     (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s."""
     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _rht16(

@@ -141,12 +141,13 @@ def operand_cast_pays(m: int, k: int) -> bool:
 
 def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, rht: bool,
                stochastic_rounding: bool, four_over_six, grouped: bool, graphed: bool = False) -> bool:
-    """Whether a row+col cast runs as two launches of ``cast16_kernel`` (rowwise only, then columnwise
-    only) instead of one. Same bits either way (each output's codes and random bytes depend only on its
-    own position); with SR or RHT the two lighter kernels (fewer registers each) are faster on the GPU
-    than the one that does both, from ``SPLIT_CAST_MIN_ELEMENTS[recipe]`` elements on (``graphed``: a launch
-    captured into a CUDA graph, ``SPLIT_CAST_MIN_ELEMENTS_GRAPHED``), while plain, per-token and 16x16 casts
-    (whose columnwise copy reuses the rowwise codes) keep one launch. The grouped cast always takes one."""
+    """Whether a row+col cast runs as two launches (rowwise only, then columnwise only: ``cast16_kernel``,
+    or ``cast_col_kernel`` where ``use_cast_col`` takes the columnwise one) instead of one. Same bits either
+    way (each output's codes and random bytes depend only on its own position); with SR or RHT the two
+    lighter kernels (fewer registers each) are faster on the GPU than the one that does both, from
+    ``SPLIT_CAST_MIN_ELEMENTS[recipe]`` elements on (``graphed``: a launch captured into a CUDA graph,
+    ``SPLIT_CAST_MIN_ELEMENTS_GRAPHED``), while plain, per-token and 16x16 casts (whose columnwise copy
+    reuses the rowwise codes) keep one launch. The grouped cast always takes one."""
     if not (rowwise and columnwise) or grouped or not use_cast16(four_over_six) or block_2d:
         return False
     recipe = ("rht_sr" if stochastic_rounding else "rht") if rht else ("sr" if stochastic_rounding else None)
