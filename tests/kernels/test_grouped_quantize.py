@@ -91,9 +91,11 @@ def test_matches_reference(recipe, splits):
     assert_same_grouped(got, ref_nvfp4.quantize_grouped(x, offsets, config), f"{recipe} {splits}")
 
 
+@pytest.mark.parametrize("tile", [{}, dict(block_m=64)])
 @pytest.mark.parametrize("recipe", ["1x16-rowcol", "pertoken-rowcol", "1x16-row"])
-def test_many_experts(recipe):
-    """70 experts (binary search over 128 slots), a third of them empty, default tiles."""
+def test_many_experts(recipe, tile):
+    """70 experts (binary search over 128 slots), a third of them empty, default tiles and four 16-row groups per
+    program (each group finds its own split)."""
     kwargs = RECIPES[recipe]
     g = torch.Generator().manual_seed(7)
     sizes = [int(v) * 16 for v in torch.randint(0, 3, (70,), generator=g)]
@@ -102,7 +104,7 @@ def test_many_experts(recipe):
     config = NVFP4QuantConfig(**kwargs)
     x = make_input(kwargs, (sum(sizes), 32), torch.bfloat16, seed=11)
     offsets = offsets_of(sizes)
-    assert_same_grouped(quantize_grouped(x, offsets, config), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
+    assert_same_grouped(quantize_grouped(x, offsets, config, **tile), ref_nvfp4.quantize_grouped(x, offsets, config), recipe)
 
 
 @pytest.mark.parametrize("kwargs", [dict(rowwise=True, columnwise=True), dict(rowwise=True, per_token=True)])

@@ -110,15 +110,17 @@ for _block in ("1x16", "16x16"):
             CONFIGS[f"4o6-{_block}-{_mode}-{_e}-rowcol"] = dict(block=_block, four_over_six=_mode, e4m3_max=_e, rowwise=True,
                                                                  columnwise=True)
 
-# 32x32x1: cast16_kernel with two 16-row groups per program (every recipe; the defaults give four
-# only to plain columnwise casts), the last program's second group outside the 48 rows
+# 32x32x1 / 64 rows: cast16_kernel with two / four 16-row groups per program (every recipe; by default only
+# casts with a per-tensor columnwise output and no SR take more than one, and only on tensors large enough
+# to keep CAST16_MIN_PROGRAMS programs), the last program's later groups outside the 48 rows
 CASES = dict(QUANTIZE_CASES, **{"48x80-bf16-tiles16x32": ((48, 80), torch.bfloat16, TILE_16X32),
-                                "48x80-bf16-tiles32x32": ((48, 80), torch.bfloat16, dict(block_m=32, block_k=32, num_warps=1))})
+                                "48x80-bf16-tiles32x32": ((48, 80), torch.bfloat16, dict(block_m=32, block_k=32, num_warps=1)),
+                                "48x80-bf16-rows64": ((48, 80), torch.bfloat16, dict(block_m=64))})
 
 
-# (the 4over6 kernel has one 16-row group per program whatever block_m: no 32x32 case for it)
+# (the 4over6 kernel has one 16-row group per program whatever block_m: no 32x32 or 64-row case for it)
 @pytest.mark.parametrize("name,case", [(name, case) for name in CONFIGS for case in CASES
-                                       if not (case.endswith("tiles32x32") and "four_over_six" in CONFIGS[name])])
+                                       if not (case.endswith(("tiles32x32", "rows64")) and "four_over_six" in CONFIGS[name])])
 def test_matches_reference(name, case):
     shape, dtype, tile = CASES[case]
     kwargs = CONFIGS[name]

@@ -26,6 +26,9 @@ FOUR_OVER_SIX_BLOCK_K, FOUR_OVER_SIX_WARPS = 128, 1
 # cast16_kernel: 16-row groups per program of casts with a per-tensor columnwise output without SR (see cast16_tile),
 # BLOCK_K, num_warps
 CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
+# programs a cast16 launch keeps by taking fewer row groups per program on small tensors: each program's groups
+# run one after another, so a few long programs leave the GPU waiting on their latency
+CAST16_MIN_PROGRAMS = 1024
 CAST16_ROW_MAXNREG = 128
 CAST16_ROW_OPERAND_MAXNREG = 168
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
@@ -165,16 +168,21 @@ def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool,
     its own split), whose (K, M/2) rows then get 32-byte pieces (a full sector) per program; 1 for
     rowwise-only casts (nothing to gain) and for per-token and SR casts (bound by instructions: more
     groups per program did not make them faster). At most the 16-row groups of m, rounded up to a power
-    of 2. A columnwise BF16 operand (``col_operand``) takes 1: each group stores its own 32-byte pieces."""
-    bk = block_k or CAST16_BLOCK_K
+    of 2, and by default fewer where 4 would leave under ``CAST16_MIN_PROGRAMS`` programs (the largest of 4, 2
+    that keeps them, else 1). A columnwise BF16 operand (``col_operand``) takes 1: each group stores its own
+    32-byte pieces."""
+    bk = max(16, min(block_k or CAST16_BLOCK_K, next_power_of_2(max(k, 1))))
     if col_operand:
         groups = 1
     elif block_m:
         groups = 4 if block_m >= 64 else (2 if block_m >= 32 else 1)
+    elif columnwise and not (per_token or sr):
+        groups = next((g for g in (CAST16_COL_GROUPS, 2) if g <= CAST16_COL_GROUPS
+                       and cdiv(m, 16 * g) * cdiv(k, bk) >= CAST16_MIN_PROGRAMS), 1)
     else:
-        groups = CAST16_COL_GROUPS if columnwise and not (per_token or sr) else 1
+        groups = 1
     groups = min(groups, next_power_of_2(max(cdiv(m, 16), 1)))
-    return groups, max(16, min(bk, next_power_of_2(max(k, 1)))), num_warps or CAST16_WARPS
+    return groups, bk, num_warps or CAST16_WARPS
 
 
 def cast16_launch_options(rowwise: bool, columnwise: bool, row_operand: bool = False) -> dict:
