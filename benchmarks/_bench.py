@@ -106,3 +106,17 @@ def finish(results: list, out: Path | None, title: str) -> None:
     for row in results:
         flag = "" if row["pct_copy"] >= TARGET_PCT else "  <"
         print(f"{row['op']:<36} {row['M']:>6} {row['K']:>6} {row['us']:>10.1f} {row['GBps']:>8.1f} {row['copy_GBps']:>10.1f} {row['pct_copy']:>6.1f}%{flag}")
+
+
+def load_prev(folder: Path):
+    """The previous version of the package staged in ``folder`` (a copy importable as ``nvfp4lab_prev``, written
+    by ``tools/stage_gpu_inputs.py --prev``), or None when it is absent or does not import (printed why)."""
+    if not (Path(folder) / "nvfp4lab_prev").is_dir():
+        return None
+    sys.path.insert(0, str(folder))
+    try:
+        import nvfp4lab_prev
+    except Exception as err:  # noqa: BLE001 - the caller leaves its previous-version columns out
+        print(f"previous version not importable: {type(err).__name__}: {err}")
+        return None
+    return nvfp4lab_prev

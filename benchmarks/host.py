@@ -45,23 +45,13 @@ import nvfp4lab  # noqa: E402
 from nvfp4lab.kernels.launch import Launch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+import _bench  # noqa: E402
+
 PREV_DIR = ROOT / ".gpu" / "prev"
 ROUNDS = 5  # alternating rounds of the per-call table
 MOE_SPLITS = [1152, 896, 1088, 960, 1216, 832, 1024, 1024]
 CASES = [("linear", 4096, 2048, 2048), ("linear", 8192, 4096, 4096), ("linear", 8192, 8192, 8192),
          ("moe", 8192, 7168, 2048)]
-
-
-def load_prev():
-    if not (PREV_DIR / "nvfp4lab_prev").is_dir():
-        return None
-    sys.path.insert(0, str(PREV_DIR))
-    try:
-        import nvfp4lab_prev
-    except Exception as err:  # noqa: BLE001 - the column is then left out, and says why
-        print(f"previous version not importable: {type(err).__name__}: {err}")
-        return None
-    return nvfp4lab_prev
 
 
 def sync(device):
@@ -385,7 +375,7 @@ def main(argv=None) -> int:
     device = torch.device("cpu" if SMOKE else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU (or --smoke)")
-    prev = None if args.no_prev or SMOKE else load_prev()
+    prev = None if args.no_prev or SMOKE else _bench.load_prev(PREV_DIR)
     calls = 3 if SMOKE else (100 if args.quick else 300)
     iters = 1 if SMOKE else (10 if args.quick else 30)
     import triton

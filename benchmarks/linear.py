@@ -24,6 +24,7 @@ also timed eagerly, in its own columns, since the MoE case is host-bound when ea
     python benchmarks/linear.py --device cpu --tiny --quick   # smoke run of the script on CPU
     python benchmarks/linear.py --quick --breakdown 12         # + each preset's top kernels (one eager step)
     python benchmarks/linear.py --quick --timeline             # + every kernel of one eager step in launch order
+    python benchmarks/linear.py --quick --prev .gpu/prev       # + the previous version, alternating, same process
 
 ``--breakdown N`` profiles one eager step per preset (torch.profiler; CUDA kernels on a GPU, CPU ops
 otherwise) and prints its N costliest kernels and the kernel time per kind (quantize: amax / cast / table
@@ -45,17 +46,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+import _bench  # noqa: E402
 import nvfp4lab  # noqa: E402
-from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe  # noqa: E402
 from nvfp4lab.functional.linear import quantized_gemm, quantize_tensor  # noqa: E402
 
-PRESETS = {
-    "te_default": NVFP4Recipe.te_default(),
-    "per_token": NVFP4Recipe.per_token(),
-    "per_token_grads": NVFP4Recipe.per_token(gradients=True),
-    "four_over_six": NVFP4Recipe.four_over_six(),
-    "mxfp8_emulated": MXFP8Recipe(),
+# each preset's recipe from a version of the package (this one, or the previous one of ``--prev``)
+PRESET_RECIPES = {
+    "te_default": lambda lib: lib.NVFP4Recipe.te_default(),
+    "per_token": lambda lib: lib.NVFP4Recipe.per_token(),
+    "per_token_grads": lambda lib: lib.NVFP4Recipe.per_token(gradients=True),
+    "four_over_six": lambda lib: lib.NVFP4Recipe.four_over_six(),
+    "mxfp8_emulated": lambda lib: lib.MXFP8Recipe(),
 }
+PRESETS = {name: recipe(nvfp4lab) for name, recipe in PRESET_RECIPES.items()}
+PREV_ROUNDS = 3  # alternating rounds of this version's and the previous one's step with --prev
 # issue 21's targets: (case, M x K x N or None for MoE) -> {preset: ratio to the BF16 step}
 _TE_PT = ("te_default", "per_token")
 TARGETS = {("linear", (8192, 8192, 8192)): dict.fromkeys(_TE_PT, 1.10) | {"four_over_six": 1.3},
@@ -235,14 +239,35 @@ def split_quantize_gemm(recipe, xs, weights, dys, backend, time_ms, warmup, iter
     return time_ms(quantize_all, warmup, iters), time_ms(gemm_all, warmup, iters)
 
 
-def run_case(case, args, device, time_ms, eager_ms, linear_shape=None):
+def step_module(lib, case, recipe_name, k, n, experts, device, dt, backend):
+    """The Linear / GroupedLinear of ``case`` from ``lib`` (nvfp4lab or its previous version) with a preset's recipe."""
+    recipe = PRESET_RECIPES[recipe_name](lib)
+    if case == "linear":
+        return lib.Linear(k, n, device=device, dtype=dt, recipe=recipe, backend=backend)
+    return lib.GroupedLinear(experts, k, n, bias=False, device=device, dtype=dt, recipe=recipe, backend=backend)
+
+
+def time_against_prev(step, prev_step, time_ms, eager_ms, warmup, iters) -> dict:
+    """Best of PREV_ROUNDS alternating rounds of this version's step and the previous version's, graph-replayed
+    (``time_ms``) and eager: the fields a row takes with ``--prev``."""
+    new, old, new_eager, old_eager = [], [], [], []
+    for _ in range(PREV_ROUNDS):
+        new.append(time_ms(step, warmup, iters))
+        old.append(time_ms(prev_step, warmup, iters))
+        new_eager.append(eager_ms(step, warmup, iters))
+        old_eager.append(eager_ms(prev_step, warmup, iters))
+    return dict(step_ms=min(new), prev_ms=min(old), prev_ratio=min(new) / min(old), eager_ms=min(new_eager),
+                prev_eager_ms=min(old_eager), prev_eager_ratio=min(new_eager) / min(old_eager))
+
+
+def run_case(case, args, device, time_ms, eager_ms, linear_shape=None, prev=None):
     warmup, iters = (2, 5) if args.quick else (5, 20)
     dt = torch.bfloat16
     rows = []
     torch.manual_seed(0)
     if case == "linear":
         tokens, k, n = linear_shape
-        splits = None
+        splits, experts = None, 0
         x = torch.randn(tokens, k, device=device, dtype=dt, requires_grad=True)
         dy = torch.randn(tokens, n, device=device, dtype=dt)
         base = torch.nn.Linear(k, n, device=device, dtype=dt)
@@ -265,11 +290,10 @@ def run_case(case, args, device, time_ms, eager_ms, linear_shape=None):
         recipe = PRESETS[name]
         row = dict(case=label, preset=name, target=TARGETS.get((case, linear_shape), {}).get(name))
         try:
+            mod = step_module(nvfp4lab, case, name, k, n, experts, device, dt, args.backend)
             if case == "linear":
-                mod = Linear(k, n, device=device, dtype=dt, recipe=recipe, backend=args.backend)
                 xs, weights, dys = [x.detach()], [mod.weight.detach()], [dy]
             else:
-                mod = GroupedLinear(experts, k, n, bias=False, device=device, dtype=dt, recipe=recipe, backend=args.backend)
                 xs, dys = list(x.detach().split(splits)), list(dy.split(splits))
                 weights = [w.detach() for w in mod.weights]
             step = step_fn(mod, x, dy, list(mod.parameters()), splits, fresh_weights=not args.cached_weights)
@@ -278,6 +302,12 @@ def run_case(case, args, device, time_ms, eager_ms, linear_shape=None):
             step_ms = time_ms(step, warmup, iters)
             if len(getattr(time_ms, "failures", [])) > failures:
                 row["note"] = "step not capturable, timed eagerly: " + time_ms.failures[-1]
+            if prev is not None:
+                old = step_module(prev, case, name, k, n, experts, device, dt, args.backend)
+                prev_step = step_fn(old, x, dy, list(old.parameters()), splits, fresh_weights=not args.cached_weights)
+                row.update(time_against_prev(step, prev_step, time_ms, eager_ms, warmup, iters))
+                step_ms, step_eager_ms = row["step_ms"], row["eager_ms"]
+                del old, prev_step
             q_ms, g_ms = split_quantize_gemm(recipe, xs, weights, dys, args.backend, time_ms, warmup, iters)
             row.update(step_ms=step_ms, ratio=step_ms / bf16_ms, quantize_ms=q_ms, gemm_ms=g_ms,
                        eager_ms=step_eager_ms, eager_ratio=step_eager_ms / bf16_eager_ms)
@@ -300,6 +330,9 @@ def fmt(v, spec=".3f"):
 def table(rows) -> str:
     head = (f"{'case':<32} {'preset':<16} {'step ms':>9} {'vs bf16':>8} {'quant ms':>9} {'gemm ms':>9} {'other ms':>9}"
             f" {'eager ms':>9} {'vs bf16':>8}")
+    with_prev = any("prev_ms" in r for r in rows)
+    if with_prev:
+        head += f" {'prev ms':>9} {'new/prev':>9} {'prev eager':>10} {'new/prev':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -311,7 +344,10 @@ def table(rows) -> str:
             flag = f"  {'ok' if r['ratio'] <= r['target'] else '> target'} ({r['target']}x)"
         lines.append(f"{r['case']:<32} {r['preset']:<16} {fmt(r['step_ms']):>9} {fmt(r['ratio'], '.2f') + 'x':>8} "
                      f"{fmt(r['quantize_ms']):>9} {fmt(r['gemm_ms']):>9} {fmt(other):>9} {fmt(r['eager_ms']):>9} "
-                     f"{fmt(r['eager_ratio'], '.2f') + 'x':>8}{flag}")
+                     f"{fmt(r['eager_ratio'], '.2f') + 'x':>8}"
+                     + (f" {fmt(r.get('prev_ms')):>9} {fmt(r.get('prev_ratio'), '.3f') + 'x':>9} "
+                        f"{fmt(r.get('prev_eager_ms')):>10} {fmt(r.get('prev_eager_ratio'), '.3f') + 'x':>9}" if with_prev else "")
+                     + flag)
         if "note" in r:
             lines.append(f"    ({r['note']})")
     return "\n".join(lines)
@@ -359,6 +395,9 @@ def main(argv=None) -> int:
     parser.add_argument("--eager", action="store_true", help="time eager launches only (no CUDA graphs)")
     parser.add_argument("--breakdown", type=int, default=0, metavar="N",
                         help="profile one eager step per preset and print its N costliest kernels and the time per kind")
+    parser.add_argument("--prev", type=Path, default=None, metavar="DIR",
+                        help="also time the previous version (nvfp4lab_prev staged in DIR by tools/stage_gpu_inputs.py "
+                             f"--prev, e.g. .gpu/prev) in the same process: best of {PREV_ROUNDS} alternating rounds each")
     parser.add_argument("--timeline", action="store_true",
                         help="profile one eager step per preset and print every kernel in launch order with its gap")
     args = parser.parse_args(argv)
@@ -375,17 +414,23 @@ def main(argv=None) -> int:
         linear_shapes = shapes(args.tiny, args.linear_shapes)["linear"]
     except ValueError as err:
         parser.error(str(err))
+    prev = None
+    if args.prev is not None:
+        prev = _bench.load_prev(args.prev)
+        if prev is None:
+            parser.error(f"--prev: no importable nvfp4lab_prev in {args.prev}")
     rows = []
     for case in [c for c in args.cases.split(",") if c]:
         if case not in ("linear", "moe"):
             parser.error(f"unknown case {case!r}")
         for shape in linear_shapes if case == "linear" else [None]:
-            rows.extend(run_case(case, args, device, time_ms, eager_ms, shape))
+            rows.extend(run_case(case, args, device, time_ms, eager_ms, shape, prev))
     meta = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         torch=torch.__version__, nvfp4lab=nvfp4lab.__version__, quick=args.quick, tiny=args.tiny,
         backend=args.backend or "auto", weights="cached" if args.cached_weights else "re-quantized every step",
         timing="CUDA-graph replay (eager in its own columns)" if graphed else "eager",
+        previous=None if prev is None else f"{args.prev} (best of {PREV_ROUNDS} alternating rounds)",
     )
     try:
         import triton

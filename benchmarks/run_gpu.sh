@@ -40,7 +40,8 @@ for b in quantize dequantize mxfp8 grouped gemm linear; do
   script=benchmarks/$b.py; [ "$b" = grouped ] && script=benchmarks/grouped_quantize.py
   extra=""; limit=$BENCH_LIMIT
   # linear: three Linear shapes and the MoE case, + each preset's costliest kernels
-  [ "$b" = linear ] && extra="--breakdown 12" && limit=$((BENCH_LIMIT * 2))
+  # (and, with .gpu/prev staged, the previous version's step in the same process: alternating rounds)
+  [ "$b" = linear ] && extra="--breakdown 12$([ -d .gpu/prev/nvfp4lab_prev ] && echo ' --prev .gpu/prev')" && limit=$((BENCH_LIMIT * 2))
   [ -f "$script" ] && step "$b" "$limit" python3 "$script" $QUICK $extra --out "$OUT/$b.json"
 done
 step host "$BENCH_LIMIT" python3 benchmarks/host.py $QUICK --prev-steps --out "$OUT/host.json"

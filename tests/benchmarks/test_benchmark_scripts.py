@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end (``--smoke``: tiny shapes under the interpreter, on CPU), so
 the GPU batch does not fail on a script error. Their correctness checks against the reference run too."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -79,6 +80,26 @@ def test_linear_benchmark_shapes(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "linear.py"), "--device", "cpu", "--linear-shapes", "64x32"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--linear-shapes" in bad.stderr and "MxKxN" in bad.stderr
+
+
+def test_linear_benchmark_against_previous_version(tmp_path):
+    """--prev DIR: the previous version staged there (here this commit, by tools/stage_gpu_inputs.py) is timed beside
+    this one in alternating rounds, in its own columns; a folder without one is refused with the option's name."""
+    spec = importlib.util.spec_from_file_location("stage_gpu_inputs", REPO / "tools" / "stage_gpu_inputs.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    stage.stage_prev("HEAD", tmp_path / "prev" / "nvfp4lab_prev")
+    out = tmp_path / "results.json"
+    proc = run_script("linear.py", "--device", "cpu", "--quick", "--cases", "linear", "--presets", "te_default",
+                      "--linear-shapes", "64x32x48", "--prev", str(tmp_path / "prev"), "--out", str(out))
+    bf16, row = json.loads(out.read_text())["rows"]
+    assert "prev_ms" not in bf16 and "error" not in row
+    assert row["prev_ms"] > 0 and row["prev_eager_ms"] > 0
+    assert row["prev_ratio"] == pytest.approx(row["step_ms"] / row["prev_ms"])
+    assert "new/prev" in proc.stdout.splitlines()[-4]  # the table: header, rule, BF16 row, te_default row
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "linear.py"), "--device", "cpu", "--prev",
+                          str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--prev" in bad.stderr
 
 
 def test_fsdp_benchmark_smoke_run(tmp_path):
