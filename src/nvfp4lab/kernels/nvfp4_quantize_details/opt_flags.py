@@ -177,8 +177,7 @@ def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool,
     elif block_m:
         groups = 4 if block_m >= 64 else (2 if block_m >= 32 else 1)
     elif columnwise and not (per_token or sr):
-        groups = next((g for g in (CAST16_COL_GROUPS, 2) if g <= CAST16_COL_GROUPS
-                       and cdiv(m, 16 * g) * cdiv(k, bk) >= CAST16_MIN_PROGRAMS), 1)
+        groups = next((g for g in (CAST16_COL_GROUPS, 2) if cdiv(m, 16 * g) * cdiv(k, bk) >= CAST16_MIN_PROGRAMS), 1)
     else:
         groups = 1
     groups = min(groups, next_power_of_2(max(cdiv(m, 16), 1)))
