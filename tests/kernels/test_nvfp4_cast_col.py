@@ -136,6 +136,23 @@ def test_misaligned_input_takes_cast16(monkeypatch, cast_col_from):
     assert not fast
 
 
+@pytest.mark.parametrize("sr,rows,graph_split", [(False, 1024, True), (True, 1024, False), (True, 2048, True)])
+def test_graph_capture_plans_split_casts(sr, rows, graph_split):
+    """The launches planned for a row+col RHT cast of rows x 1024 (2^20 / 2^21 elements): one in eager calls; inside
+    a CUDA-graph capture (``graphed``) a rowwise launch and a cast_col_kernel launch from
+    SPLIT_CAST_MIN_ELEMENTS_GRAPHED elements (RHT 2^19, RHT + SR 2^21)."""
+    x = torch.empty(rows, 1024, dtype=torch.bfloat16)
+    args = (x, torch.zeros(1, dtype=torch.int64) if sr else None, 0, True, True, False, False, COL_RHT.rht_sign_mask, 0,
+            448.0, sr, "compact")
+    def launches(**kwargs):
+        return [(s.cast.kernel, s.rowwise, s.columnwise) for s in cast_module.cast_steps(*args, **kwargs)]
+
+    one = [(cast16_module.cast16_kernel, True, True)]
+    split = [(cast16_module.cast16_kernel, True, False), (cast_col_module.cast_col_kernel, False, True)]
+    assert launches() == one
+    assert launches(graphed=True) == (split if graph_split else one)
+
+
 @pytest.mark.parametrize("m,block_m,groups", [(64, 64, 4), (96, 64, 2), (48, 64, 1), (64, 32, 2), (64, 16, 1)])
 def test_row_groups_divide_the_rows(m, block_m, groups):
     """GROUPS is the largest of 4, 2, 1 within block_m / 16 that divides M / 16 (the kernel has no row masks)."""
