@@ -61,7 +61,7 @@ def row_factor_table_kernel(amax_ptr, table_ptr, E6: tl.constexpr):
 
 
 @triton.jit
-def umax16x2(a, b, HW: tl.constexpr):
+def _umax16x2(a, b, HW: tl.constexpr):
     """Per 16-bit half unsigned max of two int32 words whose halves are < 2^15."""
     if HW:
         out = tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
@@ -158,10 +158,10 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
     w0 = tl.load(x_ptr + word[:, :, None] + j, mask=ok[:, :, None], other=0)
     w1 = tl.load(x_ptr + word[:, :, None] + (j + 4), mask=ok[:, :, None], other=0)
 
-    mag = umax16x2(w0 & 0x7FFF7FFF, w1 & 0x7FFF7FFF, HW)  # [BM, KB, 4]
+    mag = _umax16x2(w0 & 0x7FFF7FFF, w1 & 0x7FFF7FFF, HW)  # [BM, KB, 4]
     a, b = tl.split(tl.reshape(mag, [BLOCK_M, KB, 2, 2]))
-    a, b = tl.split(umax16x2(a, b, HW))
-    mag = umax16x2(a, b, HW)  # [BM, KB]: both halves' maxima
+    a, b = tl.split(_umax16x2(a, b, HW))
+    mag = _umax16x2(a, b, HW)  # [BM, KB]: both halves' maxima
     bamax = tl.maximum(mag << 16, mag & -65536).to(tl.float32, bitcast=True)
 
     if PER_TOKEN:
