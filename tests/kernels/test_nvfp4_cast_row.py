@@ -160,6 +160,7 @@ def test_misaligned_input_takes_cast16(monkeypatch, cast_row_from):
     ((37, 80), TILE_16X32),  # masked rows and blocks
     ((37, 48), dict(block_m=32, block_k=128, num_warps=2)),
     ((128, 512), {}),
+    ((40, 1040), {}),  # default tile: three program columns, the last one masked after its first half-block pair
 ])
 @pytest.mark.parametrize("layout", ["compact", "padded", "swizzled"])
 def test_matches_reference(shape, tile, layout, launches):
@@ -251,7 +252,7 @@ def pertoken_extreme_input():
     return x.bfloat16()
 
 
-@pytest.mark.parametrize("shape,tile", [((48, 80), {}), ((37, 80), TILE_16X32), ((128, 512), {})])
+@pytest.mark.parametrize("shape,tile", [((48, 80), {}), ((37, 80), TILE_16X32), ((128, 512), {}), ((40, 1040), {})])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 def test_pertoken_matches_reference(shape, tile, layout, launches):
     config = NVFP4QuantConfig(rowwise=True, per_token=True, scale_layout=layout)

@@ -2,8 +2,8 @@
 fed by ``row_factor_table_kernel``'s 128-entry table of encode factors (per tensor) or by the per-row
 tables of ``pt_scales_kernel`` (per token, TE main's numerics).
 
-On Hopper (no E2M1 convert) the rowwise cast is bound by instructions per element, not by memory;
-this kernel does the per-block work once per 16 elements and in a few instructions:
+On Hopper (no E2M1 convert) the rowwise cast is bound by how its loads use the L1 and by instructions per
+element; this kernel reads x in coalesced 16-byte pieces and does the per-block work in a few instructions:
 
 * The encode factor enc = min(fl(1 / fl(s * S_dec)), FLT_MAX) depends only on the block scale's E4M3
   code s (128 codes, 0x7F the NaN) and the tensor's S_dec, so ``row_factor_table_kernel`` (one
@@ -32,9 +32,12 @@ reference (x * NaN encodes as 0).
 
 Layout: x (M, K) bf16 contiguous, K % 16 == 0, read as (M, K / 2) int32; rowwise data (M, K / 2)
 uint8 written as (M, K / 8) int32; scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``).
-A program covers BLOCK_M rows x KB blocks of 16 columns; each thread owns whole blocks: the two halves
-of a block are two [BLOCK_M, KB, 4] int32 loads of one layout (16 bytes each, the same thread), so the
-block amax, scale and table read need no shuffle, and its two output words are one 8-byte store.
+A program covers BLOCK_M rows x KB blocks of 16 columns, read as one [BLOCK_M, 8 KB] int32 load viewed as
+[BLOCK_M, 2 KB, 4]: each lane holds one 8-element half block (16 bytes), consecutive lanes consecutive halves, so a
+warp's load is one contiguous run (a lane per whole block, two 16-byte loads 32 bytes apart, keeps every load
+request at one L1 wavefront per lane: the L1 pipe, not DRAM, then bounds the cast). A block's two halves sit in a
+lane pair: the block amax takes one shuffle (``tl.reduce`` over the pair); both lanes then compute the block's scale
+and read its factor, each packs its 8 codes into one int32 word and stores it (a warp's stores are contiguous too).
 """
 import torch
 import triton
@@ -138,6 +141,16 @@ def _pack8(w, enc, HW: tl.constexpr):
 
 
 @triton.jit
+def _umax16x2_hw(a, b):
+    return _umax16x2(a, b, True)
+
+
+@triton.jit
+def _umax16x2_sw(a, b):
+    return _umax16x2(a, b, False)
+
+
+@triton.jit
 def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
                     LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
                     PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0):
@@ -147,21 +160,29 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
     ``pt_scales_kernel`` (then one correctly rounded division per block, and tiles with a row amax
     outside the normal range recompute in fp64 from the amax, as ``cast16_kernel``); HW: inline PTX
     (GPU) instead of the integer formulas."""
+    HALVES: tl.constexpr = 2 * KB
     pid = tl.program_id(0)
     k_blocks = K // 16
     n_k = tl.cdiv(k_blocks, KB)
     rows = ((pid // n_k) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     blks = (pid % n_k) * KB + tl.arange(0, KB)
+    halves = (pid % n_k) * HALVES + tl.arange(0, HALVES)  # 8-element half blocks
+    cols = (pid % n_k) * (HALVES * 4) + tl.arange(0, HALVES * 4)  # int32 words
     ok = (rows < M)[:, None] & (blks < k_blocks)[None, :]
-    word = rows[:, None] * (k_blocks * 8) + blks[None, :] * 8  # first int32 word of each block
-    j = tl.arange(0, 4)[None, None, :]
-    w0 = tl.load(x_ptr + word[:, :, None] + j, mask=ok[:, :, None], other=0)
-    w1 = tl.load(x_ptr + word[:, :, None] + (j + 4), mask=ok[:, :, None], other=0)
+    half_ok = (rows < M)[:, None] & (halves < 2 * k_blocks)[None, :]
+    # one contiguous 2-D load (consecutive lanes read consecutive 16-byte half blocks), viewed as [BM, HALVES, 4]
+    w = tl.load(x_ptr + rows[:, None] * (k_blocks * 8) + cols[None, :],
+                mask=(rows < M)[:, None] & (cols < k_blocks * 8)[None, :], other=0)
+    w = tl.reshape(w, [BLOCK_M, HALVES, 4])
 
-    mag = _umax16x2(w0 & 0x7FFF7FFF, w1 & 0x7FFF7FFF, HW)  # [BM, KB, 4]
-    a, b = tl.split(tl.reshape(mag, [BLOCK_M, KB, 2, 2]))
+    mag = w & 0x7FFF7FFF
+    a, b = tl.split(tl.reshape(mag, [BLOCK_M, HALVES, 2, 2]))
     a, b = tl.split(_umax16x2(a, b, HW))
-    mag = _umax16x2(a, b, HW)  # [BM, KB]: both halves' maxima
+    mag = tl.reshape(_umax16x2(a, b, HW), [BLOCK_M, KB, 2])  # per half: its two 16-bit maxima
+    if HW:
+        mag = tl.reduce(mag, 2, _umax16x2_hw)  # [BM, KB]: the lane pair's halves
+    else:
+        mag = tl.reduce(mag, 2, _umax16x2_sw)
     bamax = tl.maximum(mag << 16, mag & -65536).to(tl.float32, bitcast=True)
 
     if PER_TOKEN:
@@ -176,18 +197,28 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
             scale_x = e4m3_code(bamax * (s_enc_x * ONE_SIXTH), HW)
             enc = encode_factor(e4m3_decode(scale_x & 0x7F), s_dec_x, True)
             scale = scale_x
+        enc = _per_half(enc, BLOCK_M, KB)
     else:
         s_enc_sixth = tl.load(table_ptr + 128)
         scale = e4m3_code(bamax * s_enc_sixth, HW)
-        enc = tl.load(table_ptr + (scale & 0x7F))  # [BM, KB]
+        # the factor read per half, in the halves' lanes, through a 1-D gather (a 2-D gather, whose addresses are
+        # contiguous along no dimension, may be given a layout with lanes along the rows, and converted)
+        idx = tl.reshape(_per_half(scale, BLOCK_M, KB) & 0x7F, [BLOCK_M * HALVES])
+        enc = tl.reshape(tl.load(table_ptr + idx), [BLOCK_M, HALVES])
 
-    word0 = _pack8(w0, enc, HW)
-    word1 = _pack8(w1, enc, HW)
-    nan_block = enc != enc
-    words = tl.join(tl.where(nan_block, 0, word0), tl.where(nan_block, 0, word1))  # [BM, KB, 2]
-    out = rows[:, None] * (k_blocks * 2) + blks[None, :] * 2
-    tl.store(data_ptr + out[:, :, None] + tl.arange(0, 2)[None, None, :], words, mask=ok[:, :, None])
+    codes = _pack8(w, enc, HW)
+    codes = tl.where(enc != enc, 0, codes)  # NaN factor: code 0 (the reference's x * NaN)
+    # one word per lane, as computed: unit alignment keeps the store in the halves' layout (a wider vector per thread
+    # would take a layout conversion through shared memory)
+    out = tl.multiple_of(rows[:, None] * (k_blocks * 2) + halves[None, :], [1, 1])
+    tl.store(data_ptr + out, codes, mask=half_ok)
     tl.store(scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), scale.to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _per_half(v, BLOCK_M: tl.constexpr, KB: tl.constexpr):
+    """[BM, KB] per block -> [BM, 2 KB] per half block (both halves of a block hold its value)."""
+    return tl.reshape(tl.broadcast_to(v[:, :, None], [BLOCK_M, KB, 2]), [BLOCK_M, 2 * KB])
 
 
 def row_factor_table(table_launch, amax):

@@ -34,8 +34,10 @@ CAST16_ROW_OPERAND_MAXNREG = 168
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
 # cast_row_kernel: (BLOCK_M rows, KB 16-column blocks, num_warps); per-tensor casts take it from
 # CAST_ROW_MIN_ELEMENTS elements on: below, its factor-table launch costs more host time than the
-# kernel saves on the GPU
-CAST_ROW_TILE = (16, 16, 2)
+# kernel saves on the GPU. Per tensor, 16 half blocks per lane (more bytes in flight per lane); per token, whose
+# per-block divisions need registers, 8
+CAST_ROW_TILE = (16, 32, 2)
+CAST_ROW_PER_TOKEN_TILE = (16, 16, 2)
 CAST_ROW_MIN_ELEMENTS = 1 << 24
 # cast_col_kernel: (16-row groups per program, num_warps; one word column of two bf16 per thread); taken from
 # CAST_COL_MIN_ELEMENTS elements on (the smallest size timed against cast16_kernel)
@@ -258,8 +260,8 @@ def use_cast_row(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool
 def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: float, *, block_m: int = 0,
                   block_k: int = 0, num_warps: int = 0) -> dict:
     """Constexprs and num_warps of ``cast_row_kernel`` (block_k: the tile's columns, KB = block_k / 16)."""
-    bm, bk, warps = fit_tile(m, k, (CAST_ROW_TILE[0], CAST_ROW_TILE[1] * 16, CAST_ROW_TILE[2]), block_m=block_m,
-                             block_k=block_k, num_warps=num_warps)
+    bm, kb, warps = CAST_ROW_PER_TOKEN_TILE if per_token else CAST_ROW_TILE
+    bm, bk, warps = fit_tile(m, k, (bm, kb * 16, warps), block_m=block_m, block_k=block_k, num_warps=num_warps)
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, KB=bk // 16, HW=not interpreting(), PER_TOKEN=per_token,
                 E6=6.0 * e4m3_max, num_warps=warps, enable_fp_fusion=False)
 
