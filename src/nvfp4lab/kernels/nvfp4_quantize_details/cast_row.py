@@ -34,8 +34,8 @@ Layout: x (M, K) bf16 contiguous, K % 16 == 0, read as (M, K / 2) int32; rowwise
 uint8 written as (M, K / 8) int32; scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``).
 A program covers BLOCK_M rows x KB blocks of 16 columns, read as one [BLOCK_M, 8 KB] int32 load viewed as
 [BLOCK_M, 2 KB, 4]: each lane holds one 8-element half block (16 bytes), consecutive lanes consecutive halves, so a
-warp's load is one contiguous run (a lane per whole block, two 16-byte loads 32 bytes apart, keeps every load
-request at one L1 wavefront per lane: the L1 pipe, not DRAM, then bounds the cast). A block's two halves sit in a
+warp's load is one contiguous run. (With a lane per whole block, read as two 16-byte loads 32 bytes apart, each load
+request costs one L1 wavefront per lane, and the L1 pipe rather than DRAM bounds the cast.) A block's two halves sit in a
 lane pair: the block amax takes one shuffle (``tl.reduce`` over the pair); both lanes then compute the block's scale
 and read its factor, each packs its 8 codes into one int32 word and stores it (a warp's stores are contiguous too).
 """
