@@ -9,7 +9,15 @@ tile (or ``--tile``). Instruction count per element is the one number that bound
 Hopper (see kernels/nvfp4_quantize.py).
 
     TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR] [--cast16]
+        [--layouts]
     (MAXNREG=128: try a register cap)
+
+``--layouts`` lists each global load / store with its tensor shape and distributed layout (how lanes and warps
+cover the tensor), and the layout conversions and shared-memory buffers of the kernel. Triton versions choose these
+differently (Triton 3.6 orders dimensions of equal contiguity with dim 0 fastest, so a pointer tensor whose rows are
+not contiguous can get its lanes along the rows); to see the GPU machine's choice, put that version first on the path
+without installing it: ``pip download triton==3.6.0 --no-deps -d W``, unzip the wheel into a folder D, ``chmod +x
+D/triton/backends/nvidia/bin/*``, then ``PYTHONPATH=D:src``.
 """
 import argparse
 import collections
@@ -122,6 +130,18 @@ def stats(sass: str):
     return ops
 
 
+def layouts(ttgir: str) -> list[str]:
+    """One line per global load / store (tensor shape, layout) and the kernel's conversion / shared-memory counts."""
+    defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
+    lines = []
+    for op, shape, name in re.findall(r"(tt\.load|tt\.store) .*?: tensor<([0-9x]+)x!tt\.ptr<\w+>, (#\w+)>", ttgir):
+        layout = defs.get(name, name)
+        fields = re.findall(r"(sizePerThread|threadsPerWarp|warpsPerCTA|order) = (\[[0-9, ]+\])", layout)
+        lines.append(f"{op[3:]:5s} {shape:>12s}  " + (" ".join(f"{k}={v}" for k, v in fields) or layout[:120]))
+    lines.append(f"convert_layout: {ttgir.count('ttg.convert_layout')}, local_alloc: {ttgir.count('ttg.local_alloc')}")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("recipes", nargs="*", default=["row", "rowcol"])
@@ -135,6 +155,8 @@ def main():
                    help="cast16_kernel also for the rowwise-only casts the launcher gives cast_row_kernel")
     p.add_argument("--normal-only", action="store_true",
                    help="compile only the normal-range path (what runs on ordinary data): drops the EXACT branch")
+    p.add_argument("--layouts", action="store_true",
+                   help="each global load / store's shape and lane layout, and the conversions (see the docstring)")
     a = p.parse_args()
     if a.normal_only:
         @triton.jit
@@ -154,6 +176,8 @@ def main():
         per_elem = total / (bm * bk / (32 * warps))
         print(f"{name:9s} tile {bm}x{bk}x{warps}: {resources(c.asm['cubin'])} | SASS {total} instr/thread = {per_elem:.1f} per element")
         print("   ", ", ".join(f"{k}:{v}" for k, v in ops.most_common(22)))
+        if a.layouts:
+            print("\n".join("    " + line for line in dict.fromkeys(layouts(c.asm["ttgir"]))))
         if a.dump:
             os.makedirs(a.dump, exist_ok=True)
             open(os.path.join(a.dump, f"{name}.sass"), "w").write(sass)
