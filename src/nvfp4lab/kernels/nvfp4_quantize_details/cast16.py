@@ -282,8 +282,13 @@ def _cast16_group(
             tl.store(row_data_ptr.to(tl.pointer_type(tl.bfloat16)) + rows[:, None] * K + cols[None, :], vals,
                      mask=row_ok[:, None] & col_ok[None, :])
         else:
-            word = (rows[:, None] * k_blocks + blks[None, :]) * 2
-            tl.store(row_data_ptr + word[:, :, None] + tl.arange(0, 2)[None, None, :], row_words, mask=ok[:, :, None])
+            # a 2-D pointer contiguous along the words: 8-byte vectors with lanes along the columns, 64 bytes per
+            # row per store (a 3-D [row, block, word] pointer gets its lanes along the rows in Triton 3.6, 16 bytes
+            # per row per store, half sectors)
+            wcols = pid_k * (2 * KB) + tl.arange(0, 2 * KB)
+            word = rows[:, None] * (k_blocks * 2) + wcols[None, :]
+            tl.store(row_data_ptr + word, tl.reshape(row_words, [16, 2 * KB]),
+                     mask=row_ok[:, None] & (wcols < k_blocks * 2)[None, :])
             tl.store(row_scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), row_scale.to(tl.uint8),
                      mask=ok)
 
