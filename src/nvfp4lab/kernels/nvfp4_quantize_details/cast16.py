@@ -1,21 +1,26 @@
 """The NVFP4 cast of every recipe without 4over6: ``cast16_kernel``, GROUPS 16-row groups x BLOCK_K
 columns per program, one after the other (``_cast16_group``), both outputs from one read of x.
 
-Layout: 16-row groups x 128 columns per one-warp program, each laid out so that each thread holds 8 rows
-of 8 columns, i.e. half of a rowwise and half of a columnwise block, each packing one word of each;
-the cheaper encoders ``e2m1_scale_encode`` and ``_scale_and_factor_fast``, because on Hopper (no E2M1
-convert) the instruction count per element bounds the kernel (``tools/sass_stats.py`` counts them
-without a GPU). Per-token casts load their global scales from ``pt_scales_kernel``'s tables. RHT
-recipes (1x16 blocks) transform the columnwise side in registers (``rht16_cast16``). Stochastic
-rounding: :mod:`.stochastic_rounding`. PR3045 (per-token only): PR 3045's numerics, S_enc from the
-floored amax and enc = S_enc / s (0 for a zero scale), and its fp32 RHT. Columnwise stores: a
-program of 4 groups writes 32 contiguous bytes (a whole sector) into each column's row of the (K, M/2)
+Layout: 16-row groups x 128 columns per one-warp program, each laid out so that each thread holds 8 rows of 8
+columns, i.e. half of a rowwise and half of a columnwise block, each packing one word of each; the cheaper
+encoders, because on Hopper (no E2M1 convert) the instruction count per element bounds the kernel
+(``tools/sass_stats.py`` counts them without a GPU): ``_scale_and_factor_fast`` (the block scale by the hardware
+E4M3 convert, HW), and for round-to-nearest codes that only get packed, ``_row_words`` / ``_col_words``
+(``cast_row``'s ``code_top`` / ``push_code``: a code in the top nibble by one multiply-add, packed by one funnel
+shift); casts that reuse or expand the codes, and SR, take ``e2m1_scale_encode`` and ``pack_codes``. HW: inline
+PTX on the GPU, integer formulas with the same bits under the interpreter. Per-token casts load their global
+scales from ``pt_scales_kernel``'s tables. RHT recipes (1x16 blocks) transform the columnwise side in registers
+(``rht16_cast16``). Stochastic rounding: :mod:`.stochastic_rounding`. PR3045 (per-token only): PR 3045's
+numerics, S_enc from the floored amax and enc = S_enc / s (0 for a zero scale), and its fp32 RHT. Columnwise
+stores: a program of 4 groups writes 32 contiguous bytes (a whole sector) into each column's row of the (K, M/2)
 output instead of 8-byte pieces, which is what bounded the plain columnwise casts.
 """
 import triton
 import triton.language as tl
 
-from ..formats import e2m1_decode, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
+from ..formats import e2m1_decode, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, to_f32
+from .cast_col import word8
+from .cast_row import e4m3_code
 from .common import (
     FLT_MAX,
     ONE_SIXTH,
@@ -29,6 +34,7 @@ from .common import (
     normal_range,
     pack_codes,
     scale_offsets,
+    split8,
     split_of,
     split_span,
 )
@@ -55,22 +61,23 @@ def _scale_and_factor_pr3045(bamax, outer, EXACT: tl.constexpr):
 
 
 @triton.jit
-def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr):
+def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr, HW: tl.constexpr):
     """``_scale_and_factor`` for normal-range tiles (``normal_range``), in about half the instructions
-    (this per-block work is a third of the cast kernel's): the E4M3 scale by ``e4m3_encode_fast``
-    (bamax * S_enc / 6 >= 0; inf saturates like the clamp; NaN blocks get 0x7F), decoded exactly as
+    (this per-block work is a third of the cast kernel's): the E4M3 scale by ``e4m3_code`` (HW: Hopper's
+    saturating convert, else ``e4m3_encode_fast``; bamax * S_enc / 6 >= 0; inf saturates like the clamp;
+    NaN blocks get 0x7F), decoded exactly as
     bits(code << 20) * 2^120 (the 7 magnitude bits at fp32 bits 26..20 read as value * 2^-120;
     multiplication keeps subnormals: no FTZ), and the factor by one correctly rounded division."""
     s_enc, s_dec = global_scales(outer, E6, False)
-    return _scale_and_factor_pre(bamax, s_enc * ONE_SIXTH, s_dec)
+    return _scale_and_factor_pre(bamax, s_enc * ONE_SIXTH, s_dec, False, HW)
 
 
 @triton.jit
-def _scale_and_factor_pre(bamax, s_enc_sixth, s_third, PR3045: tl.constexpr = False):
+def _scale_and_factor_pre(bamax, s_enc_sixth, s_third, PR3045: tl.constexpr, HW: tl.constexpr):
     """The per-block part of ``_scale_and_factor_fast`` from the outer amax's fl(S_enc * fl(1/6)) and
     S_dec (computed per block there, read from ``pt_scales_kernel``'s tables for per-token casts).
     PR3045: ``s_third`` is S_enc and the factor is min(fl(S_enc / s), FLT_MAX), 0 for a zero scale."""
-    code = e4m3_encode_fast(bamax * s_enc_sixth, 448.0) & 0xFF
+    code = e4m3_code(bamax * s_enc_sixth, HW)
     scale = tl.where(bamax != bamax, 0x7F, code)
     scale_f = (code << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
     if PR3045:
@@ -87,6 +94,29 @@ def _operand_values(codes, scale_codes):
     GEMM's expanded operand (every product has at most 5 significant bits and lies in [2^-10, 2688] or is 0;
     a NaN scale gives NaN, as the expansion)."""
     return (e2m1_decode(codes) * e4m3_decode(scale_codes.to(tl.int32))).to(tl.bfloat16)
+
+
+@triton.jit
+def _row_words(x3, enc, KB: tl.constexpr, HW: tl.constexpr):
+    """[16, KB, 16] values and their blocks' encode factors [16, KB] -> [16, KB, 2] int32 words of the codes of
+    fl(x * enc), each word the 8 values a thread holds (round to nearest even; NaN products: unspecified codes):
+    ``code_top`` and ``push_code``, a few instructions per value fewer than ``e2m1_scale_encode`` and
+    ``pack_codes``, most of them off the integer ALU pipe."""
+    v0, v1, v2, v3, v4, v5, v6, v7 = split8(tl.reshape(x3, [16, KB, 2, 1, 8]), 16, KB, 2, 1)
+    zero = tl.zeros([16, KB, 2, 1], tl.int32)
+    return tl.reshape(word8(v0, v1, v2, v3, v4, v5, v6, v7, enc[:, :, None, None], zero, zero, HW, False), [16, KB, 2])
+
+
+@triton.jit
+def _col_words(xf, enc, BLOCK_K: tl.constexpr, HW: tl.constexpr):
+    """``_row_words`` of the columnwise blocks: the [16, BLOCK_K] tile (row 2j + h holds row 8h + j of the group,
+    so each thread holds 8 rows of a column) and the columns' encode factors [BLOCK_K] -> [2, BLOCK_K] words, word h
+    the codes of rows 8h..8h+7."""
+    t = tl.permute(tl.reshape(xf, [8, 2, BLOCK_K]), (1, 2, 0))  # [h, column, j]: j in-thread
+    v0, v1, v2, v3, v4, v5, v6, v7 = split8(tl.reshape(t, [2, BLOCK_K, 1, 1, 8]), 2, BLOCK_K, 1, 1)
+    zero = tl.zeros([2, BLOCK_K, 1, 1], tl.int32)
+    return tl.reshape(word8(v0, v1, v2, v3, v4, v5, v6, v7, enc[None, :, None, None], zero, zero, HW, False),
+                      [2, BLOCK_K])
 
 
 @triton.jit
@@ -111,6 +141,7 @@ def cast16_kernel(
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
     REUSE_2D: tl.constexpr = False, PR3045: tl.constexpr = False, SOFT_BF16: tl.constexpr = False,
     GROUPS: tl.constexpr = 1, ROW_OPERAND: tl.constexpr = False, COL_OPERAND: tl.constexpr = False,
+    HW: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only on the columnwise side, 1x16 blocks: ``rht16_cast16``).
@@ -136,6 +167,7 @@ def cast16_kernel(
     ROW_OPERAND / COL_OPERAND (single casts, GROUPS = 1 with COL_OPERAND): that side is written as the exact
     BF16 GEMM operand q * s instead of codes and scales (:func:`_operand_values`): rowwise (M, K) at
     row_data_ptr, columnwise (K, M) at col_data_ptr, no scales (their pointers are not written).
+    HW: Hopper's instructions by inline PTX (GPU launches), else integer formulas with the same bits.
     """
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
@@ -146,7 +178,7 @@ def cast16_kernel(
             x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M, K,
             offsets_ptr, group_split_ptr, num_splits, g0, pid_k, ROWWISE, COLWISE, BLOCK_2D, PER_TOKEN, E6, SR, SEED_FROM_PTR,
             LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, True, ROW_OPERAND,
-            COL_OPERAND)
+            COL_OPERAND, HW)
     else:
         # a runtime loop (not unrolled), so that only one group's tile is live at a time; each group's
         # columnwise words and scales go into their slots of the per-column rows stored below
@@ -158,7 +190,7 @@ def cast16_kernel(
                 x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_ptr, col_amax_ptr, seed_ptr, seed_value, M,
                 K, offsets_ptr, group_split_ptr, num_splits, g0 + j, pid_k, ROWWISE, COLWISE, BLOCK_2D, PER_TOKEN, E6, SR,
                 SEED_FROM_PTR, LAYOUT, BLOCK_K, GROUPED, SPLIT_STEPS, RHT, RHT_MASK, REUSE_2D, PR3045, SOFT_BF16, False,
-                ROW_OPERAND, False)
+                ROW_OPERAND, False, HW)
             if COLWISE:
                 w_lo, w_hi = tl.split(tl.trans(w))  # [BLOCK_K] each: rows 0-7, rows 8-15
                 words = tl.where(slot[None, :] == 2 * j, w_lo[:, None], words)
@@ -202,7 +234,7 @@ def _cast16_group(
     E6: tl.constexpr, SR: tl.constexpr, SEED_FROM_PTR: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT_STEPS: tl.constexpr, RHT: tl.constexpr, RHT_MASK: tl.constexpr,
     REUSE_2D: tl.constexpr, PR3045: tl.constexpr, SOFT_BF16: tl.constexpr, STORE_COLS: tl.constexpr,
-    ROW_OPERAND: tl.constexpr, COL_OPERAND: tl.constexpr,
+    ROW_OPERAND: tl.constexpr, COL_OPERAND: tl.constexpr, HW: tl.constexpr,
 ):
     """The 16-row group g, columns tile pid_k, of ``cast16_kernel``: stores its rowwise blocks and, with
     STORE_COLS, its columnwise ones; returns the columnwise words [2, BLOCK_K] (word h = rows 8h..8h+7)
@@ -256,11 +288,16 @@ def _cast16_group(
             row_normal = normal_range(outer)
         if row_normal:
             if PER_TOKEN:
-                row_scale, row_enc = _scale_and_factor_pre(bamax, row_enc6, row_sdec, PR3045)
+                row_scale, row_enc = _scale_and_factor_pre(bamax, row_enc6, row_sdec, PR3045, HW)
             else:
-                row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6)
-            row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
-            row_words = pack_codes(row_codes, 16, KB)
+                row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6, HW)
+            # the codes themselves are used (SR, REUSE_2D, ROW_OPERAND), or multi-group programs (not STORE_COLS), whose
+            # loop-carried columnwise words spill around ``_row_words`` at 255 registers
+            if SR or REUSE_2D or ROW_OPERAND or not STORE_COLS:
+                row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
+                row_words = pack_codes(row_codes, 16, KB)
+            else:
+                row_words = _row_words(x3, row_enc, KB, HW)
             if not SR:
                 row_words = tl.where((bamax != bamax)[:, :, None], 0, row_words)
         else:
@@ -353,18 +390,21 @@ def _cast16_group(
             col_normal = normal_range(couter)
         if col_normal:
             if PER_TOKEN:
-                col_scale, col_enc = _scale_and_factor_pre(cbamax, col_enc6, col_sdec, PR3045)
+                col_scale, col_enc = _scale_and_factor_pre(cbamax, col_enc6, col_sdec, PR3045, HW)
             else:
-                col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6)
-            if REUSE_2D:
-                if same_outer:
-                    col_codes = tl.reshape(row_codes, [16, BLOCK_K])
+                col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6, HW)
+            if SR or REUSE_2D or COL_OPERAND:  # the codes themselves are used
+                if REUSE_2D:
+                    if same_outer:
+                        col_codes = tl.reshape(row_codes, [16, BLOCK_K])
+                    else:
+                        col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
                 else:
                     col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
+                col_words = tl.sum(tl.reshape(col_codes, [8, 2, BLOCK_K]) << shift, axis=0)  # [2, BLOCK_K]: word h = rows 8h..8h+7
+                col_codes_o = col_codes
             else:
-                col_codes = _e2m1_codes(xf, col_enc[None, :], cbytes, SR, False)
-            col_words = tl.sum(tl.reshape(col_codes, [8, 2, BLOCK_K]) << shift, axis=0)  # [2, BLOCK_K]: word h = rows 8h..8h+7
-            col_codes_o = col_codes
+                col_words = _col_words(xf, col_enc, BLOCK_K, HW)
             if not SR:
                 col_words = tl.where((cbamax != cbamax)[None, :], 0, col_words)
         else:

@@ -145,9 +145,10 @@ def _code(v, enc, rword, R: tl.constexpr, SR: tl.constexpr):
 
 
 @triton.jit
-def _word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, ra, rb, HW: tl.constexpr, SR: tl.constexpr):
-    """The int32 word of 8 rows' codes, row 0 in the low nibble (pushed from the last row down); SR: rows
-    0-3 take the bytes of random word ``ra``, rows 4-7 those of ``rb``."""
+def word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, ra, rb, HW: tl.constexpr, SR: tl.constexpr):
+    """The int32 word of the codes of 8 values (rows here, row 0 in the low nibble; pushed from the last one
+    down); SR: values 0-3 take the bytes of random word ``ra``, 4-7 those of ``rb``. ``ra`` gives the word's
+    shape (int32; without SR any int32 tensor of that shape)."""
     acc = push_code(tl.zeros_like(ra), _code(v7, enc, rb, 7, SR), HW)
     acc = push_code(acc, _code(v6, enc, rb, 6, SR), HW)
     acc = push_code(acc, _code(v5, enc, rb, 5, SR), HW)
@@ -170,8 +171,8 @@ def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v
         enc = tl.load(table_ptr + (scale & 0x7F))
     else:
         enc = encode_factor(e4m3_decode(scale & 0x7F), s_dec, EXACT)
-    lo = _word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, r0, r1, HW, SR)
-    hi = _word8(v8, v9, v10, v11, v12, v13, v14, v15, enc, r2, r3, HW, SR)
+    lo = word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, r0, r1, HW, SR)
+    hi = word8(v8, v9, v10, v11, v12, v13, v14, v15, enc, r2, r3, HW, SR)
     if not SR:  # a NaN factor (NaN element or outer amax): code 0, as the reference
         lo = tl.where(enc != enc, 0, lo)
         hi = tl.where(enc != enc, 0, hi)

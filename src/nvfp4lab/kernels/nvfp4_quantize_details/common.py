@@ -178,3 +178,17 @@ def load_tile(x_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SOFT_BF
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16)
     return rows, cols, row_ok, col_ok, pid_m, pid_k, xf
+
+
+@triton.jit
+def split8(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
+    """[A, B, C, D, 8] -> its 8 slices [A, B, C, D] along the last (in-thread) axis, in index order."""
+    t6 = tl.reshape(t, [A, B, C, D, 2, 2, 2])  # last axes: bits 2, 1, 0 of the index
+    ev, od = tl.split(t6)  # bit 0
+    e0, e1 = tl.split(ev)  # bit 1
+    o0, o1 = tl.split(od)
+    i0, i4 = tl.split(e0)  # bit 2
+    i2, i6 = tl.split(e1)
+    i1, i5 = tl.split(o0)
+    i3, i7 = tl.split(o1)
+    return i0, i1, i2, i3, i4, i5, i6, i7

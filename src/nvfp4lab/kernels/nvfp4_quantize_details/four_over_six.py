@@ -31,6 +31,7 @@ from .common import (
     group_split,
     normal_range,
     scale_offsets,
+    split8,
     split_of,
     split_span,
 )
@@ -76,23 +77,9 @@ def _dequant_parts(q_mag, v_one, v_three_halves):
 
 
 @triton.jit
-def _split8(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
-    """[A, B, C, D, 8] -> its 8 slices [A, B, C, D] along the last (in-thread) axis, in index order."""
-    t6 = tl.reshape(t, [A, B, C, D, 2, 2, 2])  # last axes: bits 2, 1, 0 of the index
-    ev, od = tl.split(t6)  # bit 0
-    e0, e1 = tl.split(ev)  # bit 1
-    o0, o1 = tl.split(od)
-    i0, i4 = tl.split(e0)  # bit 2
-    i2, i6 = tl.split(e1)
-    i1, i5 = tl.split(o0)
-    i3, i7 = tl.split(o1)
-    return i0, i1, i2, i3, i4, i5, i6, i7
-
-
-@triton.jit
 def _slice(t, i: tl.constexpr, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.constexpr):
     """Slice i of [A, B, C, D, 8] along its last axis."""
-    t0, t1, t2, t3, t4, t5, t6, t7 = _split8(t, A, B, C, D)
+    t0, t1, t2, t3, t4, t5, t6, t7 = split8(t, A, B, C, D)
     if i == 0:
         r = t0
     elif i == 1:
@@ -129,7 +116,7 @@ def seq_sum_pair(t, A: tl.constexpr, B: tl.constexpr):
     """[A, B, 2, 8] -> [A, B, 2]: the fp32 sum of each block's 16 terms (half, element) in index order
     (((t0 + t1) + t2) + ...) in the half-1 entry (the half-0 entry holds garbage): half 0 sums its 8
     in-thread terms, hands the sum over (one shuffle; + 0.0 is exact), and half 1 continues it."""
-    t0, t1, t2, t3, t4, t5, t6, t7 = _split8(tl.reshape(t, [A, B, 1, 2, 8]), A, B, 1, 2)
+    t0, t1, t2, t3, t4, t5, t6, t7 = split8(tl.reshape(t, [A, B, 1, 2, 8]), A, B, 1, 2)
     s = t0 + t1
     s = s + t2
     s = s + t3

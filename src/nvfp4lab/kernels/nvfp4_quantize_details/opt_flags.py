@@ -218,7 +218,7 @@ def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool,
         REUSE_2D=(block_2d and rowwise and columnwise and not stochastic_rounding and not per_token
                   and rht_sign_mask < 0),
         PR3045=pr3045, GROUPS=groups, ROW_OPERAND=row_operand and rowwise, COL_OPERAND=col_operand,
-        num_warps=warps, enable_fp_fusion=False,
+        HW=not interpreting(), num_warps=warps, enable_fp_fusion=False,
     )
     meta.update(cast16_launch_options(rowwise, columnwise, meta["ROW_OPERAND"]))
     return meta
