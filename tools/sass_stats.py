@@ -12,6 +12,10 @@ Hopper (see kernels/nvfp4_quantize.py).
         [--layouts]
     (MAXNREG=128: try a register cap)
 
+Per-element figures count each instruction once: a tile of several 16-row groups per program (``cast16_kernel``'s
+default for row+col casts: 64 rows) runs its group loop's body once per group, so compare kernels at one group
+(``--tile 16x128x1``), where the count is what each element costs.
+
 ``--layouts`` lists each global load / store with its tensor shape and distributed layout (how lanes and warps
 cover the tensor), and the layout conversions and shared-memory buffers of the kernel. Triton versions choose these
 differently (Triton 3.6 orders dimensions of equal contiguity with dim 0 fastest, so a pointer tensor whose rows are
