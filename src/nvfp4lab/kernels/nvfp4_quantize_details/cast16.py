@@ -65,9 +65,9 @@ def _scale_and_factor_fast(bamax, outer, E6: tl.constexpr, HW: tl.constexpr):
     """``_scale_and_factor`` for normal-range tiles (``normal_range``), in about half the instructions
     (this per-block work is a third of the cast kernel's): the E4M3 scale by ``e4m3_code`` (HW: Hopper's
     saturating convert, else ``e4m3_encode_fast``; bamax * S_enc / 6 >= 0; inf saturates like the clamp;
-    NaN blocks get 0x7F), decoded exactly as
-    bits(code << 20) * 2^120 (the 7 magnitude bits at fp32 bits 26..20 read as value * 2^-120;
-    multiplication keeps subnormals: no FTZ), and the factor by one correctly rounded division."""
+    NaN blocks get 0x7F), decoded exactly as bits(code << 20) * 2^120 (the 7 magnitude bits at fp32 bits
+    26..20 read as value * 2^-120; multiplication keeps subnormals: no FTZ), and the factor by one correctly
+    rounded division."""
     s_enc, s_dec = global_scales(outer, E6, False)
     return _scale_and_factor_pre(bamax, s_enc * ONE_SIXTH, s_dec, False, HW)
 
