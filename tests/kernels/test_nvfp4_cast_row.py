@@ -161,10 +161,16 @@ def test_misaligned_input_takes_cast16(monkeypatch, cast_row_from):
     ((37, 48), dict(block_m=32, block_k=128, num_warps=2)),
     ((128, 512), {}),
     ((40, 1040), {}),  # default tile: three program columns, the last one masked after its first half-block pair
+    ((8, 512), dict(block_m=1, block_k=256, num_warps=2)),  # one-row tiles covering x exactly: no masks
+    ((6, 1024), dict(block_m=2, block_k=512, num_warps=1)),
+    ((5, 272), dict(block_m=1, block_k=256, num_warps=2)),  # one-row tiles, the last column masked
 ])
 @pytest.mark.parametrize("layout", ["compact", "padded", "swizzled"])
 def test_matches_reference(shape, tile, layout, launches):
     config = NVFP4QuantConfig(rowwise=True, scale_layout=layout)
+    if tile.get("block_m", 0) in (1, 2):  # the cases cover the unmasked path they claim
+        meta = opt_flags.cast_row_meta(*shape, layout, False, 448.0, **tile)
+        assert meta["EVEN"] == (shape[1] % tile["block_k"] == 0)
     assert_rowwise_same(launches, normal_input(shape, seed=shape[0] + shape[1]), config, f"{shape} {tile} {layout}", tile=tile)
 
 

@@ -15,13 +15,15 @@ element; this kernel reads x in coalesced 16-byte pieces and does the per-block 
   ``cvt.rn.satfinite.e4m3x2.f32`` (inline PTX; satfinite maps inf to 448 like the clamp); under the
   interpreter by the integer encoder ``e4m3_encode_fast``, same bits. A NaN product gives 0x7F (with
   its sign bit, as ``e4m3_encode``).
-* The block amax on packed bf16 magnitudes: x is read as int32 words of two bf16, ``w & 0x7FFF7FFF``,
-  folded by an unsigned 16x2 max (``max.u16x2``, one instruction per word on sm_90; integer halves
-  under the interpreter). bf16 magnitude order is integer order, NaN above inf (torch.amax's NaN).
+* The block amax on packed bf16 pairs: x is read as int32 words of two bf16, folded by
+  ``max.NaN.xorsign.abs.bf16x2`` (one instruction per word pair on sm_90: the larger magnitude per half, NaN
+  propagated; the sign bits, garbage, are cleared once per block); under the interpreter by an unsigned 16x2 max
+  of ``w & 0x7FFF7FFF`` (bf16 magnitude order is integer order, NaN above inf: torch.amax's NaN).
 * The E2M1 codes by ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade)
   with the code and sign read into the top nibble by one multiply-add (``code_top``), packed by one
   funnel shift per code (``shf.l``; shifts and ORs under the interpreter); the bf16 values unpacked
-  from the words by one shift or mask each (exact, subnormals included).
+  from the words by one shift or mask each (exact, subnormals included). Sm_90's integer (ALU) pipe is half as wide
+  as its FMA pipe and was the busiest: the sign comes from a float add, not integer ops.
 
 Per token the factor depends on the row's S_dec too, so there is one correctly rounded division per
 block (16 elements) instead of the table read, and tiles with a row amax outside the normal range
@@ -32,7 +34,9 @@ reference (x * NaN encodes as 0).
 
 Layout: x (M, K) bf16 contiguous, K % 16 == 0, read as (M, K / 2) int32; rowwise data (M, K / 2)
 uint8 written as (M, K / 8) int32; scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``).
-A program covers BLOCK_M rows x KB blocks of 16 columns, read as one [BLOCK_M, 8 KB] int32 load viewed as
+A program covers BLOCK_M rows x KB blocks of 16 columns (``opt_flags.cast_row_tile``: 8192 elements (per token
+4096) in as few rows as K allows, so a lane's loads and stores along a row differ by constant offsets; no masks
+where the tiles cover x exactly, ``EVEN``), read as one [BLOCK_M, 8 KB] int32 load viewed as
 [BLOCK_M, 2 KB, 4]: each lane holds one 8-element half block (16 bytes), consecutive lanes consecutive halves, so a
 warp's load is one contiguous run. (With a lane per whole block, read as two 16-byte loads 32 bytes apart, each load
 request costs one L1 wavefront per lane, and the L1 pipe rather than DRAM bounds the cast.) A block's two halves sit in a
@@ -64,26 +68,41 @@ def row_factor_table_kernel(amax_ptr, table_ptr, E6: tl.constexpr):
 
 
 @triton.jit
-def _umax16x2(a, b, HW: tl.constexpr):
-    """Per 16-bit half unsigned max of two int32 words whose halves are < 2^15."""
+def _absmax16x2(a, b, HW: tl.constexpr):
+    """Per 16-bit half: the larger bf16 magnitude of two int32 words of two bf16, NaN above inf, in bits 0..14 and
+    16..30 (bits 15 and 31: garbage). One ``max.NaN.xorsign.abs.bf16x2`` on the GPU."""
     if HW:
-        out = tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+        out = tl.inline_asm_elementwise("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
                                         is_pure=True, pack=1)
     else:
+        a = a & 0x7FFF7FFF  # integer halves: magnitude order is integer order
+        b = b & 0x7FFF7FFF
         out = tl.maximum(a & -65536, b & -65536) | tl.maximum(a & 0xFFFF, b & 0xFFFF)
     return out
 
 
 @triton.jit
+def _absmax16x2_hw(a, b):
+    return _absmax16x2(a, b, True)
+
+
+@triton.jit
+def _absmax16x2_sw(a, b):
+    return _absmax16x2(a, b, False)
+
+
+@triton.jit
 def e4m3_code(v, HW: tl.constexpr):
-    """E4M3 bits (int32 0..255) of v >= 0 (or NaN), saturating: e4m3_encode(min(v, FLT_MAX))."""
+    """E4M3 bits (int32 0..255) of v >= 0 (or NaN), saturating: e4m3_encode(min(v, FLT_MAX)); NaN gives 0x7F with
+    v's sign bit. HW: one ``cvt.rn.satfinite.e4m3x2.f32`` of (0, v): the code in the low byte, zeros above, NaN to
+    0x7F (a NaN from the GPU's arithmetic is positive)."""
     if HW:
         code = tl.inline_asm_elementwise(
-            "{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, $1, $1; cvt.u32.u16 $0, t; }",
-            "=r,f", [v], dtype=tl.int32, is_pure=True, pack=1) & 0xFF
+            "{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, $2, $1; cvt.u32.u16 $0, t; }",
+            "=r,f,f", [v, tl.zeros_like(v)], dtype=tl.int32, is_pure=True, pack=1)
     else:
-        code = e4m3_encode_fast(v, 448.0) & 0xFF
-    return tl.where(v != v, 0x7F | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80), code)
+        code = tl.where(v != v, 0x7F | ((v.to(tl.int32, bitcast=True) >> 24) & 0x80), e4m3_encode_fast(v, 448.0) & 0xFF)
+    return code
 
 
 @triton.jit
@@ -92,14 +111,14 @@ def code_top(x, enc):
     ``e2m1_scale_encode``'s rounding (one FFMA onto the grid of the value's binade), its code
     (sb + (sb >> 22)) mod 16 read by one multiply, sb * (2^28 + 2^6) (the low product term never
     carries into the top nibble: sb * 2^28 has zeros below it), and the sign bit added in the same
-    multiply-add: v < 0, i.e. bit 31 of both bits(v) and bits(v) - 1 (-0.0 gets code 0, as the
-    reference; integer ops, which the compiler does not turn into packed predicate masks)."""
-    v = x * enc
+    multiply-add: v < 0, the sign bit of fl(v + 0), which turns -0.0 into +0.0 (code 0, as the reference; the FADD
+    runs on the FMA pipe, where an integer formula would load the busier ALU pipe). Kernels calling it compile
+    without FMA contraction (x * enc + 0 fused would keep the sign of a product that underflows)."""
+    v = x * enc + 0.0
     a = tl.minimum(tl.abs(v), 6.0)
     binade = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     sb = tl.fma(binade, 5242883.0, a).to(tl.int32, bitcast=True)
-    vb = v.to(tl.int32, bitcast=True)
-    return sb * 268435520 + (vb & (vb - 1) & -2147483648)  # 2^28 + 2^6
+    return sb * 268435520 + (v.to(tl.int32, bitcast=True) & -2147483648)  # 2^28 + 2^6
 
 
 @triton.jit
@@ -141,25 +160,15 @@ def _pack8(w, enc, HW: tl.constexpr):
 
 
 @triton.jit
-def _umax16x2_hw(a, b):
-    return _umax16x2(a, b, True)
-
-
-@triton.jit
-def _umax16x2_sw(a, b):
-    return _umax16x2(a, b, False)
-
-
-@triton.jit
 def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
                     LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
-                    PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0):
+                    PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0, EVEN: tl.constexpr = False):
     """Rowwise codes and scales of BLOCK_M rows x KB 16-column blocks (see the module docstring).
     x_ptr: x as int32 words; data_ptr: the rowwise data as int32 words; table_ptr: the
     ``row_factor_table_kernel`` table, or with PER_TOKEN the (3, M) per-row tables of
     ``pt_scales_kernel`` (then one correctly rounded division per block, and tiles with a row amax
     outside the normal range recompute in fp64 from the amax, as ``cast16_kernel``); HW: inline PTX
-    (GPU) instead of the integer formulas."""
+    (GPU) instead of the integer formulas; EVEN: M % BLOCK_M == 0 and (K / 16) % KB == 0 (no masks)."""
     HALVES: tl.constexpr = 2 * KB
     pid = tl.program_id(0)
     k_blocks = K // 16
@@ -168,21 +177,27 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
     blks = (pid % n_k) * KB + tl.arange(0, KB)
     halves = (pid % n_k) * HALVES + tl.arange(0, HALVES)  # 8-element half blocks
     cols = (pid % n_k) * (HALVES * 4) + tl.arange(0, HALVES * 4)  # int32 words
-    ok = (rows < M)[:, None] & (blks < k_blocks)[None, :]
-    half_ok = (rows < M)[:, None] & (halves < 2 * k_blocks)[None, :]
+    if EVEN:  # the tiles cover x exactly: no masks
+        ok = None
+        half_ok = None
+        x_ok = None
+    else:
+        ok = (rows < M)[:, None] & (blks < k_blocks)[None, :]
+        half_ok = (rows < M)[:, None] & (halves < 2 * k_blocks)[None, :]
+        x_ok = (rows < M)[:, None] & (cols < k_blocks * 8)[None, :]
     # one contiguous 2-D load (consecutive lanes read consecutive 16-byte half blocks), viewed as [BM, HALVES, 4]
-    w = tl.load(x_ptr + rows[:, None] * (k_blocks * 8) + cols[None, :],
-                mask=(rows < M)[:, None] & (cols < k_blocks * 8)[None, :], other=0)
+    x_at = x_ptr + rows[:, None] * (k_blocks * 8) + cols[None, :]
+    w = tl.load(x_at) if EVEN else tl.load(x_at, mask=x_ok, other=0)
     w = tl.reshape(w, [BLOCK_M, HALVES, 4])
 
-    mag = w & 0x7FFF7FFF
-    a, b = tl.split(tl.reshape(mag, [BLOCK_M, HALVES, 2, 2]))
-    a, b = tl.split(_umax16x2(a, b, HW))
-    mag = tl.reshape(_umax16x2(a, b, HW), [BLOCK_M, KB, 2])  # per half: its two 16-bit maxima
+    a, b = tl.split(tl.reshape(w, [BLOCK_M, HALVES, 2, 2]))
+    a, b = tl.split(_absmax16x2(a, b, HW))
+    mag = tl.reshape(_absmax16x2(a, b, HW), [BLOCK_M, KB, 2])  # per half: its two 16-bit maxima
     if HW:
-        mag = tl.reduce(mag, 2, _umax16x2_hw)  # [BM, KB]: the lane pair's halves
+        mag = tl.reduce(mag, 2, _absmax16x2_hw)  # [BM, KB]: the lane pair's halves
     else:
-        mag = tl.reduce(mag, 2, _umax16x2_sw)
+        mag = tl.reduce(mag, 2, _absmax16x2_sw)
+    mag = mag & 0x7FFF7FFF
     bamax = tl.maximum(mag << 16, mag & -65536).to(tl.float32, bitcast=True)
 
     if PER_TOKEN:
@@ -203,7 +218,8 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
         scale = e4m3_code(bamax * s_enc_sixth, HW)
         # the factor read per half, in the halves' lanes, through a 1-D gather (a 2-D gather, whose addresses are
         # contiguous along no dimension, may be given a layout with lanes along the rows, and converted)
-        idx = tl.reshape(_per_half(scale, BLOCK_M, KB) & 0x7F, [BLOCK_M * HALVES])
+        # (HW: the code is at most 0x7F, the GPU's NaNs being positive; the interpreter's NaN may carry a sign)
+        idx = tl.reshape(_per_half(scale if HW else scale & 0x7F, BLOCK_M, KB), [BLOCK_M * HALVES])
         enc = tl.reshape(tl.load(table_ptr + idx), [BLOCK_M, HALVES])
 
     codes = _pack8(w, enc, HW)

@@ -32,12 +32,12 @@ CAST16_MIN_PROGRAMS = 1024
 CAST16_ROW_MAXNREG = 128
 CAST16_ROW_OPERAND_MAXNREG = 168
 PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
-# cast_row_kernel: (BLOCK_M rows, KB 16-column blocks, num_warps); per-tensor casts take it from
-# CAST_ROW_MIN_ELEMENTS elements on: below, its factor-table launch costs more host time than the
-# kernel saves on the GPU. Per tensor, 16 half blocks per lane (more bytes in flight per lane); per token, whose
-# per-block divisions need registers, 8
-CAST_ROW_TILE = (16, 32, 2)
-CAST_ROW_PER_TOKEN_TILE = (16, 16, 2)
+# cast_row_kernel (``cast_row_tile``): (elements per program, the widest tile), num_warps, and the tile width where K
+# has no power-of-2 divisor as large; per-tensor casts take it from CAST_ROW_MIN_ELEMENTS elements on: below, its
+# factor-table launch costs more host time than the kernel saves on the GPU. Per tensor 16 half blocks per lane (more
+# bytes in flight); per token, whose per-block divisions need registers, 8
+CAST_ROW_TILE, CAST_ROW_PER_TOKEN_TILE, CAST_ROW_WARPS = (8192, 2048), (4096, 4096), 2
+CAST_ROW_MASKED_BLOCK_K = 512
 CAST_ROW_MIN_ELEMENTS = 1 << 24
 # cast_col_kernel: (16-row groups per program, num_warps; one word column of two bf16 per thread); taken from
 # CAST_COL_MIN_ELEMENTS elements on (the smallest size timed against cast16_kernel)
@@ -259,11 +259,26 @@ def use_cast_row(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool
 
 def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: float, *, block_m: int = 0,
                   block_k: int = 0, num_warps: int = 0) -> dict:
-    """Constexprs and num_warps of ``cast_row_kernel`` (block_k: the tile's columns, KB = block_k / 16)."""
-    bm, kb, warps = CAST_ROW_PER_TOKEN_TILE if per_token else CAST_ROW_TILE
-    bm, bk, warps = fit_tile(m, k, (bm, kb * 16, warps), block_m=block_m, block_k=block_k, num_warps=num_warps)
+    """Constexprs and num_warps of ``cast_row_kernel`` (block_k: the tile's columns, KB = block_k / 16; any of
+    them 0: ``cast_row_tile``'s)."""
+    bm, bk, warps = cast_row_tile(m, k, per_token)
+    bm, bk, warps = block_m or bm, block_k or bk, num_warps or warps
+    bm, bk = min(bm, next_power_of_2(max(m, 1))), max(16, min(bk, next_power_of_2(max(k, 1))))
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, KB=bk // 16, HW=not interpreting(), PER_TOKEN=per_token,
-                E6=6.0 * e4m3_max, num_warps=warps, enable_fp_fusion=False)
+                E6=6.0 * e4m3_max, EVEN=m % bm == 0 and (k // 16) % (bk // 16) == 0, num_warps=warps, enable_fp_fusion=False)
+
+
+def cast_row_tile(m: int, k: int, per_token: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_K, num_warps) of ``cast_row_kernel``: a fixed number of elements per program, in as few rows
+    as the columns allow (a lane's loads and stores along one row differ by constant offsets, where rows apart
+    need their own address each). BLOCK_K is the largest power of 2 that divides K, up to the recipe's widest, when
+    it is at least ``CAST_ROW_MASKED_BLOCK_K`` (no column masks), else at most that (the last tile masked, little of
+    it idle)."""
+    elements, widest = CAST_ROW_PER_TOKEN_TILE if per_token else CAST_ROW_TILE
+    bk = min(k & -k, widest) if k > 0 else 16
+    if bk < CAST_ROW_MASKED_BLOCK_K:
+        bk = min(next_power_of_2(max(k, 16)), CAST_ROW_MASKED_BLOCK_K)
+    return max(1, min(elements // bk, next_power_of_2(max(m, 1)))), bk, CAST_ROW_WARPS
 
 
 def use_cast_col(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
