@@ -45,7 +45,7 @@ from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 def _scale_code(v, HW: tl.constexpr):
     """``cast_row.e4m3_code`` in the form this kernel is faster with (same bits): the convert of (v, v) and the NaN
     mapped apart. With ``e4m3_code``'s one convert of (0, v), ptxas allocates this kernel differently and the RHT
-    columnwise cast of 8192^2 bf16 takes 4% longer (benchmarks/RESULTS.md, twenty-seventh session)."""
+    columnwise cast of 8192^2 bf16 takes 4% longer (benchmarks/RESULTS.md)."""
     if HW:
         code = tl.inline_asm_elementwise(
             "{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, $1, $1; cvt.u32.u16 $0, t; }",
