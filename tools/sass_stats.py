@@ -37,7 +37,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig  # noqa: E402
 from nvfp4lab.kernels.nvfp4_quantize import FOUR_OVER_SIX_CODES  # noqa: E402
-from nvfp4lab.kernels.nvfp4_quantize_details import cast16, cast_col, cast_row, four_over_six, opt_flags, pt_scales  # noqa: E402
+from nvfp4lab.kernels.nvfp4_quantize_details import (  # noqa: E402
+    cast16, cast_col, cast_row, cast_rowcol, four_over_six, opt_flags, pt_scales)
 
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
@@ -72,6 +73,12 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
                                        **explicit)
         meta["HW"] = True
         fn, bm, bk = cast_col.cast_col_kernel, 16 * meta["GROUPS"], meta["BLOCK_C"] * 2
+    elif allow_row and opt_flags.use_cast_rowcol(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
+                                               cfg.four_over_six, cfg.rht, cfg.stochastic_rounding, steps is not None,
+                                               False, True, True, (False, False)):
+        meta = opt_flags.cast_rowcol_meta(8192, 8192, cfg.scale_layout, block_m=tile[0] if tile else 0, **explicit)
+        meta["HW"] = True
+        fn, bm, bk = cast_rowcol.cast_rowcol_kernel, 16 * meta["GROUPS"], meta["QB"] * 16
     elif allow_row and opt_flags.use_cast_row(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
                                             cfg.stochastic_rounding, steps is not None, False, True, True):
         meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, cfg.per_token, cfg.e4m3_max,
@@ -90,8 +97,10 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
                                             split_steps=steps, block_m=tile[0] if tile else 0, **explicit)
         fn, bm, bk = four_over_six.four_over_six_kernel, 16, meta["BLOCK_K"]
     warps = meta["num_warps"]
-    pointers = dict(x_ptr="*i32" if fn in (cast_row.cast_row_kernel, cast_col.cast_col_kernel) else "*bf16", data_ptr="*i32", scale_ptr="*u8",
-                    table_ptr="*fp32", amax_ptr="*fp32", row_data_ptr="*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
+    words = (cast_row.cast_row_kernel, cast_col.cast_col_kernel, cast_rowcol.cast_rowcol_kernel)
+    pointers = dict(x_ptr="*i32" if fn in words else "*bf16", data_ptr="*i32", scale_ptr="*u8",
+                    table_ptr="*fp32", amax_ptr="*fp32",
+                    row_data_ptr="*i16" if fn is cast_rowcol.cast_rowcol_kernel else "*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
                     row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64",
                     group_split_ptr="*i32")
     scalars = dict(seed_value="i64", M="i32", K="i32", M_WORDS="i32", num_splits="i32")
@@ -156,7 +165,7 @@ def main():
     p.add_argument("--grouped", type=int, default=0, metavar="STEPS",
                    help="the grouped (MoE) cast with 2^STEPS splits (kernels/grouped_quantize.py)")
     p.add_argument("--cast16", action="store_true",
-                   help="cast16_kernel also for the rowwise-only casts the launcher gives cast_row_kernel")
+                   help="cast16_kernel also for the casts the launcher gives cast_row_kernel or cast_rowcol_kernel")
     p.add_argument("--normal-only", action="store_true",
                    help="compile only the normal-range path (what runs on ordinary data): drops the EXACT branch")
     p.add_argument("--layouts", action="store_true",

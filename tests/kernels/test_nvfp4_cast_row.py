@@ -15,7 +15,8 @@ from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_modul
 from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_factor_table_kernel
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import TILE_16X32, assert_same_bits, record_launches, set_plan_flags
+from .kernel_checks import TILE_16X32, assert_same_bits, record_launches, scale_code_input, set_plan_flags, special_input
+from .kernel_checks import normal_bf16_input as normal_input
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
@@ -62,48 +63,6 @@ def assert_rowwise_same(launches, x, config, context="", device=DEV, tile=None, 
             raise AssertionError(f"{context} {field}: {bad.shape[0]} of {a.numel()} differ, first at "
                                  f"{tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} != {b[tuple(bad[0])].item()}")
     return want
-
-
-def normal_input(shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    m, k = shape
-    x = torch.randn(m, k, generator=g) * 10.0 ** (torch.rand(m, 1, generator=g) * 4 - 2)
-    return x.bfloat16()
-
-
-def special_input(nan: bool = False):
-    """Zeros (rows, blocks, -0.0), bf16 subnormals, a block far below the amax (scale 0), +-inf, values
-    at bf16 max, and (``nan``) a NaN element, in (32, 64)."""
-    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))
-    x[3] = 0.0
-    x[4, 16:32] = -0.0
-    x[5, :16] = 1e-30
-    x[6, 32:48] = torch.tensor([1, -32767] * 8, dtype=torch.int16).view(torch.bfloat16).float()  # +-smallest subnormal
-    x[7, 40] = -3e-39
-    x[8, 0] = float("inf")
-    x[9, 17] = float("-inf")
-    if nan:
-        x[10, 50] = float("nan")
-    x[11, :16] = 3.3895e38
-    x[12, 48:] = -3.3895e38
-    return x.bfloat16()
-
-
-def scale_code_input():
-    """Blocks whose scales (with amax 2688: S_enc = 1) take every E4M3 code 0..126: block maxima at 6x
-    each code's value and at 6x the midpoints between neighbouring codes (ties), the rest of the block
-    random below it; (256, 64)."""
-    values = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-    mids = (values[:-1] + values[1:]) / 2
-    targets = torch.cat([values, mids, torch.tensor([1e-4, 0.0])]) * 6
-    g = torch.Generator().manual_seed(3)
-    n = targets.numel()
-    blocks = (torch.rand(n, 16, generator=g) * 2 - 1) * targets[:, None]
-    blocks[torch.arange(n), torch.randint(0, 16, (n,), generator=g)] = targets * torch.where(
-        torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
-    x = torch.zeros(256 * 4, 16)
-    x[:n] = blocks
-    return x.reshape(256, 64).bfloat16()
 
 
 # --------------------------------------------------------------------------------------- dispatch

@@ -17,6 +17,10 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
    * ``cast_row_kernel`` (rowwise-only per-tensor 1x16 bf16 casts without SR): whole blocks per thread,
      the encode factors of the 128 E4M3 scale codes from a per-tensor table (``row_factor_table_kernel``,
      fp64 divisions, so no EXACT path), the block scale by the GPU's E4M3 convert (``cast_row``).
+   * ``cast_rowcol_kernel`` (row+col per-tensor 1x16 bf16 casts without RHT and SR, from 2^24 elements): both
+     copies from one read, four columns of 16 rows per lane (column blocks whole in a lane, row blocks over a quad),
+     the two copies' encode factors from ``cast_row``'s table of each outer amax (``factor_tables_kernel``), a
+     banded program order (``cast_rowcol``).
    * ``cast_col_kernel`` (columnwise-only per-tensor 1x16 RHT casts of bf16 input, SR or not: the
      columnwise launch of a split RHT cast): whole column blocks per thread in few registers, the encode
      factors divided in the kernel (with SR: ``cast_row``'s factor table), the RHT butterflies in

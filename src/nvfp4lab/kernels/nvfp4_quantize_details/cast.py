@@ -14,6 +14,7 @@ from . import opt_flags
 from .cast16 import cast16_kernel
 from .cast_col import cast_col_grid, cast_col_kernel
 from .cast_row import cast_row_grid, cast_row_kernel, row_factor_table, row_factor_table_kernel
+from .cast_rowcol import cast_rowcol_grid, cast_rowcol_kernel, factor_tables, factor_tables_kernel
 from .four_over_six import four_over_six_kernel
 from .pt_scales import pt_scales_grid, pt_scales_kernel, pt_scales_tables
 
@@ -125,7 +126,8 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
               stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
               pr3045, spec, operands: tuple = (False, False), graphed: bool = False) -> tuple:
     """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts of
-    ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast16_kernel`` (per-token
+    ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast_rowcol_kernel`` for the row+col
+    casts of ``opt_flags.use_cast_rowcol`` (its two factor tables first), ``cast16_kernel`` (per-token
     tables first) or ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
     the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
     caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`).
@@ -154,6 +156,11 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
             table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
         return (CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False,
                          m if per_token else 0, 0),)
+    if opt_flags.use_cast_rowcol(m, k, rowwise, columnwise, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
+                                 stochastic_rounding, grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands):
+        meta = opt_flags.cast_rowcol_meta(m, k, scale_layout, block_m=block_m, **tile)
+        tables = Launch(factor_tables_kernel, (2,), opt_flags.row_factor_table_meta(e4m3_max))
+        return (CastStep(Launch(cast_rowcol_kernel, cast_rowcol_grid(m, k, meta), meta), tables, True, True, 0, 0),)
     for row_side, col_side in sides:
         if opt_flags.use_cast_col(m, k, row_side, col_side, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
                                   grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands[1]):
@@ -212,6 +219,10 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
             else:
                 table = row_amax if tables else pt_scales_tables(step.tables, row_amax, step.n_row, None, 0)[0]
             step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table, m, k)
+            continue
+        if step.cast.kernel is cast_rowcol_kernel:  # x and the data as words, both tables from the amaxes
+            step.cast(x.view(torch.int32), outputs[0].view(torch.int16), outputs[1], outputs[2].view(torch.int32),
+                      outputs[3], factor_tables(step.tables, row_amax, col_amax), m, k, m // 8)
             continue
         if step.cast.kernel is cast_col_kernel:  # x and the data as int32 words, from the column amax
             table = row_factor_table(step.tables, col_amax) if step.tables is not None else col_amax

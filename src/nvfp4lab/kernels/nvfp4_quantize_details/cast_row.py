@@ -60,15 +60,20 @@ def row_factor_table_kernel(amax_ptr, table_ptr, E6: tl.constexpr):
     """table[c] = min(fl(1 / fl(e4m3(c) * S_dec)), FLT_MAX) for E4M3 codes c = 0..127 (NaN for 0x7F),
     table[128] = fl(S_enc * fl(1/6)), of the per-tensor amax at amax_ptr (spec 3.1); fp64 divisions
     rounded once (correctly rounded for every amax). One program."""
+    factor_table(tl.load(amax_ptr + tl.zeros([128], tl.int32)), table_ptr, E6)
+
+
+@triton.jit
+def factor_table(outer, table_ptr, E6: tl.constexpr):
+    """``row_factor_table_kernel``'s table of the outer amax ``outer`` (the same value in each of 128 lanes)."""
     codes = tl.arange(0, 128)
-    outer = tl.load(amax_ptr + tl.zeros_like(codes))
     s_enc, s_dec = global_scales(outer, E6, True)
     tl.store(table_ptr + codes, encode_factor(e4m3_decode(codes), s_dec, True))
     tl.store(table_ptr + 128 + codes, s_enc * ONE_SIXTH, mask=codes == 0)
 
 
 @triton.jit
-def _absmax16x2(a, b, HW: tl.constexpr):
+def absmax16x2(a, b, HW: tl.constexpr):
     """Per 16-bit half: the larger bf16 magnitude of two int32 words of two bf16, NaN above inf, in bits 0..14 and
     16..30 (bits 15 and 31: garbage). One ``max.NaN.xorsign.abs.bf16x2`` on the GPU."""
     if HW:
@@ -82,13 +87,13 @@ def _absmax16x2(a, b, HW: tl.constexpr):
 
 
 @triton.jit
-def _absmax16x2_hw(a, b):
-    return _absmax16x2(a, b, True)
+def absmax16x2_hw(a, b):
+    return absmax16x2(a, b, True)
 
 
 @triton.jit
-def _absmax16x2_sw(a, b):
-    return _absmax16x2(a, b, False)
+def absmax16x2_sw(a, b):
+    return absmax16x2(a, b, False)
 
 
 @triton.jit
@@ -191,12 +196,12 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
     w = tl.reshape(w, [BLOCK_M, HALVES, 4])
 
     a, b = tl.split(tl.reshape(w, [BLOCK_M, HALVES, 2, 2]))
-    a, b = tl.split(_absmax16x2(a, b, HW))
-    mag = tl.reshape(_absmax16x2(a, b, HW), [BLOCK_M, KB, 2])  # per half: its two 16-bit maxima
+    a, b = tl.split(absmax16x2(a, b, HW))
+    mag = tl.reshape(absmax16x2(a, b, HW), [BLOCK_M, KB, 2])  # per half: its two 16-bit maxima
     if HW:
-        mag = tl.reduce(mag, 2, _absmax16x2_hw)  # [BM, KB]: the lane pair's halves
+        mag = tl.reduce(mag, 2, absmax16x2_hw)  # [BM, KB]: the lane pair's halves
     else:
-        mag = tl.reduce(mag, 2, _absmax16x2_sw)
+        mag = tl.reduce(mag, 2, absmax16x2_sw)
     mag = mag & 0x7FFF7FFF
     bamax = tl.maximum(mag << 16, mag & -65536).to(tl.float32, bitcast=True)
 

@@ -152,6 +152,24 @@ def scale_offsets(i, j, ncols, LAYOUT: tl.constexpr):
 
 
 @triton.jit
+def banded_order(pid, n_m, n_k, BAND: tl.constexpr):
+    """(pid_m, pid_k) of program pid over n_m x n_k tiles, visited in bands of BAND tile rows: within a band the
+    tile rows fastest, then the tile columns (BAND = 1: tile columns fastest, row by row). Programs that run at the
+    same time then write neighbouring pieces of each columnwise output row (x^T's rows, one per column of x), which
+    the L2 can merge into whole lines before they go to memory."""
+    if BAND == 1:
+        pid_m = pid // n_k
+        pid_k = pid % n_k
+    else:
+        per_band = BAND * n_k
+        first_m = (pid // per_band) * BAND
+        rows = tl.minimum(n_m - first_m, BAND)
+        pid_m = first_m + (pid % per_band) % rows
+        pid_k = (pid % per_band) // rows
+    return pid_m, pid_k
+
+
+@triton.jit
 def program_columns(K, BLOCK_K: tl.constexpr):
     """(pid_m, pid_k, cols, col_ok) of this program over tiles ordered K-fastest (int64 columns)."""
     pid = tl.program_id(0)

@@ -43,6 +43,12 @@ CAST_ROW_MIN_ELEMENTS = 1 << 24
 # CAST_COL_MIN_ELEMENTS elements on (the smallest size timed against cast16_kernel)
 CAST_COL_TILE = (2, 4)
 CAST_COL_MIN_ELEMENTS = 1 << 19
+# cast_rowcol_kernel: (16-row groups per program, columns per program, num_warps; two words of a row per lane), and
+# tile rows per band of its program order (``common.banded_order``); per-tensor row+col casts take it from
+# CAST_ROWCOL_MIN_ELEMENTS elements on (below, it was slower than cast16_kernel, and its tables launch costs host time)
+CAST_ROWCOL_TILE = (2, 512, 4)
+CAST_ROWCOL_ROW_BAND = 32
+CAST_ROWCOL_MIN_ELEMENTS = 1 << 24
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
 LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
@@ -304,6 +310,29 @@ def cast_col_meta(m: int, k: int, scale_layout: str, rht_sign_mask: int, e4m3_ma
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_C=block_c, GROUPS=groups, HW=not interpreting(),
                 RHT_MASK=rht_sign_mask, E6=6.0 * e4m3_max, TABLE=stochastic_rounding, SR=stochastic_rounding,
                 SEED_FROM_PTR=seed_from_ptr, num_warps=warps, enable_fp_fusion=False)
+
+
+def use_cast_rowcol(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
+                    rht: bool, stochastic_rounding: bool, grouped: bool, pr3045: bool, dtype_bf16: bool,
+                    x_aligned: bool, operands: tuple) -> bool:
+    """Whether a row+col cast runs ``cast_rowcol_kernel`` (cast_rowcol.py): the per-tensor 1x16 cast of bf16 input
+    into both packed copies, round to nearest, without RHT, x 16-byte aligned (read as int32 words), M and K
+    multiples of 16, from ``CAST_ROWCOL_MIN_ELEMENTS`` elements on."""
+    return (rowwise and columnwise and not block_2d and not per_token and not four_over_six and not rht
+            and not stochastic_rounding and not grouped and not pr3045 and not any(operands) and dtype_bf16
+            and x_aligned and m % 16 == 0 and k % 16 == 0 and m * k >= CAST_ROWCOL_MIN_ELEMENTS)
+
+
+def cast_rowcol_meta(m: int, k: int, scale_layout: str, *, block_m: int = 0, block_k: int = 0,
+                     num_warps: int = 0) -> dict:
+    """Constexprs and num_warps of ``cast_rowcol_kernel`` (block_m: at most 16 * GROUPS rows, GROUPS the largest of
+    4, 2, 1 that divides m / 16; block_k: the tile's columns, QB = block_k / 16 row blocks; 0: ``CAST_ROWCOL_TILE``)."""
+    groups = block_m // 16 if block_m else CAST_ROWCOL_TILE[0]
+    groups = next(g for g in (4, 2, 1) if g <= max(groups, 1) and (m // 16) % g == 0)
+    qb = max(1, min((block_k or CAST_ROWCOL_TILE[1]) // 16, next_power_of_2(max(k // 16, 1))))
+    return dict(LAYOUT=LAYOUT_CODES[scale_layout], QB=qb, GROUPS=groups, HW=not interpreting(),
+                EVEN=(k // 16) % qb == 0, ROW_BAND=CAST_ROWCOL_ROW_BAND, num_warps=num_warps or CAST_ROWCOL_TILE[2],
+                enable_fp_fusion=False)
 
 
 def row_factor_table_meta(e4m3_max: float) -> dict:
