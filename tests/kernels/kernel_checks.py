@@ -26,6 +26,19 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor, nan_equal: bool = Fa
         raise AssertionError(f"{int((~same).sum())} mismatches, first at {idx}: got {got[idx].item()!r}, want {want[idx].item()!r}")
 
 
+def assert_field_equal(got: torch.Tensor, want: torch.Tensor, context: str) -> None:
+    """Equal shape, dtype and bits (fp32 compared as int32), else an error naming how many elements differ and the
+    first one."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (context, got.shape, want.shape, got.dtype, want.dtype)
+    if got.dtype == torch.float32:
+        got, want = got.view(torch.int32), want.view(torch.int32)
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()
+        first = tuple(bad[0].tolist())
+        raise AssertionError(f"{context}: {bad.shape[0]} of {got.numel()} differ, first at {first}: "
+                             f"{got[first].item()} != {want[first].item()}")
+
+
 def _wrap_launches(monkeypatch, module, kernel_name: str, on_launch) -> None:
     """Every launch goes through ``nvfp4lab.kernels.launch.Launch``: call ``on_launch(meta)`` before each
     launch of the named kernel of ``module``."""

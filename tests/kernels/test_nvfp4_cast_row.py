@@ -15,7 +15,15 @@ from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_modul
 from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_factor_table_kernel
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import TILE_16X32, assert_same_bits, record_launches, scale_code_input, set_plan_flags, special_input
+from .kernel_checks import (
+    TILE_16X32,
+    assert_field_equal,
+    assert_same_bits,
+    record_launches,
+    scale_code_input,
+    set_plan_flags,
+    special_input,
+)
 from .kernel_checks import normal_bf16_input as normal_input
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
@@ -54,14 +62,7 @@ def assert_rowwise_same(launches, x, config, context="", device=DEV, tile=None, 
         nan_both = torch.isnan(want.rowwise_amax) & torch.isnan(got.rowwise_amax.cpu())
         want.rowwise_amax = torch.where(nan_both, got.rowwise_amax.cpu(), want.rowwise_amax)
     for field in ("rowwise_data", "rowwise_scale", "rowwise_amax"):
-        a, b = getattr(got, field).cpu(), getattr(want, field)
-        assert a.shape == b.shape and a.dtype == b.dtype, (context, field, a.shape, b.shape)
-        if a.dtype == torch.float32:
-            a, b = a.view(torch.int32), b.view(torch.int32)
-        if not torch.equal(a, b):
-            bad = (a != b).nonzero()
-            raise AssertionError(f"{context} {field}: {bad.shape[0]} of {a.numel()} differ, first at "
-                                 f"{tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} != {b[tuple(bad[0])].item()}")
+        assert_field_equal(getattr(got, field).cpu(), getattr(want, field), f"{context} {field}")
     return want
 
 

@@ -15,7 +15,15 @@ from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_
 from nvfp4lab.kernels.nvfp4_quantize_details.cast_rowcol import factor_tables_kernel
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import assert_same_bits, normal_bf16_input, record_launches, scale_code_input, set_plan_flags, special_input
+from .kernel_checks import (
+    assert_field_equal,
+    assert_same_bits,
+    normal_bf16_input,
+    record_launches,
+    scale_code_input,
+    set_plan_flags,
+    special_input,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
@@ -56,11 +64,7 @@ def assert_same(launches, x, config, context="", device=DEV, tile=None, amax=Non
         if field.endswith("amax"):
             assert_same_bits(a, b, nan_equal=True)
             continue
-        assert a.shape == b.shape and a.dtype == b.dtype, (context, field, a.shape, b.shape)
-        if not torch.equal(a, b):
-            bad = (a != b).nonzero()
-            raise AssertionError(f"{context} {field}: {bad.shape[0]} of {a.numel()} differ, first at "
-                                 f"{tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} != {b[tuple(bad[0])].item()}")
+        assert_field_equal(a, b, f"{context} {field}")
     return want
 
 
