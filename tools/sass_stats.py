@@ -100,7 +100,7 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     words = (cast_row.cast_row_kernel, cast_col.cast_col_kernel, cast_rowcol.cast_rowcol_kernel)
     pointers = dict(x_ptr="*i32" if fn in words else "*bf16", data_ptr="*i32", scale_ptr="*u8",
                     table_ptr="*fp32", amax_ptr="*fp32",
-                    row_data_ptr="*i16" if fn is cast_rowcol.cast_rowcol_kernel else "*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8",
+                    row_data_ptr="*i16" if fn is cast_rowcol.cast_rowcol_kernel else "*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8", stage_ptr="*i32",
                     row_amax_ptr="*fp32", col_amax_ptr="*fp32", seed_ptr="*i64", offsets_ptr="*i64",
                     group_split_ptr="*i32")
     scalars = dict(seed_value="i64", M="i32", K="i32", M_WORDS="i32", num_splits="i32")

@@ -11,9 +11,11 @@ from nvfp4lab.kernels.nvfp4_quantize_details import cast as cast_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast_rowcol as rowcol_module
 from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
+from nvfp4lab.kernels.nvfp4_quantize_details.cast import scale_buffer
 from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_factor_table_kernel
-from nvfp4lab.kernels.nvfp4_quantize_details.cast_rowcol import factor_tables_kernel
+from nvfp4lab.kernels.nvfp4_quantize_details.cast_rowcol import col_scales_grid, col_scales_kernel, factor_tables_kernel
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
+from nvfp4lab.ref.swizzle import apply_scale_layout
 
 from .kernel_checks import (
     assert_field_equal,
@@ -177,6 +179,18 @@ def test_factor_tables(e4m3_max):
         row_factor_table_kernel[(1,)](amax, want, E6=6.0 * e4m3_max)
         assert_same_bits(tables[i * TABLE_ENTRIES:i * TABLE_ENTRIES + 129].cpu(), want[:129].cpu(), nan_equal=True)
     assert not torch.equal(tables[:128], tables[TABLE_ENTRIES:TABLE_ENTRIES + 128])
+
+
+@pytest.mark.parametrize("layout", ["compact", "padded", "swizzled"])
+@pytest.mark.parametrize("m_blocks,k", [(3, 48), (40, 272)])  # tiles masked along both axes
+def test_col_scales_from_the_staging_buffer(layout, m_blocks, k):
+    """``col_scales_kernel`` writes the (m_blocks, k) staging buffer transposed, in the layout: every byte of the
+    reference layout of its transpose (padding as the zero-filled buffer leaves it), on a poisoned buffer."""
+    stage = torch.randint(0, 256, (m_blocks, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(k))
+    out = scale_buffer(k, m_blocks, layout, DEV, poison=True)
+    meta = opt_flags.col_scales_meta(layout)
+    col_scales_kernel[col_scales_grid(16 * m_blocks, k, meta)](stage.to(DEV), out, m_blocks, k, **meta)
+    assert_same_bits(out.cpu().flatten(), apply_scale_layout(stage.t().contiguous(), layout).flatten())
 
 
 def test_bf16_subnormals(launches):

@@ -20,7 +20,8 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
    * ``cast_rowcol_kernel`` (row+col per-tensor 1x16 bf16 casts without RHT and SR, from 2^24 elements): both
      copies from one read, four columns of 16 rows per lane (column blocks whole in a lane, row blocks over a quad),
      the two copies' encode factors from ``cast_row``'s table of each outer amax (``factor_tables_kernel``), a
-     banded program order (``cast_rowcol``).
+     banded program order; its columnwise scales (swizzled: its rowwise ones too) go through a staging buffer that a
+     second launch puts into their layout (``cast_rowcol``).
    * ``cast_col_kernel`` (columnwise-only per-tensor 1x16 RHT casts of bf16 input, SR or not: the
      columnwise launch of a split RHT cast): whole column blocks per thread in few registers, the encode
      factors divided in the kernel (with SR: ``cast_row``'s factor table), the RHT butterflies in

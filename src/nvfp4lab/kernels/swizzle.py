@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
-from .launch import custom_op, launch
+from .launch import Launch, custom_op, launch
 
 _INT32_LIMIT = 2**31
 
@@ -85,6 +85,16 @@ def launch_swizzle(scale: torch.Tensor, out: torch.Tensor) -> None:
     block_cols = _block_cols(cols_p)
     grid = (rows_p // 128, cdiv(cols_p, block_cols))
     launch(_swizzle_kernel, grid, (scale, out, rows, cols, cols_p // 4), dict(BLOCK_COLS=block_cols, num_warps=4))
+
+
+def swizzle_launch(rows: int, cols: int) -> Launch:
+    """A :class:`~nvfp4lab.kernels.launch.Launch` of the swizzle of compact (rows, cols) scales, called with
+    (scale, out, rows, cols, roundup(cols, 4) // 4); rows * cols > 0."""
+    cols_p = roundup(cols, 4)
+    _check_band(cols_p)
+    block_cols = _block_cols(cols_p)
+    return Launch(_swizzle_kernel, (roundup(rows, 128) // 128, cdiv(cols_p, block_cols)),
+                  dict(BLOCK_COLS=block_cols, num_warps=4))
 
 
 def launch_unswizzle(buf: torch.Tensor, rows: int, cols: int, out: torch.Tensor) -> None:

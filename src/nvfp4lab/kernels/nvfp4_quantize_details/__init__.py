@@ -9,8 +9,9 @@ module per kernel, each exporting public names:
 * ``cast16``: ``cast16_kernel``, the cast of every recipe without 4over6, and its launcher;
 * ``cast_row``: ``cast_row_kernel``, the rowwise-only per-tensor 1x16 bf16 cast without SR, its
   per-tensor factor table ``row_factor_table_kernel`` and their launcher;
-* ``cast_rowcol``: ``cast_rowcol_kernel``, the per-tensor 1x16 bf16 row+col cast without RHT and SR, and the
-  launch of its two factor tables ``factor_tables_kernel``;
+* ``cast_rowcol``: ``cast_rowcol_kernel``, the per-tensor 1x16 bf16 row+col cast without RHT and SR, the
+  launch of its two factor tables ``factor_tables_kernel`` and ``col_scales_kernel``, which writes its columnwise
+  scales from their staging buffer;
 * ``four_over_six``: ``four_over_six_kernel``, the 4over6 cast, and its launcher;
 * ``opt_flags``: every launch choice (tiles, warps, register cap, amax steps, kernel and launch split);
 * ``cast``: the cast pass (output buffers, kernel choice, tables, seed).

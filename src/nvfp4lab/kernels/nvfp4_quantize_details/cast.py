@@ -10,11 +10,20 @@ import torch
 from ...layout import roundup
 from ..formats import soft_bf16_loads
 from ..launch import Launch, aligned, arg_key, tracing
+from ..swizzle import swizzle_launch
 from . import opt_flags
 from .cast16 import cast16_kernel
 from .cast_col import cast_col_grid, cast_col_kernel
 from .cast_row import cast_row_grid, cast_row_kernel, row_factor_table, row_factor_table_kernel
-from .cast_rowcol import cast_rowcol_grid, cast_rowcol_kernel, factor_tables, factor_tables_kernel
+from .cast_rowcol import (
+    cast_rowcol_grid,
+    cast_rowcol_kernel,
+    col_scales_grid,
+    col_scales_kernel,
+    factor_tables,
+    factor_tables_kernel,
+    launch_rowcol,
+)
 from .four_over_six import four_over_six_kernel
 from .pt_scales import pt_scales_grid, pt_scales_kernel, pt_scales_tables
 
@@ -112,13 +121,16 @@ def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
 class CastStep(NamedTuple):
     """One launch of a cast: the cast kernel, preceded for per-token casts by the launch that fills the
     (3, n) global-scale tables of its row (n_row) and / or column (n_col) amaxes (for the per-tensor
-    ``cast_row_kernel``: the launch of its factor table, n_row = 0)."""
+    ``cast_row_kernel``: the launch of its factor table, n_row = 0); for ``cast_rowcol_kernel``, ``finish`` holds
+    the launches after it (``cast_rowcol.launch_rowcol``: its columnwise scales, the swizzle of its rowwise ones or
+    None)."""
     cast: Launch
     tables: Optional[Launch]
     rowwise: bool
     columnwise: bool
     n_row: int
     n_col: int
+    finish: tuple = ()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -127,10 +139,11 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
               pr3045, spec, operands: tuple = (False, False), graphed: bool = False) -> tuple:
     """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts of
     ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast_rowcol_kernel`` for the row+col
-    casts of ``opt_flags.use_cast_rowcol`` (its two factor tables first), ``cast16_kernel`` (per-token
-    tables first) or ``four_over_six_kernel``, in one or two launches (``opt_flags.split_cast``). ``split_steps`` None:
-    the single cast; else the grouped cast of ``num_splits`` splits. ``spec``: the specialization of the
-    caller's tensors and ints (part of the cache key only, see :class:`~nvfp4lab.kernels.launch.Launch`).
+    casts of ``opt_flags.use_cast_rowcol`` (its two factor tables first, ``col_scales_kernel`` after it),
+    ``cast16_kernel`` (per-token tables first) or ``four_over_six_kernel``, in one or two launches
+    (``opt_flags.split_cast``). ``split_steps`` None: the single cast; else the grouped cast of ``num_splits``
+    splits. ``spec``: the specialization of the caller's tensors and ints (part of the cache key only, see
+    :class:`~nvfp4lab.kernels.launch.Launch`).
     ``pr3045``: PR 3045's numerics (per-token casts). ``operands``: the sides (rowwise, columnwise) cast as BF16
     GEMM operands (single casts through ``cast16_kernel`` only). ``graphed``: launched into a CUDA-graph
     capture (``opt_flags.split_cast``)."""
@@ -158,9 +171,14 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
                          m if per_token else 0, 0),)
     if opt_flags.use_cast_rowcol(m, k, rowwise, columnwise, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
                                  stochastic_rounding, grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands):
-        meta = opt_flags.cast_rowcol_meta(m, k, scale_layout, block_m=block_m, **tile)
+        swizzle_rows = scale_layout == "swizzled"  # rowwise scales written compact, then swizzled
+        meta = opt_flags.cast_rowcol_meta(m, k, "compact" if swizzle_rows else scale_layout, block_m=block_m, **tile)
         tables = Launch(factor_tables_kernel, (2,), opt_flags.row_factor_table_meta(e4m3_max))
-        return (CastStep(Launch(cast_rowcol_kernel, cast_rowcol_grid(m, k, meta), meta), tables, True, True, 0, 0),)
+        scales_meta = opt_flags.col_scales_meta(scale_layout)
+        finish = (Launch(col_scales_kernel, col_scales_grid(m, k, scales_meta), scales_meta),
+                  swizzle_launch(m, k // 16) if swizzle_rows else None)
+        return (CastStep(Launch(cast_rowcol_kernel, cast_rowcol_grid(m, k, meta), meta), tables, True, True, 0, 0,
+                         finish),)
     for row_side, col_side in sides:
         if opt_flags.use_cast_col(m, k, row_side, col_side, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
                                   grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands[1]):
@@ -221,8 +239,8 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
             step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table, m, k)
             continue
         if step.cast.kernel is cast_rowcol_kernel:  # x and the data as words, both tables from the amaxes
-            step.cast(x.view(torch.int32), outputs[0].view(torch.int16), outputs[1], outputs[2].view(torch.int32),
-                      outputs[3], factor_tables(step.tables, row_amax, col_amax), m, k, m // 8)
+            launch_rowcol(step.cast, *step.finish, x.view(torch.int32), outputs[0].view(torch.int16), outputs[1],
+                          outputs[2].view(torch.int32), outputs[3], factor_tables(step.tables, row_amax, col_amax), m, k)
             continue
         if step.cast.kernel is cast_col_kernel:  # x and the data as int32 words, from the column amax
             table = row_factor_table(step.tables, col_amax) if step.tables is not None else col_amax

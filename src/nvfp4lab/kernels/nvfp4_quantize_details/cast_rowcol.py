@@ -22,8 +22,12 @@ Each element is unpacked from its word once (one shift or mask) and encoded twic
 Outputs: rowwise data (M, K / 2) uint8 written as (M, K / 4) int16 (each lane's 4 codes of a row); rowwise
 scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``); columnwise data (K, M / 2) uint8 written as
 (K, M / 8) int32 words, a program's GROUPS blocks of a column as one contiguous run of 8 * GROUPS bytes (4
-groups: a whole 32-byte sector); columnwise scales likewise GROUPS per column at once where the layout keeps
-them contiguous.
+groups: a whole 32-byte sector). Columnwise scales go to an (M / 16, K) staging buffer, group-major, the four
+codes of a lane's columns as one int32 word (a warp's store one contiguous run); ``col_scales_kernel`` then
+transposes them into their (K, M / 16) layout, compact, padded or swizzled. Written in place, a program's
+columnwise scales would be one piece of GROUPS bytes per column, each a scale row (M / 16 bytes) apart: stores
+that cost the cast more time than the second launch takes. Likewise swizzled rowwise scales (4-byte pieces 16
+bytes apart in 512-byte tiles) are written compact, then swizzled (``kernels.swizzle``).
 
 Program order (``common.banded_order``, ROW_BAND tile rows per band): the programs that run at the same time hold
 neighbouring row groups of the same columns, so that the (K, M / 2) rows they write in 8 * GROUPS-byte pieces fill
@@ -239,10 +243,9 @@ def _in_order4(a, b, c, d):
 
 
 @triton.jit
-def _store_column(col_data_ptr, col_scale_ptr, col, c_ok, g0, m_blocks, M_WORDS, w0, w1, w2, w3, w4, w5, w6, w7,
-                  s0, s1, s2, s3, GROUPS: tl.constexpr, LAYOUT: tl.constexpr):
+def _store_column(col_data_ptr, col, c_ok, g0, M_WORDS, w0, w1, w2, w3, w4, w5, w6, w7, GROUPS: tl.constexpr):
     """Column ``col``'s ([4, QB]) words of the program's GROUPS groups (w0, w1: group g0; w2, w3: g0 + 1; ...) as
-    one run from word 2 g0 of its row of the (K, M / 8) data, and its scale codes s0.. of those groups."""
+    one run from word 2 g0 of its row of the (K, M / 8) data."""
     at = col * M_WORDS + g0 * 2
     if GROUPS == 1:
         tl.store(col_data_ptr + at[:, :, None] + tl.arange(0, 2)[None, None, :], _in_order2(w0, w1),
@@ -253,36 +256,26 @@ def _store_column(col_data_ptr, col_scale_ptr, col, c_ok, g0, m_blocks, M_WORDS,
         if GROUPS == 4:  # the run's second 16 bytes, right after its first (the same sector)
             tl.store(col_data_ptr + (at + 4)[:, :, None] + tl.arange(0, 4)[None, None, :], _in_order4(w4, w5, w6, w7),
                      mask=c_ok[:, :, None])
-    if LAYOUT == 2 or GROUPS == 1:
-        tl.store(col_scale_ptr + scale_offsets(col, g0, m_blocks, LAYOUT), s0.to(tl.uint8), mask=c_ok)
-        if GROUPS > 1:
-            tl.store(col_scale_ptr + scale_offsets(col, g0 + 1, m_blocks, LAYOUT), s1.to(tl.uint8), mask=c_ok)
-        if GROUPS > 2:
-            tl.store(col_scale_ptr + scale_offsets(col, g0 + 2, m_blocks, LAYOUT), s2.to(tl.uint8), mask=c_ok)
-            tl.store(col_scale_ptr + scale_offsets(col, g0 + 3, m_blocks, LAYOUT), s3.to(tl.uint8), mask=c_ok)
-    else:  # compact / padded: the groups' scales are contiguous in the column's row (its length divisible by 4)
-        if LAYOUT == 0:
-            row_len = M_WORDS // 2
-        else:
-            row_len = (M_WORDS // 2 + 3) // 4 * 4
-        if GROUPS == 2:
-            scales = _in_order2(s0, s1)
-        else:
-            scales = _in_order4(s0, s1, s2, s3)
-        at_s = col * row_len + g0
-        tl.store(col_scale_ptr + at_s[:, :, None] + tl.arange(0, GROUPS)[None, None, :], scales.to(tl.uint8),
-                 mask=c_ok[:, :, None])
 
 
 @triton.jit
-def cast_rowcol_kernel(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, table_ptr, M, K, M_WORDS,
+def _stage_scales(stage_ptr, g, stage_at, c_ok, K, s0, s1, s2, s3):
+    """Group g's columnwise scale codes of the lane's four columns (s0: its first column; int32 0..255 each) as one
+    int32 word of row g of the (M / 16, K) staging buffer: a warp's store is one contiguous run."""
+    word = s0 | (s1 << 8) | (s2 << 16) | (s3 << 24)
+    tl.store(stage_ptr + (g * (K // 4) + stage_at), word, mask=c_ok)
+
+
+@triton.jit
+def cast_rowcol_kernel(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, stage_ptr, table_ptr, M, K, M_WORDS,
                        LAYOUT: tl.constexpr, QB: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr,
                        EVEN: tl.constexpr = False, ROW_BAND: tl.constexpr = 1):
     """Rowwise and columnwise codes and scales of GROUPS 16-row groups x 16 QB columns (module docstring).
     x_ptr: x as int32 words; row_data_ptr: the rowwise data as int16; col_data_ptr: the columnwise data as int32
-    words; table_ptr: ``factor_tables_kernel``'s two tables; M_WORDS = M / 8 (an argument, so that its
-    divisibility is known); HW: inline PTX (GPU) instead of the integer formulas; EVEN: (K / 16) % QB == 0 (no
-    masks); ROW_BAND: the program order (``banded_order``)."""
+    words; stage_ptr: the columnwise scales' (M / 16, K / 4) int32 staging buffer; table_ptr:
+    ``factor_tables_kernel``'s two tables; M_WORDS = M / 8 (an argument, so that its divisibility is known); HW:
+    inline PTX (GPU) instead of the integer formulas; EVEN: (K / 16) % QB == 0 (no masks); ROW_BAND: the program
+    order (``banded_order``)."""
     k_blocks = K // 16
     kw = K // 2
     n_q = tl.cdiv(k_blocks, QB)
@@ -308,48 +301,60 @@ def cast_rowcol_kernel(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_sca
     s_ok = (lane == 0) if EVEN else q_ok & (lane == 0)
     col = (q * 16 + lane * 4).to(tl.int64)  # the lane's first column
     c_ok = (lane >= 0) if EVEN else q_ok & (lane >= 0)
+    stage_at = q * 4 + lane  # the lane's word of a staging row
     row_s6 = tl.load(table_ptr + 128)
     col_s6 = tl.load(table_ptr + _COL_TABLE + 128)
     c0w0, c0w1, c1w0, c1w1, c2w0, c2w1, c3w0, c3w1, c0s, c1s, c2s, c3s = _cast_group(
         x_ptr, row_data_ptr, row_scale_ptr, table_ptr, row_s6, col_s6, g0, kw, K, k_blocks, w_at, w_ok, d_at, d_ok,
         s_blk, s_ok, LAYOUT, HW, EVEN)
+    _stage_scales(stage_ptr, g0, stage_at, c_ok, K, c0s, c1s, c2s, c3s)
     if GROUPS == 1:
-        _store_column(col_data_ptr, col_scale_ptr, col, c_ok, g0, m_blocks, M_WORDS, c0w0, c0w1, c0w0, c0w0, c0w0,
-                      c0w0, c0w0, c0w0, c0s, c0s, c0s, c0s, GROUPS, LAYOUT)
-        _store_column(col_data_ptr, col_scale_ptr, col + 1, c_ok, g0, m_blocks, M_WORDS, c1w0, c1w1, c1w0, c1w0, c1w0,
-                      c1w0, c1w0, c1w0, c1s, c1s, c1s, c1s, GROUPS, LAYOUT)
-        _store_column(col_data_ptr, col_scale_ptr, col + 2, c_ok, g0, m_blocks, M_WORDS, c2w0, c2w1, c2w0, c2w0, c2w0,
-                      c2w0, c2w0, c2w0, c2s, c2s, c2s, c2s, GROUPS, LAYOUT)
-        _store_column(col_data_ptr, col_scale_ptr, col + 3, c_ok, g0, m_blocks, M_WORDS, c3w0, c3w1, c3w0, c3w0, c3w0,
-                      c3w0, c3w0, c3w0, c3s, c3s, c3s, c3s, GROUPS, LAYOUT)
+        _store_column(col_data_ptr, col, c_ok, g0, M_WORDS, c0w0, c0w1, c0w0, c0w0, c0w0, c0w0, c0w0, c0w0, GROUPS)
+        _store_column(col_data_ptr, col + 1, c_ok, g0, M_WORDS, c1w0, c1w1, c1w0, c1w0, c1w0, c1w0, c1w0, c1w0, GROUPS)
+        _store_column(col_data_ptr, col + 2, c_ok, g0, M_WORDS, c2w0, c2w1, c2w0, c2w0, c2w0, c2w0, c2w0, c2w0, GROUPS)
+        _store_column(col_data_ptr, col + 3, c_ok, g0, M_WORDS, c3w0, c3w1, c3w0, c3w0, c3w0, c3w0, c3w0, c3w0, GROUPS)
     else:
         d0w0, d0w1, d1w0, d1w1, d2w0, d2w1, d3w0, d3w1, d0s, d1s, d2s, d3s = _cast_group(
             x_ptr, row_data_ptr, row_scale_ptr, table_ptr, row_s6, col_s6, g0 + 1, kw, K, k_blocks, w_at, w_ok, d_at,
             d_ok, s_blk, s_ok, LAYOUT, HW, EVEN)
+        _stage_scales(stage_ptr, g0 + 1, stage_at, c_ok, K, d0s, d1s, d2s, d3s)
         if GROUPS == 2:
-            _store_column(col_data_ptr, col_scale_ptr, col, c_ok, g0, m_blocks, M_WORDS, c0w0, c0w1, d0w0, d0w1, c0w0,
-                          c0w0, c0w0, c0w0, c0s, d0s, c0s, c0s, GROUPS, LAYOUT)
-            _store_column(col_data_ptr, col_scale_ptr, col + 1, c_ok, g0, m_blocks, M_WORDS, c1w0, c1w1, d1w0, d1w1,
-                          c1w0, c1w0, c1w0, c1w0, c1s, d1s, c1s, c1s, GROUPS, LAYOUT)
-            _store_column(col_data_ptr, col_scale_ptr, col + 2, c_ok, g0, m_blocks, M_WORDS, c2w0, c2w1, d2w0, d2w1,
-                          c2w0, c2w0, c2w0, c2w0, c2s, d2s, c2s, c2s, GROUPS, LAYOUT)
-            _store_column(col_data_ptr, col_scale_ptr, col + 3, c_ok, g0, m_blocks, M_WORDS, c3w0, c3w1, d3w0, d3w1,
-                          c3w0, c3w0, c3w0, c3w0, c3s, d3s, c3s, c3s, GROUPS, LAYOUT)
+            _store_column(col_data_ptr, col, c_ok, g0, M_WORDS, c0w0, c0w1, d0w0, d0w1, c0w0, c0w0, c0w0, c0w0, GROUPS)
+            _store_column(col_data_ptr, col + 1, c_ok, g0, M_WORDS, c1w0, c1w1, d1w0, d1w1, c1w0, c1w0, c1w0, c1w0,
+                          GROUPS)
+            _store_column(col_data_ptr, col + 2, c_ok, g0, M_WORDS, c2w0, c2w1, d2w0, d2w1, c2w0, c2w0, c2w0, c2w0,
+                          GROUPS)
+            _store_column(col_data_ptr, col + 3, c_ok, g0, M_WORDS, c3w0, c3w1, d3w0, d3w1, c3w0, c3w0, c3w0, c3w0,
+                          GROUPS)
         else:
             e0w0, e0w1, e1w0, e1w1, e2w0, e2w1, e3w0, e3w1, e0s, e1s, e2s, e3s = _cast_group(
                 x_ptr, row_data_ptr, row_scale_ptr, table_ptr, row_s6, col_s6, g0 + 2, kw, K, k_blocks, w_at, w_ok,
                 d_at, d_ok, s_blk, s_ok, LAYOUT, HW, EVEN)
+            _stage_scales(stage_ptr, g0 + 2, stage_at, c_ok, K, e0s, e1s, e2s, e3s)
             f0w0, f0w1, f1w0, f1w1, f2w0, f2w1, f3w0, f3w1, f0s, f1s, f2s, f3s = _cast_group(
                 x_ptr, row_data_ptr, row_scale_ptr, table_ptr, row_s6, col_s6, g0 + 3, kw, K, k_blocks, w_at, w_ok,
                 d_at, d_ok, s_blk, s_ok, LAYOUT, HW, EVEN)
-            _store_column(col_data_ptr, col_scale_ptr, col, c_ok, g0, m_blocks, M_WORDS, c0w0, c0w1, d0w0, d0w1, e0w0,
-                          e0w1, f0w0, f0w1, c0s, d0s, e0s, f0s, GROUPS, LAYOUT)
-            _store_column(col_data_ptr, col_scale_ptr, col + 1, c_ok, g0, m_blocks, M_WORDS, c1w0, c1w1, d1w0, d1w1,
-                          e1w0, e1w1, f1w0, f1w1, c1s, d1s, e1s, f1s, GROUPS, LAYOUT)
-            _store_column(col_data_ptr, col_scale_ptr, col + 2, c_ok, g0, m_blocks, M_WORDS, c2w0, c2w1, d2w0, d2w1,
-                          e2w0, e2w1, f2w0, f2w1, c2s, d2s, e2s, f2s, GROUPS, LAYOUT)
-            _store_column(col_data_ptr, col_scale_ptr, col + 3, c_ok, g0, m_blocks, M_WORDS, c3w0, c3w1, d3w0, d3w1,
-                          e3w0, e3w1, f3w0, f3w1, c3s, d3s, e3s, f3s, GROUPS, LAYOUT)
+            _stage_scales(stage_ptr, g0 + 3, stage_at, c_ok, K, f0s, f1s, f2s, f3s)
+            _store_column(col_data_ptr, col, c_ok, g0, M_WORDS, c0w0, c0w1, d0w0, d0w1, e0w0, e0w1, f0w0, f0w1, GROUPS)
+            _store_column(col_data_ptr, col + 1, c_ok, g0, M_WORDS, c1w0, c1w1, d1w0, d1w1, e1w0, e1w1, f1w0, f1w1,
+                          GROUPS)
+            _store_column(col_data_ptr, col + 2, c_ok, g0, M_WORDS, c2w0, c2w1, d2w0, d2w1, e2w0, e2w1, f2w0, f2w1,
+                          GROUPS)
+            _store_column(col_data_ptr, col + 3, c_ok, g0, M_WORDS, c3w0, c3w1, d3w0, d3w1, e3w0, e3w1, f3w0, f3w1,
+                          GROUPS)
+
+
+@triton.jit
+def col_scales_kernel(stage_ptr, col_scale_ptr, m_blocks, K, LAYOUT: tl.constexpr, BLOCK_G: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
+    """The columnwise scales (K, M / 16) in their layout (compact / padded / swizzled: ``scale_offsets``) from
+    ``cast_rowcol_kernel``'s (M / 16, K) staging buffer: a [BLOCK_G, BLOCK_C] tile read along the columns,
+    transposed in the program, written along the groups."""
+    g = (tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)).to(tl.int64)
+    c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+    codes = tl.load(stage_ptr + g[:, None] * K + c[None, :], mask=(g[:, None] < m_blocks) & (c[None, :] < K))
+    tl.store(col_scale_ptr + scale_offsets(c[:, None], g[None, :], m_blocks, LAYOUT), tl.trans(codes),
+             mask=(c[:, None] < K) & (g[None, :] < m_blocks))
 
 
 def factor_tables(tables_launch, row_amax, col_amax):
@@ -362,3 +367,22 @@ def factor_tables(tables_launch, row_amax, col_amax):
 
 def cast_rowcol_grid(m: int, k: int, meta: dict) -> tuple[int]:
     return (cdiv(m // 16, meta["GROUPS"]) * cdiv(k // 16, meta["QB"]),)
+
+
+def col_scales_grid(m: int, k: int, meta: dict) -> tuple[int, int]:
+    return (cdiv(m // 16, meta["BLOCK_G"]), cdiv(k, meta["BLOCK_C"]))
+
+
+def launch_rowcol(cast_launch, col_scales_launch, row_swizzle_launch, x_words, row_data, row_scale, col_data,
+                  col_scale, tables, m, k):
+    """``cast_rowcol_kernel`` (``cast_launch``) into the four outputs: its columnwise scales through an (m / 16, k)
+    staging buffer that ``col_scales_kernel`` (``col_scales_launch``) writes into ``col_scale``; with a
+    ``row_swizzle_launch`` (swizzled layout) its rowwise scales too, compact, then swizzled into ``row_scale``."""
+    stage = torch.empty((m // 16, k // 4), dtype=torch.int32, device=x_words.device)
+    row_out = row_scale
+    if row_swizzle_launch is not None:
+        row_out = torch.empty((m, k // 16), dtype=torch.uint8, device=x_words.device)
+    cast_launch(x_words, row_data, row_out, col_data, stage, tables, m, k, m // 8)
+    col_scales_launch(stage.view(torch.uint8), col_scale, m // 16, k)
+    if row_swizzle_launch is not None:
+        row_swizzle_launch(row_out, row_scale, m, k // 16, (k // 16 + 3) // 4)

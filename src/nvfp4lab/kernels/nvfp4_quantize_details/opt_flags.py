@@ -49,6 +49,10 @@ CAST_COL_MIN_ELEMENTS = 1 << 19
 CAST_ROWCOL_TILE = (2, 512, 4)
 CAST_ROWCOL_ROW_BAND = 32
 CAST_ROWCOL_MIN_ELEMENTS = 1 << 24
+# col_scales_kernel (cast_rowcol's columnwise scales from their staging buffer): (groups, columns, num_warps) per
+# program, for the compact / padded layouts and for the swizzled one
+COL_SCALES_TILE = (32, 128, 4)
+COL_SCALES_SWIZZLED_TILE = (16, 256, 4)
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
 # keys of a meta dict that are launch options, not constexprs
 LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
@@ -333,6 +337,12 @@ def cast_rowcol_meta(m: int, k: int, scale_layout: str, *, block_m: int = 0, blo
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], QB=qb, GROUPS=groups, HW=not interpreting(),
                 EVEN=(k // 16) % qb == 0, ROW_BAND=CAST_ROWCOL_ROW_BAND, num_warps=num_warps or CAST_ROWCOL_TILE[2],
                 enable_fp_fusion=False)
+
+
+def col_scales_meta(scale_layout: str) -> dict:
+    """Constexprs and num_warps of ``col_scales_kernel`` (cast_rowcol.py)."""
+    tile = COL_SCALES_SWIZZLED_TILE if scale_layout == "swizzled" else COL_SCALES_TILE
+    return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_G=tile[0], BLOCK_C=tile[1], num_warps=tile[2])
 
 
 def row_factor_table_meta(e4m3_max: float) -> dict:
