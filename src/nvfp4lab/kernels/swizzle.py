@@ -75,26 +75,27 @@ def _check_band(cols_padded: int) -> None:
         raise ValueError(f"scale matrices wider than {_INT32_LIMIT // 128 - 1} columns are not supported, got {cols_padded}")
 
 
+def _swizzle_grid_meta(rows: int, cols: int) -> tuple[tuple[int, int], dict]:
+    """Grid and constexprs of ``_swizzle_kernel`` for compact (rows, cols) scales (rows * cols > 0)."""
+    cols_p = roundup(cols, 4)
+    _check_band(cols_p)
+    block_cols = _block_cols(cols_p)
+    return (roundup(rows, 128) // 128, cdiv(cols_p, block_cols)), dict(BLOCK_COLS=block_cols, num_warps=4)
+
+
 def launch_swizzle(scale: torch.Tensor, out: torch.Tensor) -> None:
     """Write swizzle(scale) into ``out`` (roundup(R,128) * roundup(C,4) uint8 bytes, any shape)."""
     rows, cols = scale.shape
-    rows_p, cols_p = roundup(rows, 128), roundup(cols, 4)
-    if rows_p * cols_p == 0:
+    if rows * cols == 0:
         return
-    _check_band(cols_p)
-    block_cols = _block_cols(cols_p)
-    grid = (rows_p // 128, cdiv(cols_p, block_cols))
-    launch(_swizzle_kernel, grid, (scale, out, rows, cols, cols_p // 4), dict(BLOCK_COLS=block_cols, num_warps=4))
+    grid, meta = _swizzle_grid_meta(rows, cols)
+    launch(_swizzle_kernel, grid, (scale, out, rows, cols, roundup(cols, 4) // 4), meta)
 
 
 def swizzle_launch(rows: int, cols: int) -> Launch:
     """A :class:`~nvfp4lab.kernels.launch.Launch` of the swizzle of compact (rows, cols) scales, called with
     (scale, out, rows, cols, roundup(cols, 4) // 4); rows * cols > 0."""
-    cols_p = roundup(cols, 4)
-    _check_band(cols_p)
-    block_cols = _block_cols(cols_p)
-    return Launch(_swizzle_kernel, (roundup(rows, 128) // 128, cdiv(cols_p, block_cols)),
-                  dict(BLOCK_COLS=block_cols, num_warps=4))
+    return Launch(_swizzle_kernel, *_swizzle_grid_meta(rows, cols))
 
 
 def launch_unswizzle(buf: torch.Tensor, rows: int, cols: int, out: torch.Tensor) -> None:
