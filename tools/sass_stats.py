@@ -33,6 +33,7 @@ import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig  # noqa: E402
@@ -91,13 +92,22 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
                                      cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps,
                                      block_m=tile[0] if tile else 0, **explicit)
         fn, bm, bk = cast16.cast16_kernel, 16 * meta["GROUPS"], meta["BLOCK_K"]
+    elif opt_flags.use_four_over_six_1x16(8192, 8192, columnwise, block_2d, steps is not None, True, True):
+        if rowwise and columnwise:
+            raise SystemExit("four_over_six_1x16_kernel casts one output per launch: pass --side row or --side col")
+        meta = opt_flags.four_over_six_1x16_meta(8192, 8192, columnwise, cfg.per_token,
+                                                 FOUR_OVER_SIX_CODES[cfg.four_over_six], cfg.e4m3_max, cfg.scale_layout,
+                                                 block_m=tile[0] if tile else 0, **explicit)
+        fn = four_over_six.four_over_six_1x16_kernel
+        bm, bk = (16, meta["BLOCK_W"] * 2) if columnwise else (meta["BLOCK_M"], meta["BLOCK_W"] * 16)
     else:
         meta = opt_flags.four_over_six_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
                                             FOUR_OVER_SIX_CODES[cfg.four_over_six], cfg.e4m3_max, cfg.scale_layout,
                                             split_steps=steps, block_m=tile[0] if tile else 0, **explicit)
         fn, bm, bk = four_over_six.four_over_six_kernel, 16, meta["BLOCK_K"]
     warps = meta["num_warps"]
-    words = (cast_row.cast_row_kernel, cast_col.cast_col_kernel, cast_rowcol.cast_rowcol_kernel)
+    words = (cast_row.cast_row_kernel, cast_col.cast_col_kernel, cast_rowcol.cast_rowcol_kernel,
+             four_over_six.four_over_six_1x16_kernel)
     pointers = dict(x_ptr="*i32" if fn in words else "*bf16", data_ptr="*i32", scale_ptr="*u8",
                     table_ptr="*fp32", amax_ptr="*fp32",
                     row_data_ptr="*i16" if fn is cast_rowcol.cast_rowcol_kernel else "*i32", row_scale_ptr="*u8", col_data_ptr="*i32", col_scale_ptr="*u8", stage_ptr="*i32",
@@ -179,6 +189,12 @@ def main():
         cast16.normal_range = _always
         cast_col.normal_range = _always
         four_over_six.normal_range = _always
+
+        @triton.jit
+        def _fast_path(outer, E6: tl.constexpr):
+            return 2
+
+        four_over_six.tile_path = _fast_path  # four_over_six_1x16_kernel: normal range, signs from x
         pt_scales.normal_range_pt = _always  # per token: the tables' range flag
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:

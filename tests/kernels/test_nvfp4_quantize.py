@@ -335,12 +335,13 @@ def test_3d_input_through_ops():
     dict(rowwise=True, columnwise=True, per_token=True),
     dict(rowwise=True, columnwise=True, rht=True, scale_layout="swizzled"),
     dict(block="16x16", rowwise=True, columnwise=True, scale_layout="padded", four_over_six="mae"),
+    dict(rowwise=True, columnwise=True, four_over_six="mse"),
     dict(rowwise=True, columnwise=True, stochastic_rounding=True),
 ])
 def test_empty_input(shape, kwargs, monkeypatch):
     forbid_launches(monkeypatch, amax_module, "amax_kernel")
     forbid_launches(monkeypatch, cast16_module, "cast16_kernel")
-    forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel")
+    forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel", "four_over_six_1x16_kernel")
     forbid_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
     config = NVFP4QuantConfig(**kwargs)
     x = torch.empty(shape, dtype=torch.bfloat16, device=DEV)
@@ -674,6 +675,23 @@ def test_4over6_extreme_magnitudes(magnitude, kwargs):
     assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{magnitude:g} {kwargs}")
 
 
+@pytest.mark.parametrize("outer", [221184.0, 2.0**40, 2.0**90])
+@pytest.mark.parametrize("kwargs", [dict(four_over_six="mae", e4m3_max=256), dict(four_over_six="mse", e4m3_max=448),
+                                    dict(four_over_six="mae", e4m3_max=256, per_token=True)])
+def test_4over6_bf16_signs_of_products_that_underflow(outer, kwargs):
+    # bf16 blocks of large values with tiny negative ones (down to the smallest subnormal): where fl(x * enc)
+    # underflows to -0.0 the code is +0, as the reference's fl(x * enc) < 0. 221184 = 1.6875 * 2^17 is just under
+    # x_sign_safe's bound for E = 256 (codes signed by x there), the larger amaxes are above it
+    g = torch.Generator().manual_seed(63)
+    x = torch.randn(32, 64, generator=g)
+    x = x / x.abs().max() * outer
+    tiny = torch.tensor([-2.0**-133, -2.0**-130, -2.0**-125, -1e-38, -2.0**-110, 2.0**-133, -2.0**-120, -2.0**-100])
+    x[:, 3::8] = tiny.repeat(4)[:, None]
+    x = x.bfloat16().to(DEV)
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, **kwargs)
+    assert_same(quantize(x, config), ref_nvfp4.quantize(x, config), f"{outer:g} {kwargs}")
+
+
 def test_4over6_per_token_mixed_rows():
     # rows spanning 1e-38 .. 1e36 and zero rows: tiles mix fast and exact paths per token
     x = normal_input((64, 64), torch.float32, seed=62)
@@ -907,7 +925,7 @@ def test_cast_rejects_combinations_no_recipe_has(rht_sign_mask, four_over_six, s
     # the cast kernels implement only the recipes NVFP4QuantConfig accepts: a direct call of the cast pass
     # or of the op outside them is a ValueError before anything launches
     forbid_launches(monkeypatch, cast16_module, "cast16_kernel")
-    forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel")
+    forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel", "four_over_six_1x16_kernel")
     forbid_launches(monkeypatch, amax_module, "amax_kernel")
     x = normal_input((32, 64), torch.bfloat16, seed=33)
     amax = x.float().abs().amax().reshape(1)

@@ -7,12 +7,16 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
 1. the amax pass (:func:`compute_amax` alone), only for outer amaxes the caller did not supply: per
    tensor, per row (M,), per column (K,), per tensor of the bf16 RHT output, or per column of PR 3045's
    fp32 RHT output (``nvfp4_quantize_details.amax``).
-2. the cast (:func:`cast_outputs` alone), one read of x for both outputs (``nvfp4_quantize_details.cast``):
+2. the cast (:func:`cast_outputs` alone), one read of x for both outputs unless said otherwise
+   (``nvfp4_quantize_details.cast``):
    * ``cast16_kernel`` (every recipe without 4over6): 16-row groups x 128 columns per one-warp
      program (four groups in a row when a plain columnwise output is written); per-token recipes
      first compute their global scales once per row and column (``pt_scales_kernel``); RHT in
      registers; stochastic rounding from Philox.
-   * ``four_over_six_kernel`` (4over6 recipes, which take neither RHT nor SR): ``cast16_kernel``'s tiles
+   * ``four_over_six_1x16_kernel`` (1x16 4over6 casts of bf16 input, per tensor or per token, not grouped): one
+     launch per output, each block's 16 values, both candidates, their index-order errors and the pick in one
+     thread; a row+col cast reads x twice.
+   * ``four_over_six_kernel`` (the other 4over6 casts, which take neither RHT nor SR): ``cast16_kernel``'s tiles
      and thread layout, each block's two candidates and their index-order errors in registers.
    * ``cast_row_kernel`` (rowwise-only per-tensor 1x16 bf16 casts without SR): whole blocks per thread,
      the encode factors of the 128 E4M3 scale codes from a per-tensor table (``row_factor_table_kernel``,

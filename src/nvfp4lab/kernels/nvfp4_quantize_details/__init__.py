@@ -12,7 +12,8 @@ module per kernel, each exporting public names:
 * ``cast_rowcol``: ``cast_rowcol_kernel``, the per-tensor 1x16 bf16 row+col cast without RHT and SR, the
   launch of its two factor tables ``factor_tables_kernel`` and ``col_scales_kernel``, which writes its columnwise
   scales from their staging buffer;
-* ``four_over_six``: ``four_over_six_kernel``, the 4over6 cast, and its launcher;
+* ``four_over_six``: the 4over6 casts: ``four_over_six_1x16_kernel`` (1x16 blocks of bf16 input, one output per
+  launch, whole blocks per thread) and ``four_over_six_kernel`` (the others);
 * ``opt_flags``: every launch choice (tiles, warps, register cap, amax steps, kernel and launch split);
 * ``cast``: the cast pass (output buffers, kernel choice, tables, seed).
 """

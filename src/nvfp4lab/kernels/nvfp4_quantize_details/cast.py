@@ -24,7 +24,7 @@ from .cast_rowcol import (
     factor_tables_kernel,
     launch_rowcol,
 )
-from .four_over_six import four_over_six_kernel
+from .four_over_six import four_over_six_1x16_kernel, four_over_six_kernel
 from .pt_scales import pt_scales_grid, pt_scales_kernel, pt_scales_tables
 
 FOUR_OVER_SIX_CODES = {None: 0, "mae": 1, "mse": 2}
@@ -201,6 +201,13 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
                 tables = Launch(pt_scales_kernel, pt_scales_grid(n_row, n_col, tables_meta), tables_meta)
             steps.append(CastStep(Launch(cast16_kernel, opt_flags.cast16_grid(m, k, meta), meta), tables, row_side,
                                   col_side, n_row, n_col))
+        elif opt_flags.use_four_over_six_1x16(m, k, col_side, block_2d, grouped, spec[1] == torch.bfloat16, spec[2]):
+            for columnwise_out, on in ((False, row_side), (True, col_side)):
+                if on:
+                    meta = opt_flags.four_over_six_1x16_meta(m, k, columnwise_out, per_token, four_over_six, e4m3_max,
+                                                             scale_layout, block_m=block_m, **tile)
+                    steps.append(CastStep(Launch(four_over_six_1x16_kernel, opt_flags.four_over_six_1x16_grid(m, k, meta),
+                                                 meta), None, not columnwise_out, columnwise_out, 0, 0))
         else:
             meta = opt_flags.four_over_six_meta(m, k, row_side, col_side, block_2d, per_token, four_over_six, e4m3_max,
                                                 scale_layout, split_steps=split_steps, block_m=block_m, **tile)
@@ -246,6 +253,12 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
             table = row_factor_table(step.tables, col_amax) if step.tables is not None else col_amax
             step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], table, col_amax,
                       seed_tensor if seed_tensor is not None else x, seed, m, k, m // 8)
+            continue
+        if step.cast.kernel is four_over_six_1x16_kernel:  # one output; x and the data as int32 words
+            if step.rowwise:
+                step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], row_amax, m, k)
+            else:
+                step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], col_amax, m, k)
             continue
         row_in = row_amax if step.rowwise else None
         col_in = col_amax if step.columnwise else None

@@ -36,7 +36,7 @@ import triton.language as tl
 from ...layout import cdiv
 from ..formats import bf16_rne, e4m3_decode, e4m3_encode_fast
 from .cast_row import code_top, push_code
-from .common import ONE_SIXTH, abs_bits, encode_factor, global_scales, normal_range, scale_offsets
+from .common import ONE_SIXTH, abs_bits, bf16_hi, bf16_lo, encode_factor, global_scales, normal_range, scale_offsets
 from .rht import SCALED_ENTRY, finish16
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 
@@ -197,9 +197,9 @@ def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v
 def _half(w, HI: tl.constexpr):
     """fp32 values of one bf16 of int32 words: the low half (column 2p) or, with HI, the high one (2p + 1)."""
     if HI:
-        out = (w & -65536).to(tl.float32, bitcast=True)
+        out = bf16_hi(w)
     else:
-        out = (w << 16).to(tl.float32, bitcast=True)
+        out = bf16_lo(w)
     return out
 
 

@@ -50,6 +50,8 @@ from ...layout import cdiv
 from .cast_col import word8
 from .cast_row import TABLE_ENTRIES, absmax16x2, absmax16x2_hw, absmax16x2_sw, code_top, e4m3_code, factor_table, push_code
 from .common import banded_order, scale_offsets
+from .common import bf16_hi as _hi
+from .common import bf16_lo as _lo
 
 _COL_TABLE = tl.constexpr(TABLE_ENTRIES)  # the columnwise table's offset in factor_tables_kernel's output
 
@@ -80,18 +82,6 @@ def _e4m3_pair(v_lo, v_hi, HW: tl.constexpr):
         lo = e4m3_code(v_lo, False)
         hi = e4m3_code(v_hi, False)
     return lo, hi
-
-
-@triton.jit
-def _lo(w):
-    """fp32 value of the low bf16 of int32 words (exact)."""
-    return (w << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _hi(w):
-    """fp32 value of the high bf16 of int32 words (exact)."""
-    return (w & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -27,6 +27,18 @@ def abs_bits(v):
 
 
 @triton.jit
+def bf16_lo(w):
+    """fp32 value of the low bf16 of int32 words (the even column of a bf16 pair; exact)."""
+    return (w << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bf16_hi(w):
+    """fp32 value of the high bf16 of int32 words (the odd column of a bf16 pair; exact)."""
+    return (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def clamp_flt_max(v):
     # not tl.minimum: on the GPU it returns the non-NaN operand, torch.clamp keeps the NaN
     return tl.where(v > FLT_MAX, FLT_MAX, v)

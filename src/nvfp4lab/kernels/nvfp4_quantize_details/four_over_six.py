@@ -1,7 +1,14 @@
-"""The 4over6 NVFP4 cast: ``four_over_six_kernel`` quantizes a 16-row group x BLOCK_K columns into its
-rowwise and columnwise blocks, each block's scale picked between map-to-6 and map-to-4 by the MAE or MSE
-of its dequantized candidate. Recipes without 4over6 run ``cast16_kernel``; 4over6 takes neither RHT
-nor stochastic rounding (:class:`~nvfp4lab.config.NVFP4QuantConfig` rejects both).
+"""The 4over6 NVFP4 casts: each block's scale picked between map-to-6 and map-to-4 by the MAE or MSE of its
+dequantized candidate. Recipes without 4over6 run ``cast16_kernel``; 4over6 takes neither RHT nor stochastic
+rounding (:class:`~nvfp4lab.config.NVFP4QuantConfig` rejects both).
+
+* ``four_over_six_1x16_kernel`` (1x16 blocks of bf16 input, per tensor or per token, not grouped; the end of this
+  file): one output per launch, each block's 16 values in one thread, so its maximum, both candidates, their error
+  sums and the pick need no exchange between threads and no per-block work is done twice; only the winner's codes
+  are encoded. The kernel is bound by instructions (mostly sm_90's half-width integer pipe), not by the second read
+  of x a row+col cast takes.
+* ``four_over_six_kernel`` (16x16 blocks, grouped casts, other input dtypes) quantizes a 16-row group x BLOCK_K
+  columns into its rowwise and columnwise blocks, as below.
 
 Layout: ``cast16_kernel``'s (one warp per 16 x 128 tile, rows permuted so that each thread holds 8 rows
 x 8 columns, i.e. half of a rowwise and half of a columnwise block). Both directions are views of the
@@ -20,15 +27,19 @@ EXACT tiles (tiny, huge or NaN outer amax) divide in fp64 per element.
 import triton
 import triton.language as tl
 
-from ..formats import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode, e4m3_encode_fast, to_f32
+from ..formats import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode, to_f32
+from .cast_row import e4m3_code, push_code
 from .common import (
     E4M3_MAX,
     FLT_MAX,
     abs_bits,
+    bf16_hi,
+    bf16_lo,
     correct_div,
     encode_factor,
     global_scales,
     group_split,
+    in_normal_range,
     normal_range,
     scale_offsets,
     split8,
@@ -137,6 +148,37 @@ def seq_sum_pair(t, A: tl.constexpr, B: tl.constexpr):
 
 
 @triton.jit
+def seq_sum16(t, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 2, 8] -> [A, B]: the fp32 sum of each block's 16 terms (half, element) in index order, the block
+    in one thread."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = split8(tl.reshape(t, [A, B, 2, 1, 8]), A, B, 2, 1)
+    l0, h0 = tl.split(tl.reshape(a0, [A, B, 2]))
+    l1, h1 = tl.split(tl.reshape(a1, [A, B, 2]))
+    l2, h2 = tl.split(tl.reshape(a2, [A, B, 2]))
+    l3, h3 = tl.split(tl.reshape(a3, [A, B, 2]))
+    l4, h4 = tl.split(tl.reshape(a4, [A, B, 2]))
+    l5, h5 = tl.split(tl.reshape(a5, [A, B, 2]))
+    l6, h6 = tl.split(tl.reshape(a6, [A, B, 2]))
+    l7, h7 = tl.split(tl.reshape(a7, [A, B, 2]))
+    s = l0 + l1
+    s = s + l2
+    s = s + l3
+    s = s + l4
+    s = s + l5
+    s = s + l6
+    s = s + l7
+    s = s + h0
+    s = s + h1
+    s = s + h2
+    s = s + h3
+    s = s + h4
+    s = s + h5
+    s = s + h6
+    s = s + h7
+    return s
+
+
+@triton.jit
 def tree_sum8(t, KB: tl.constexpr):
     """[KB, 8] -> [KB]: levels 4, 2, 1 of the shuffle-down tree, t[j] + t[j + 4], ... (in-thread)."""
     lo, hi = tl.split(tl.permute(tl.reshape(t, [KB, 2, 4]), (0, 2, 1)))
@@ -155,15 +197,18 @@ def tree_sum8_pair(r, KB: tl.constexpr):
 
 
 @triton.jit
-def _candidate(xs, scale, outer, s_dec, E6: tl.constexpr, MSE: tl.constexpr, EXACT: tl.constexpr):
+def _candidate(xs, scale, outer, s_dec, E6: tl.constexpr, MSE: tl.constexpr, EXACT: tl.constexpr,
+               X_SIGN: tl.constexpr = False):
     """One 4over6 candidate of blocks [A, B] (xs [A, B, 2, 8]) with E4M3 scale bits ``scale`` [A, B]:
     (packed words [A, B, 2] (one per half: code i of a half in bits 4i..4i+3), per-element error terms
     [A, B, 2, 8]). ``outer``, ``s_dec``: broadcastable to [A, B].
 
     Normal-range tiles: the encode factor by one ``div_rn``; the codes by ``e2m1_scale_encode``'s
-    rounding, which also gives |q| exactly; the dequantized magnitude by ``dequant_fast``, its exact
-    product folded into d's one rounding. The sign of the code only flips the sign of d, so
-    d = |val| - |x|.
+    rounding, which also gives |q| exactly, their sign bit from fl(x * enc) < 0 (X_SIGN, normal range only: the
+    int32 bits sb of each rounded value instead of the words, from which the caller encodes the winning candidate's
+    codes with x's signs, see ``_blocks16``); the dequantized magnitude by
+    ``dequant_fast``, its exact product folded into d's one rounding. The sign of the code only flips the
+    sign of d, so d = |val| - |x|.
     """
     if EXACT:
         scale_f = e4m3_decode(scale)
@@ -189,17 +234,24 @@ def _candidate(xs, scale, outer, s_dec, E6: tl.constexpr, MSE: tl.constexpr, EXA
         term = d * d
     else:
         term = tl.abs(d)
-    shift = (tl.arange(0, 8) * 4)[None, None, None, :]
-    words = tl.sum(codes << shift, axis=3)
+    if X_SIGN:
+        words = sb  # the caller encodes the winner's only
+    else:
+        shift = (tl.arange(0, 8) * 4)[None, None, None, :]
+        words = tl.sum(codes << shift, axis=3)
     return words, term
 
 
 @triton.jit
 def _slice_candidates(xs, bamax, outer, s_enc, s_dec, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
-                      EXACT: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+                      EXACT: tl.constexpr, A: tl.constexpr, B: tl.constexpr, IN_THREAD: tl.constexpr = False,
+                      HW: tl.constexpr = False, X_SIGN: tl.constexpr = False):
     """Both candidates of blocks [A, B] (xs [A, B, 2, 8] fp32, block maxima [A, B]; outer amax and its
     S_enc, S_dec broadcastable to [A, B]): (words6, words4 [A, B, 2], err6, err4 [A, B] (the index-order
-    error sums), scale6, scale4 [A, B])."""
+    error sums), scale6, scale4 [A, B]). IN_THREAD: each block's 16 values lie in one thread (``seq_sum16``),
+    else its halves in a thread pair (``seq_sum_pair``). HW: the normal-range tiles' block scales by Hopper's E4M3
+    convert (``cast_row.e4m3_code``, same bits; a NaN block's scale is set by ``_pick``). X_SIGN (normal-range
+    tiles only): words6, words4 are ``_candidate``'s raw bits sb [A, B, 2, 8]."""
     if EXACT:
         base = correct_div(bamax, tl.zeros_like(bamax) + 6.0, True) * s_enc
         scale6 = e4m3_encode(tl.where(base > E4M3_MAX, E4M3_MAX, base))
@@ -208,15 +260,35 @@ def _slice_candidates(xs, bamax, outer, s_enc, s_dec, FOUR_OVER_SIX: tl.constexp
     else:
         # a subnormal bamax / 6 may be off by an ulp, but its base rounds to a zero scale anyway
         base = div_const_rn(bamax, 6.0) * s_enc
-        scale6 = e4m3_encode_fast(base, 448.0) & 0xFF
-        scale4 = e4m3_encode_fast(base * 1.5, 448.0) & 0xFF
+        scale6 = e4m3_code(base, HW)
+        scale4 = e4m3_code(base * 1.5, HW)
     MSE: tl.constexpr = FOUR_OVER_SIX == 2
-    words6, term6 = _candidate(xs, scale6, outer, s_dec, E6, MSE, EXACT)
-    words4, term4 = _candidate(xs, scale4, outer, s_dec, E6, MSE, EXACT)
-    half = tl.arange(0, 2)[None, None, :]
-    err6 = tl.sum(tl.where(half == 1, seq_sum_pair(term6, A, B), 0.0), axis=2)
-    err4 = tl.sum(tl.where(half == 1, seq_sum_pair(term4, A, B), 0.0), axis=2)
+    words6, term6 = _candidate(xs, scale6, outer, s_dec, E6, MSE, EXACT, X_SIGN)
+    words4, term4 = _candidate(xs, scale4, outer, s_dec, E6, MSE, EXACT, X_SIGN)
+    if IN_THREAD:
+        err6 = seq_sum16(term6, A, B)
+        err4 = seq_sum16(term4, A, B)
+    else:
+        half = tl.arange(0, 2)[None, None, :]
+        err6 = tl.sum(tl.where(half == 1, seq_sum_pair(term6, A, B), 0.0), axis=2)
+        err4 = tl.sum(tl.where(half == 1, seq_sum_pair(term4, A, B), 0.0), axis=2)
     return words6, words4, err6, err4, scale6, scale4
+
+
+@triton.jit
+def _pick(w6, w4, e6, e4, sc6, sc4, bamax, EXACT: tl.constexpr):
+    """The words [A, B, 2] and scales [A, B] of each block's candidate with the smaller error (map-to-4 only when
+    strictly smaller). Normal-range tiles: NaN blocks (only where the outer amax does not bound the data) get zero
+    codes and scale 0x7F, as the reference's NaN scale and encode factor give (EXACT tiles get them from the
+    candidates' own arithmetic)."""
+    pick4 = e4 < e6
+    w = tl.where(pick4[:, :, None], w4, w6)
+    sc = tl.where(pick4, sc4, sc6)
+    if not EXACT:
+        nan = bamax != bamax
+        sc = tl.where(nan, 0x7F, sc)
+        w = tl.where(nan[:, :, None], 0, w)
+    return w, sc
 
 
 @triton.jit
@@ -265,15 +337,7 @@ def _quantize_direction(xt, bamax3, outer3, FOUR_OVER_SIX: tl.constexpr, E6: tl.
             scale = tl.where(at_i, sc6[:, :, None], scale)
             scale4 = tl.where(at_i, sc4[:, :, None], scale4)
         else:
-            pick4 = e4 < e6
-            w = tl.where(pick4[:, :, None], w4, w6)
-            sc = tl.where(pick4, sc4, sc6)
-            if not EXACT:
-                # NaN blocks (only where the outer amax does not bound the data): zero codes and scale
-                # 0x7F, as the reference's NaN scale and encode factor give
-                nan = bamax != bamax
-                sc = tl.where(nan, 0x7F, sc)
-                w = tl.where(nan[:, :, None], 0, w)
+            w, sc = _pick(w6, w4, e6, e4, sc6, sc4, bamax, EXACT)
             words = tl.where(at_i[:, :, None, :], w[:, :, :, None], words)
             scale = tl.where(at_i, sc[:, :, None], scale)
     if BLOCK_2D:
@@ -412,3 +476,183 @@ def four_over_six_kernel(
         else:
             csoff = scale_offsets(col3, g, m_blocks, LAYOUT)
         tl.store(col_scale_ptr + csoff, col_scale.to(tl.uint8), mask=cok)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# four_over_six_1x16_kernel: one output per launch, every block's 16 values in one thread
+
+
+@triton.jit
+def _stack8(e0, e1, e2, e3, e4, e5, e6, e7, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 8] of eight [A, B] tensors in index order, the new axis in-thread (joins: no data movement)."""
+    t = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    return tl.reshape(t, [A, B, 8])
+
+
+@triton.jit
+def _stack16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 2, 8] of sixteen [A, B] tensors: value i at (i // 8, i % 8), in-thread."""
+    lo = _stack8(v0, v1, v2, v3, v4, v5, v6, v7, A, B)
+    hi = _stack8(v8, v9, v10, v11, v12, v13, v14, v15, A, B)
+    return tl.permute(tl.join(lo, hi), (0, 1, 3, 2))
+
+
+@triton.jit
+def _bf16_pair(w):
+    """[N] int32 words -> [N, 2] fp32: (low bf16, high bf16) of each word, in-thread."""
+    return tl.join(bf16_lo(w), bf16_hi(w))
+
+
+@triton.jit
+def x_sign_safe(outer, E6: tl.constexpr):
+    """Elementwise: an outer amax (per tensor or per token) under which no product x * enc of a nonzero bf16 x
+    (|x| >= 2^-133) underflows, so a code's sign is x's own. Every block's encode factor is
+    enc = fl(1 / fl(s * S_dec)) >= ~(6E / outer) / 448 (s <= 448, S_dec ~ outer / 6E), which exceeds 2^-17
+    (|x| enc > 2^-150) for outer <= 6E / 448 * 2^17: the bound here keeps a factor 2 to spare."""
+    return outer <= E6 * (65536.0 / 448.0)
+
+
+@triton.jit
+def tile_path(outer, E6: tl.constexpr):
+    """Scalar path of a tile of bf16 input from its outer amaxes: 2 every one normal-range (``in_normal_range``) and
+    ``x_sign_safe``, 1 normal-range, 0 EXACT."""
+    return tl.min(tl.where(in_normal_range(outer), tl.where(x_sign_safe(outer, E6), 2, 1), 0))
+
+
+@triton.jit
+def _blocks16(xs, outer, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, EXACT: tl.constexpr, A: tl.constexpr,
+              B: tl.constexpr, HW: tl.constexpr, X_SIGN: tl.constexpr):
+    """4over6 blocks [A, B] of xs [A, B, 2, 8] (each block's 16 values in one thread, index order) with outer amaxes
+    ``outer`` (broadcastable to [A, B]) -> (words [A, B, 2], E4M3 scale bits [A, B])."""
+    s_enc, s_dec = global_scales(outer, E6, EXACT)
+    bamax = tl.max(tl.max(abs_bits(xs), axis=3), axis=2).to(tl.float32, bitcast=True)
+    w6, w4, e6, e4, sc6, sc4 = _slice_candidates(xs, bamax, outer, s_enc, s_dec, FOUR_OVER_SIX, E6, EXACT, A, B, True,
+                                                 HW, X_SIGN)
+    if X_SIGN:  # the winner's codes only: code and sign in the top nibble by one multiply-add (``cast_row.code_top``)
+        sb = tl.where((e4 < e6)[:, :, None, None], w4, w6)
+        sign_top = (xs + 0.0).to(tl.int32, bitcast=True) & -2147483648  # -0.0 -> +0.0: code 0, as fl(-0.0 * enc) < 0
+        w6 = _pack_top(sb * 268435520 + sign_top, A, B, HW)  # 2^28 + 2^6
+        w4 = w6
+    return _pick(w6, w4, e6, e4, sc6, sc4, bamax, EXACT)
+
+
+@triton.jit
+def _pack_top(top, A: tl.constexpr, B: tl.constexpr, HW: tl.constexpr):
+    """[A, B, 2, 8] codes in the top nibbles -> [A, B, 2] words (code i in bits 4i..4i+3), by ``push_code``."""
+    t0, t1, t2, t3, t4, t5, t6, t7 = split8(tl.reshape(top, [A, B, 2, 1, 8]), A, B, 2, 1)
+    acc = push_code(tl.zeros([A, B, 2], tl.int32), tl.reshape(t7, [A, B, 2]), HW)
+    acc = push_code(acc, tl.reshape(t6, [A, B, 2]), HW)
+    acc = push_code(acc, tl.reshape(t5, [A, B, 2]), HW)
+    acc = push_code(acc, tl.reshape(t4, [A, B, 2]), HW)
+    acc = push_code(acc, tl.reshape(t3, [A, B, 2]), HW)
+    acc = push_code(acc, tl.reshape(t2, [A, B, 2]), HW)
+    acc = push_code(acc, tl.reshape(t1, [A, B, 2]), HW)
+    return push_code(acc, tl.reshape(t0, [A, B, 2]), HW)
+
+
+@triton.jit
+def _row_tile(x_ptr, rows, kb, ok, kw):
+    """[BLOCK_M, KB, 2, 8] fp32: the 16 values of rowwise blocks (rows, kb) of bf16 x read as int32 words (8 words per
+    block, one load per word slot: the whole block in one thread)."""
+    p = x_ptr + rows[:, None] * kw + kb[None, :] * 8
+    w0 = tl.load(p, mask=ok, other=0)
+    w1 = tl.load(p + 1, mask=ok, other=0)
+    w2 = tl.load(p + 2, mask=ok, other=0)
+    w3 = tl.load(p + 3, mask=ok, other=0)
+    w4 = tl.load(p + 4, mask=ok, other=0)
+    w5 = tl.load(p + 5, mask=ok, other=0)
+    w6 = tl.load(p + 6, mask=ok, other=0)
+    w7 = tl.load(p + 7, mask=ok, other=0)
+    return _stack16(bf16_lo(w0), bf16_hi(w0), bf16_lo(w1), bf16_hi(w1), bf16_lo(w2), bf16_hi(w2),
+                    bf16_lo(w3), bf16_hi(w3), bf16_lo(w4), bf16_hi(w4), bf16_lo(w5), bf16_hi(w5),
+                    bf16_lo(w6), bf16_hi(w6), bf16_lo(w7), bf16_hi(w7), rows.shape[0], kb.shape[0])
+
+
+@triton.jit
+def _col_tile(x_ptr, g, wc, c_ok, kw):
+    """[BLOCK_W, 2, 2, 8] fp32: the columnwise blocks of 16-row group g for word columns wc (columns 2 wc and
+    2 wc + 1): one coalesced load per row, a column's 16 rows in one thread."""
+    p = x_ptr + g * 16 * kw + wc
+    BW: tl.constexpr = wc.shape[0]
+    return _stack16(
+        _bf16_pair(tl.load(p, mask=c_ok, other=0)), _bf16_pair(tl.load(p + kw, mask=c_ok, other=0)),
+        _bf16_pair(tl.load(p + 2 * kw, mask=c_ok, other=0)), _bf16_pair(tl.load(p + 3 * kw, mask=c_ok, other=0)),
+        _bf16_pair(tl.load(p + 4 * kw, mask=c_ok, other=0)), _bf16_pair(tl.load(p + 5 * kw, mask=c_ok, other=0)),
+        _bf16_pair(tl.load(p + 6 * kw, mask=c_ok, other=0)), _bf16_pair(tl.load(p + 7 * kw, mask=c_ok, other=0)),
+        _bf16_pair(tl.load(p + 8 * kw, mask=c_ok, other=0)), _bf16_pair(tl.load(p + 9 * kw, mask=c_ok, other=0)),
+        _bf16_pair(tl.load(p + 10 * kw, mask=c_ok, other=0)), _bf16_pair(tl.load(p + 11 * kw, mask=c_ok, other=0)),
+        _bf16_pair(tl.load(p + 12 * kw, mask=c_ok, other=0)), _bf16_pair(tl.load(p + 13 * kw, mask=c_ok, other=0)),
+        _bf16_pair(tl.load(p + 14 * kw, mask=c_ok, other=0)), _bf16_pair(tl.load(p + 15 * kw, mask=c_ok, other=0)),
+        BW, 2)
+
+
+@triton.jit
+def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K,
+                              COLUMNWISE: tl.constexpr, PER_TOKEN: tl.constexpr, FOUR_OVER_SIX: tl.constexpr,
+                              E6: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
+                              HW: tl.constexpr):
+    """One output (rowwise, or with COLUMNWISE columnwise) of a 1x16 4over6 cast of bf16 x, each block's 16 values
+    in one thread: its maximum, both candidates, their index-order error sums and the pick stay in the thread (no
+    exchange between threads, no per-block work done twice), unlike ``four_over_six_kernel`` whose blocks span a
+    thread pair. A row+col cast is two launches, each reading x.
+
+    Layout: x (M, K) bf16 contiguous, 16-byte aligned, K % 16 == 0, read as (M, K / 2) int32 words (columns 2p and
+    2p + 1 in word p, the first in the low half); data written as int32 words (8 codes each, the first in the low
+    nibble), scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``).
+
+    * Rowwise: a program covers BLOCK_M rows x BLOCK_W blocks, each thread whole blocks (eight 4-byte loads per block,
+      32 bytes apart: more L1 requests than a coalesced load, which this instruction-bound kernel absorbs). Data
+      (M, K / 2) uint8 as (M, K / 8) words.
+    * Columnwise (M % 16 == 0): a program covers one 16-row group x BLOCK_W word columns (2 BLOCK_W columns), each
+      thread a word column: 16 coalesced row loads, two column blocks. Data (K, M / 2) uint8 as (K, M / 8) words.
+
+    amax_ptr: the outer amax (per tensor: (1,); PER_TOKEN: one per row, or per column with COLUMNWISE). HW: inline
+    PTX (the GPU) for the block scales' E4M3 convert.
+    Numerics: ``four_over_six_kernel``'s, op for op (the same helpers; normal-range tiles and EXACT ones).
+    """
+    pid = tl.program_id(0)
+    kw = K // 2
+    if COLUMNWISE:
+        n_c = tl.cdiv(kw, BLOCK_W)
+        g = (pid // n_c).to(tl.int64)
+        wc = ((pid % n_c) * BLOCK_W + tl.arange(0, BLOCK_W)).to(tl.int64)
+        c_ok = wc < kw
+        xs = _col_tile(x_ptr, g, wc, c_ok, kw)
+        cols = wc[:, None] * 2 + tl.arange(0, 2)[None, :]  # [BLOCK_W, 2]
+        ok = c_ok[:, None] & (cols < K)
+        if PER_TOKEN:
+            outer = tl.load(amax_ptr + cols, mask=ok, other=0.0)
+        else:
+            outer = tl.zeros([1, 1], tl.float32) + tl.load(amax_ptr)
+        path = tile_path(outer, E6)
+        if path == 2:
+            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, False, BLOCK_W, 2, HW, True)
+        elif path == 1:
+            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, False, BLOCK_W, 2, HW, False)
+        else:
+            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, True, BLOCK_W, 2, HW, False)
+        m_blocks = M // 16
+        tl.store(data_ptr + (cols * (m_blocks * 2) + g * 2)[:, :, None] + tl.arange(0, 2)[None, None, :], words,
+                 mask=ok[:, :, None])
+        tl.store(scale_ptr + scale_offsets(cols, g, m_blocks, LAYOUT), scale.to(tl.uint8), mask=ok)
+    else:
+        k_blocks = K // 16
+        n_k = tl.cdiv(k_blocks, BLOCK_W)
+        rows = ((pid // n_k) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        kb = ((pid % n_k) * BLOCK_W + tl.arange(0, BLOCK_W)).to(tl.int64)
+        ok = (rows < M)[:, None] & (kb < k_blocks)[None, :]
+        xs = _row_tile(x_ptr, rows, kb, ok, kw)
+        if PER_TOKEN:
+            outer = tl.load(amax_ptr + rows, mask=rows < M, other=0.0)[:, None]
+        else:
+            outer = tl.zeros([1, 1], tl.float32) + tl.load(amax_ptr)
+        path = tile_path(outer, E6)
+        if path == 2:
+            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, False, BLOCK_M, BLOCK_W, HW, True)
+        elif path == 1:
+            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, False, BLOCK_M, BLOCK_W, HW, False)
+        else:
+            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, True, BLOCK_M, BLOCK_W, HW, False)
+        word = (rows[:, None] * k_blocks + kb[None, :]) * 2
+        tl.store(data_ptr + word[:, :, None] + tl.arange(0, 2)[None, None, :], words, mask=ok[:, :, None])
+        tl.store(scale_ptr + scale_offsets(rows[:, None], kb[None, :], k_blocks, LAYOUT), scale.to(tl.uint8), mask=ok)
