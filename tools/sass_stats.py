@@ -92,14 +92,14 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
                                      cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps,
                                      block_m=tile[0] if tile else 0, **explicit)
         fn, bm, bk = cast16.cast16_kernel, 16 * meta["GROUPS"], meta["BLOCK_K"]
-    elif opt_flags.use_four_over_six_1x16(8192, 8192, columnwise, block_2d, steps is not None, True, True):
+    elif opt_flags.use_four_over_six_1x16(8192, 8192, rowwise, columnwise, block_2d, steps is not None, True, True):
         if rowwise and columnwise:
             raise SystemExit("four_over_six_1x16_kernel casts one output per launch: pass --side row or --side col")
         meta = opt_flags.four_over_six_1x16_meta(8192, 8192, columnwise, cfg.per_token,
                                                  FOUR_OVER_SIX_CODES[cfg.four_over_six], cfg.e4m3_max, cfg.scale_layout,
                                                  block_m=tile[0] if tile else 0, **explicit)
         fn = four_over_six.four_over_six_1x16_kernel
-        bm, bk = (16, meta["BLOCK_W"] * 2) if columnwise else (meta["BLOCK_M"], meta["BLOCK_W"] * 16)
+        bm, bk = meta["BLOCK_M"], meta["BLOCK_W"] * (2 if columnwise else 16)
     else:
         meta = opt_flags.four_over_six_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
                                             FOUR_OVER_SIX_CODES[cfg.four_over_six], cfg.e4m3_max, cfg.scale_layout,

@@ -201,7 +201,8 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
                 tables = Launch(pt_scales_kernel, pt_scales_grid(n_row, n_col, tables_meta), tables_meta)
             steps.append(CastStep(Launch(cast16_kernel, opt_flags.cast16_grid(m, k, meta), meta), tables, row_side,
                                   col_side, n_row, n_col))
-        elif opt_flags.use_four_over_six_1x16(m, k, col_side, block_2d, grouped, spec[1] == torch.bfloat16, spec[2]):
+        elif opt_flags.use_four_over_six_1x16(m, k, row_side, col_side, block_2d, grouped, spec[1] == torch.bfloat16,
+                                              spec[2], graphed):
             for columnwise_out, on in ((False, row_side), (True, col_side)):
                 if on:
                     meta = opt_flags.four_over_six_1x16_meta(m, k, columnwise_out, per_token, four_over_six, e4m3_max,
@@ -256,9 +257,9 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
             continue
         if step.cast.kernel is four_over_six_1x16_kernel:  # one output; x and the data as int32 words
             if step.rowwise:
-                step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], row_amax, m, k)
+                step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], row_amax, m, k, m // 8)
             else:
-                step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], col_amax, m, k)
+                step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], col_amax, m, k, m // 8)
             continue
         row_in = row_amax if step.rowwise else None
         col_in = col_amax if step.columnwise else None

@@ -587,10 +587,40 @@ def _col_tile(x_ptr, g, wc, c_ok, kw):
 
 
 @triton.jit
-def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K,
+def _col_groups(x_ptr, g0, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
+                EXACT: tl.constexpr, HW: tl.constexpr, X_SIGN: tl.constexpr, GROUPS: tl.constexpr):
+    """The columnwise blocks of 16-row groups g0.. g0 + GROUPS - 1 (1, 2 or 4; groups past m_blocks read as zeros)
+    for word columns wc: (words [BLOCK_W, 2, 2 GROUPS], each column's run of GROUPS blocks in memory order, scale bits
+    [BLOCK_W, 2, GROUPS])."""
+    BW: tl.constexpr = wc.shape[0]
+    w0, s0 = _blocks16(_col_tile(x_ptr, g0, wc, c_ok & (wc * 0 + g0 < m_blocks), kw), outer, FOUR_OVER_SIX, E6, EXACT, BW, 2, HW,
+                       X_SIGN)
+    if GROUPS == 1:
+        words = w0
+        scales = tl.reshape(s0, [BW, 2, 1])
+    else:
+        w1, s1 = _blocks16(_col_tile(x_ptr, g0 + 1, wc, c_ok & (wc * 0 + g0 + 1 < m_blocks), kw), outer, FOUR_OVER_SIX, E6,
+                           EXACT, BW, 2, HW, X_SIGN)
+        if GROUPS == 2:
+            words = tl.reshape(tl.permute(tl.join(w0, w1), (0, 1, 3, 2)), [BW, 2, 4])
+            scales = tl.join(s0, s1)
+        else:
+            w2, s2 = _blocks16(_col_tile(x_ptr, g0 + 2, wc, c_ok & (wc * 0 + g0 + 2 < m_blocks), kw), outer, FOUR_OVER_SIX, E6,
+                               EXACT, BW, 2, HW, X_SIGN)
+            w3, s3 = _blocks16(_col_tile(x_ptr, g0 + 3, wc, c_ok & (wc * 0 + g0 + 3 < m_blocks), kw), outer, FOUR_OVER_SIX, E6,
+                               EXACT, BW, 2, HW, X_SIGN)
+            # join(join(a, c), join(b, d)): the last two axes (i, o) hold group 2 i + o
+            w4 = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BW, 2, 2, 4])
+            words = tl.reshape(tl.permute(w4, (0, 1, 3, 2)), [BW, 2, 8])
+            scales = tl.reshape(tl.join(tl.join(s0, s2), tl.join(s1, s3)), [BW, 2, 4])
+    return words, scales
+
+
+@triton.jit
+def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K, M_WORDS,
                               COLUMNWISE: tl.constexpr, PER_TOKEN: tl.constexpr, FOUR_OVER_SIX: tl.constexpr,
                               E6: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
-                              HW: tl.constexpr):
+                              HW: tl.constexpr, GROUPS: tl.constexpr = 1):
     """One output (rowwise, or with COLUMNWISE columnwise) of a 1x16 4over6 cast of bf16 x, each block's 16 values
     in one thread: its maximum, both candidates, their index-order error sums and the pick stay in the thread (no
     exchange between threads, no per-block work done twice), unlike ``four_over_six_kernel`` whose blocks span a
@@ -603,9 +633,12 @@ def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K,
     * Rowwise: a program covers BLOCK_M rows x BLOCK_W blocks, each thread whole blocks (eight 4-byte loads per block,
       32 bytes apart: more L1 requests than a coalesced load, which this instruction-bound kernel absorbs). Data
       (M, K / 2) uint8 as (M, K / 8) words.
-    * Columnwise (M % 16 == 0): a program covers one 16-row group x BLOCK_W word columns (2 BLOCK_W columns), each
-      thread a word column: 16 coalesced row loads, two column blocks. Data (K, M / 2) uint8 as (K, M / 8) words.
+    * Columnwise (M % 16 == 0): a program covers GROUPS 16-row groups x BLOCK_W word columns (2 BLOCK_W columns),
+      each thread a word column: 16 coalesced row loads per group, two column blocks. Data (K, M / 2) uint8 as
+      (K, M / 8) words, a column's GROUPS blocks stored as one run of 8 GROUPS bytes (4 groups: a whole 32-byte
+      sector) and its scales likewise (one run where the layout keeps them contiguous).
 
+    M_WORDS = M / 8 (an argument, so that its divisibility is known to the columnwise stores).
     amax_ptr: the outer amax (per tensor: (1,); PER_TOKEN: one per row, or per column with COLUMNWISE). HW: inline
     PTX (the GPU) for the block scales' E4M3 convert.
     Numerics: ``four_over_six_kernel``'s, op for op (the same helpers; normal-range tiles and EXACT ones).
@@ -614,10 +647,10 @@ def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K,
     kw = K // 2
     if COLUMNWISE:
         n_c = tl.cdiv(kw, BLOCK_W)
-        g = (pid // n_c).to(tl.int64)
+        m_blocks = M_WORDS // 2
+        g0 = (pid // n_c).to(tl.int64) * GROUPS
         wc = ((pid % n_c) * BLOCK_W + tl.arange(0, BLOCK_W)).to(tl.int64)
         c_ok = wc < kw
-        xs = _col_tile(x_ptr, g, wc, c_ok, kw)
         cols = wc[:, None] * 2 + tl.arange(0, 2)[None, :]  # [BLOCK_W, 2]
         ok = c_ok[:, None] & (cols < K)
         if PER_TOKEN:
@@ -626,15 +659,19 @@ def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K,
             outer = tl.zeros([1, 1], tl.float32) + tl.load(amax_ptr)
         path = tile_path(outer, E6)
         if path == 2:
-            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, False, BLOCK_W, 2, HW, True)
+            words, scale = _col_groups(x_ptr, g0, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX, E6, False, HW, True, GROUPS)
         elif path == 1:
-            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, False, BLOCK_W, 2, HW, False)
+            words, scale = _col_groups(x_ptr, g0, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX, E6, False, HW, False,
+                                       GROUPS)
         else:
-            words, scale = _blocks16(xs, outer, FOUR_OVER_SIX, E6, True, BLOCK_W, 2, HW, False)
-        m_blocks = M // 16
-        tl.store(data_ptr + (cols * (m_blocks * 2) + g * 2)[:, :, None] + tl.arange(0, 2)[None, None, :], words,
-                 mask=ok[:, :, None])
-        tl.store(scale_ptr + scale_offsets(cols, g, m_blocks, LAYOUT), scale.to(tl.uint8), mask=ok)
+            words, scale = _col_groups(x_ptr, g0, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX, E6, True, HW, False,
+                                       GROUPS)
+        slot = tl.arange(0, 2 * GROUPS)[None, None, :]
+        tl.store(data_ptr + (cols * M_WORDS + g0 * 2)[:, :, None] + slot, words,
+                 mask=ok[:, :, None] & (g0 * 2 + slot < m_blocks * 2))
+        groups = g0 + tl.arange(0, GROUPS)[None, None, :]
+        tl.store(scale_ptr + scale_offsets(cols[:, :, None], groups, m_blocks, LAYOUT), scale.to(tl.uint8),
+                 mask=ok[:, :, None] & (groups < m_blocks))
     else:
         k_blocks = K // 16
         n_k = tl.cdiv(k_blocks, BLOCK_W)

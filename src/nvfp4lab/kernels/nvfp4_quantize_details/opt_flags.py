@@ -27,6 +27,9 @@ FOUR_OVER_SIX_BLOCK_K, FOUR_OVER_SIX_WARPS = 128, 1
 # (BLOCK_M rows, blocks per program, num_warps); columnwise num_warps (a word column of two bf16 per thread)
 FOUR_OVER_SIX_ROW_TILE = (4, 8, 1)
 FOUR_OVER_SIX_COL_WARPS = 1
+# eager row+col casts take it from this size on: below, the second launch's host time outweighs the GPU time saved
+FOUR_OVER_SIX_1X16_MIN_ELEMENTS = 1 << 22
+FOUR_OVER_SIX_COL_GROUPS = 2  # 16-row groups per columnwise program (a column's 2 blocks: one 16-byte store)
 # cast16_kernel: 16-row groups per program of casts with a per-tensor columnwise output without SR (see cast16_tile),
 # BLOCK_K, num_warps
 CAST16_COL_GROUPS, CAST16_BLOCK_K, CAST16_WARPS = 4, 128, 1
@@ -260,11 +263,15 @@ def four_over_six_grid(m: int, k: int, meta: dict) -> tuple[int]:
     return (cdiv(m, 16) * cdiv(k, meta["BLOCK_K"]),)
 
 
-def use_four_over_six_1x16(m: int, k: int, columnwise: bool, block_2d: bool, grouped: bool, dtype_bf16: bool,
-                           x_aligned: bool) -> bool:
+def use_four_over_six_1x16(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, grouped: bool,
+                           dtype_bf16: bool, x_aligned: bool, graphed: bool = False) -> bool:
     """Whether a 4over6 cast runs ``four_over_six_1x16_kernel`` (one launch per output): 1x16 blocks (per tensor
     or per token), not grouped, bf16 x 16-byte aligned (read as int32 words), K % 16 == 0, and M % 16 == 0 with a
-    columnwise output. Other 4over6 casts run ``four_over_six_kernel``."""
+    columnwise output; a row+col cast (two launches where ``four_over_six_kernel`` takes one) in eager calls from
+    ``FOUR_OVER_SIX_1X16_MIN_ELEMENTS`` elements on, inside a CUDA-graph capture (no host time per launch) at any
+    size. Other 4over6 casts run ``four_over_six_kernel``."""
+    if rowwise and columnwise and not graphed and m * k < FOUR_OVER_SIX_1X16_MIN_ELEMENTS:
+        return False
     return not block_2d and not grouped and dtype_bf16 and x_aligned and k % 16 == 0 and (m % 16 == 0 or not columnwise)
 
 
@@ -272,22 +279,25 @@ def four_over_six_1x16_meta(m: int, k: int, columnwise: bool, per_token: bool, f
                             scale_layout: str, *, block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
     """Constexprs and num_warps of ``four_over_six_1x16_kernel`` for its rowwise or (``columnwise``) columnwise
     output; ``block_k``: the tile's columns (rowwise BLOCK_W = block_k / 16 blocks, columnwise block_k / 2 word
-    columns), ``block_m`` the rowwise tile's rows (columnwise tiles are one 16-row group)."""
+    columns), ``block_m`` the rowwise tile's rows (columnwise: its 16-row groups, 1, 2 or 4)."""
     if columnwise:
         warps = num_warps or FOUR_OVER_SIX_COL_WARPS
-        bm, bw = 16, min(block_k // 2 if block_k else 32 * warps, next_power_of_2(max(k // 2, 1)))
+        groups = (4 if block_m >= 64 else (2 if block_m >= 32 else 1)) if block_m else FOUR_OVER_SIX_COL_GROUPS
+        groups = min(groups, next_power_of_2(max(m // 16, 1)))
+        bm, bw = 16 * groups, min(block_k // 2 if block_k else 32 * warps, next_power_of_2(max(k // 2, 1)))
     else:
         bm, bk, warps = FOUR_OVER_SIX_ROW_TILE
         bm, bw, warps = block_m or bm, (block_k // 16 if block_k else bk), num_warps or warps
         bm, bw = min(bm, next_power_of_2(max(m, 1))), min(bw, next_power_of_2(max(k // 16, 1)))
     return dict(COLUMNWISE=columnwise, PER_TOKEN=per_token, FOUR_OVER_SIX=four_over_six, E6=6.0 * e4m3_max,
-                LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, BLOCK_W=max(bw, 1), HW=not interpreting(), num_warps=warps,
+                LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, BLOCK_W=max(bw, 1), HW=not interpreting(),
+                GROUPS=bm // 16 if columnwise else 1, num_warps=warps,
                 enable_fp_fusion=False)
 
 
 def four_over_six_1x16_grid(m: int, k: int, meta: dict) -> tuple[int]:
     if meta["COLUMNWISE"]:
-        return (m // 16 * cdiv(k // 2, meta["BLOCK_W"]),)
+        return (cdiv(m // 16, meta["GROUPS"]) * cdiv(k // 2, meta["BLOCK_W"]),)
     return (cdiv(m, meta["BLOCK_M"]) * cdiv(k // 16, meta["BLOCK_W"]),)
 
 
