@@ -24,12 +24,11 @@ FLT_MAX = torch.finfo(torch.float32).max
 
 
 @pytest.fixture
-def cast_col_from(monkeypatch):
+def cast_col_from(plan_flags):
     """``cast_col_from(n)``: columnwise-only RHT casts take cast_col_kernel from n elements on, and split row+col
-    casts split from n elements on, during the test; cached plans are dropped before and after."""
-    yield lambda elements: set_plan_flags(monkeypatch, opt_flags, kq, cast_module, CAST_COL_MIN_ELEMENTS=elements,
-                                          SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(("rht", "rht_sr", "sr"), elements))
-    cast_module.cast_plan.cache_clear()
+    casts split from n elements on, during the test."""
+    return lambda elements: plan_flags(CAST_COL_MIN_ELEMENTS=elements,
+                                       SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(("rht", "rht_sr", "sr"), elements))
 
 
 @pytest.fixture

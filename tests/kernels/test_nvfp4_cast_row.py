@@ -7,7 +7,6 @@ import torch
 
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels.nvfp4_quantize_details import cast as cast_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast_row as cast_row_module
 from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
@@ -21,7 +20,6 @@ from .kernel_checks import (
     assert_same_bits,
     record_launches,
     scale_code_input,
-    set_plan_flags,
     special_input,
 )
 from .kernel_checks import normal_bf16_input as normal_input
@@ -34,11 +32,9 @@ FLT_MAX = torch.finfo(torch.float32).max
 
 
 @pytest.fixture
-def cast_row_from(monkeypatch):
-    """``cast_row_from(n)``: per-tensor casts take cast_row_kernel from n elements on during the test; the
-    cached launch plans are dropped before (built under the default threshold) and after (under n)."""
-    yield lambda elements: set_plan_flags(monkeypatch, opt_flags, kq, cast_module, CAST_ROW_MIN_ELEMENTS=elements)
-    cast_module.cast_plan.cache_clear()
+def cast_row_from(plan_flags):
+    """``cast_row_from(n)``: per-tensor casts take cast_row_kernel from n elements on during the test."""
+    return lambda elements: plan_flags(CAST_ROW_MIN_ELEMENTS=elements)
 
 
 @pytest.fixture

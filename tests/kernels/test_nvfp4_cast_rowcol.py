@@ -7,7 +7,6 @@ import torch
 
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels.nvfp4_quantize_details import cast as cast_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast_rowcol as rowcol_module
 from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
@@ -23,7 +22,6 @@ from .kernel_checks import (
     normal_bf16_input,
     record_launches,
     scale_code_input,
-    set_plan_flags,
     special_input,
 )
 
@@ -35,17 +33,9 @@ FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "c
 
 
 @pytest.fixture
-def rowcol_flags(monkeypatch):
-    """``rowcol_flags(**values)``: opt_flags values (thresholds, program order) for the test, with the cached launch
-    plans dropped before (built under the defaults) and after."""
-    yield lambda **values: set_plan_flags(monkeypatch, opt_flags, kq, cast_module, **values)
-    cast_module.cast_plan.cache_clear()
-
-
-@pytest.fixture
-def launches(monkeypatch, rowcol_flags):
+def launches(monkeypatch, plan_flags):
     """The launches of ``cast_rowcol_kernel`` during the test, which takes per-tensor row+col casts of any size."""
-    rowcol_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
+    plan_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
     return record_launches(monkeypatch, rowcol_module, "cast_rowcol_kernel")
 
 
@@ -83,25 +73,25 @@ def assert_same(launches, x, config, context="", device=DEV, tile=None, amax=Non
     (dict(four_over_six="mae"), torch.bfloat16, (32, 64), False),
     (dict(columnwise=False), torch.bfloat16, (32, 64), False),
 ])
-def test_which_casts_take_cast_rowcol(kwargs, dtype, shape, takes_it, monkeypatch, rowcol_flags):
-    rowcol_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
+def test_which_casts_take_cast_rowcol(kwargs, dtype, shape, takes_it, monkeypatch, plan_flags):
+    plan_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
     fast = record_launches(monkeypatch, rowcol_module, "cast_rowcol_kernel")
     x = normal_bf16_input(shape, seed=1).to(dtype).to(DEV)
     kq.quantize(x, NVFP4QuantConfig(**{"rowwise": True, "columnwise": True, **kwargs}), poison=True)
     assert bool(fast) == takes_it
 
 
-def test_small_and_misaligned_casts_take_cast16(monkeypatch, rowcol_flags):
+def test_small_and_misaligned_casts_take_cast16(monkeypatch, plan_flags):
     """Below CAST_ROWCOL_MIN_ELEMENTS, or with x not 16-byte aligned (not read as int32 words), a row+col cast runs
     cast16_kernel, with the same bits."""
-    rowcol_flags(CAST_ROWCOL_MIN_ELEMENTS=32 * 64 + 16)
+    plan_flags(CAST_ROWCOL_MIN_ELEMENTS=32 * 64 + 16)
     fast = record_launches(monkeypatch, rowcol_module, "cast_rowcol_kernel")
     slow = record_launches(monkeypatch, cast16_module, "cast16_kernel")
     x = normal_bf16_input((32, 64), seed=3)
     got = kq.quantize(x.to(DEV), ROWCOL, poison=True)
     assert_same_bits(got.columnwise_data.cpu(), ref_nvfp4.quantize(x, ROWCOL).columnwise_data)
     assert not fast and len(slow) == 1
-    rowcol_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
+    plan_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
     x = normal_bf16_input((1, 32 * 64 + 1), seed=2).flatten()[1:].reshape(32, 64)
     got = kq.quantize(x.to(DEV), ROWCOL, poison=True)
     assert_same_bits(got.rowwise_data.cpu(), ref_nvfp4.quantize(x, ROWCOL).rowwise_data)
@@ -117,8 +107,8 @@ def test_small_and_misaligned_casts_take_cast16(monkeypatch, rowcol_flags):
     ((48, 2064), dict(block_m=16, block_k=256, num_warps=2), 2),
 ])
 @pytest.mark.parametrize("layout", ["compact", "padded", "swizzled"])
-def test_matches_reference(shape, tile, band, layout, launches, rowcol_flags):
-    rowcol_flags(CAST_ROWCOL_MIN_ELEMENTS=0, CAST_ROWCOL_ROW_BAND=band)
+def test_matches_reference(shape, tile, band, layout, launches, plan_flags):
+    plan_flags(CAST_ROWCOL_MIN_ELEMENTS=0, CAST_ROWCOL_ROW_BAND=band)
     if tile.get("block_m") == 64:  # the case covers the unmasked path it claims
         assert opt_flags.cast_rowcol_meta(*shape, layout, **tile)["EVEN"]
     config = NVFP4QuantConfig(rowwise=True, columnwise=True, scale_layout=layout)
@@ -203,8 +193,8 @@ def test_bf16_subnormals(launches):
     assert_same(launches, mixed, ROWCOL, "subnormals mixed")
 
 
-def test_empty_input(rowcol_flags):
-    rowcol_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
+def test_empty_input(plan_flags):
+    plan_flags(CAST_ROWCOL_MIN_ELEMENTS=0)
     for shape in ((0, 64), (32, 0)):
         out = kq.quantize(torch.zeros(shape, dtype=torch.bfloat16, device=DEV), ROWCOL, poison=True)
         assert out.rowwise_data.shape == (shape[0], shape[1] // 2)

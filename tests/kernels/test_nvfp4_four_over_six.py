@@ -8,9 +8,7 @@ import torch
 
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
-from nvfp4lab.kernels.nvfp4_quantize_details import cast as cast_module
 from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_six_module
-from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
 from .kernel_checks import (
@@ -18,7 +16,6 @@ from .kernel_checks import (
     normal_bf16_input,
     record_launches,
     scale_code_input,
-    set_plan_flags,
     special_input,
 )
 
@@ -31,14 +28,6 @@ SIDES = {"rowcol": dict(rowwise=True, columnwise=True), "row": dict(rowwise=True
 MODES = {"mae256": dict(four_over_six="mae", e4m3_max=256), "mse448": dict(four_over_six="mse", e4m3_max=448),
          "mae448-pt": dict(four_over_six="mae", e4m3_max=448, per_token=True),
          "mse256-pt": dict(four_over_six="mse", e4m3_max=256, per_token=True)}
-
-
-@pytest.fixture
-def plan_flags(monkeypatch):
-    """``plan_flags(**values)``: opt_flags values for the test, with the cached launch plans dropped before (built
-    under the defaults) and after."""
-    yield lambda **values: set_plan_flags(monkeypatch, opt_flags, kq, cast_module, **values)
-    cast_module.cast_plan.cache_clear()
 
 
 @pytest.fixture
