@@ -587,28 +587,32 @@ def _col_tile(x_ptr, g, wc, c_ok, kw):
 
 
 @triton.jit
+def _col_group(x_ptr, g, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
+               EXACT: tl.constexpr, HW: tl.constexpr, X_SIGN: tl.constexpr):
+    """``_blocks16`` of the columnwise blocks of 16-row group g (read as zeros past m_blocks) for word columns wc:
+    (words [BLOCK_W, 2, 2], scale bits [BLOCK_W, 2])."""
+    xs = _col_tile(x_ptr, g, wc, c_ok & (wc * 0 + g < m_blocks), kw)
+    return _blocks16(xs, outer, FOUR_OVER_SIX, E6, EXACT, wc.shape[0], 2, HW, X_SIGN)
+
+
+@triton.jit
 def _col_groups(x_ptr, g0, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr,
                 EXACT: tl.constexpr, HW: tl.constexpr, X_SIGN: tl.constexpr, GROUPS: tl.constexpr):
-    """The columnwise blocks of 16-row groups g0.. g0 + GROUPS - 1 (1, 2 or 4; groups past m_blocks read as zeros)
-    for word columns wc: (words [BLOCK_W, 2, 2 GROUPS], each column's run of GROUPS blocks in memory order, scale bits
-    [BLOCK_W, 2, GROUPS])."""
+    """The columnwise blocks of 16-row groups g0.. g0 + GROUPS - 1 (1, 2 or 4) for word columns wc: (words
+    [BLOCK_W, 2, 2 GROUPS], each column's run of GROUPS blocks in memory order, scale bits [BLOCK_W, 2, GROUPS])."""
     BW: tl.constexpr = wc.shape[0]
-    w0, s0 = _blocks16(_col_tile(x_ptr, g0, wc, c_ok & (wc * 0 + g0 < m_blocks), kw), outer, FOUR_OVER_SIX, E6, EXACT, BW, 2, HW,
-                       X_SIGN)
+    w0, s0 = _col_group(x_ptr, g0, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX, E6, EXACT, HW, X_SIGN)
     if GROUPS == 1:
         words = w0
         scales = tl.reshape(s0, [BW, 2, 1])
     else:
-        w1, s1 = _blocks16(_col_tile(x_ptr, g0 + 1, wc, c_ok & (wc * 0 + g0 + 1 < m_blocks), kw), outer, FOUR_OVER_SIX, E6,
-                           EXACT, BW, 2, HW, X_SIGN)
+        w1, s1 = _col_group(x_ptr, g0 + 1, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX, E6, EXACT, HW, X_SIGN)
         if GROUPS == 2:
             words = tl.reshape(tl.permute(tl.join(w0, w1), (0, 1, 3, 2)), [BW, 2, 4])
             scales = tl.join(s0, s1)
         else:
-            w2, s2 = _blocks16(_col_tile(x_ptr, g0 + 2, wc, c_ok & (wc * 0 + g0 + 2 < m_blocks), kw), outer, FOUR_OVER_SIX, E6,
-                               EXACT, BW, 2, HW, X_SIGN)
-            w3, s3 = _blocks16(_col_tile(x_ptr, g0 + 3, wc, c_ok & (wc * 0 + g0 + 3 < m_blocks), kw), outer, FOUR_OVER_SIX, E6,
-                               EXACT, BW, 2, HW, X_SIGN)
+            w2, s2 = _col_group(x_ptr, g0 + 2, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX, E6, EXACT, HW, X_SIGN)
+            w3, s3 = _col_group(x_ptr, g0 + 3, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX, E6, EXACT, HW, X_SIGN)
             # join(join(a, c), join(b, d)): the last two axes (i, o) hold group 2 i + o
             w4 = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BW, 2, 2, 4])
             words = tl.reshape(tl.permute(w4, (0, 1, 3, 2)), [BW, 2, 8])
@@ -641,7 +645,8 @@ def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K, M_WORD
     M_WORDS = M / 8 (an argument, so that its divisibility is known to the columnwise stores).
     amax_ptr: the outer amax (per tensor: (1,); PER_TOKEN: one per row, or per column with COLUMNWISE). HW: inline
     PTX (the GPU) for the block scales' E4M3 convert.
-    Numerics: ``four_over_six_kernel``'s, op for op (the same helpers; normal-range tiles and EXACT ones).
+    Numerics: ``four_over_six_kernel``'s, op for op (the same helpers; normal-range tiles and EXACT ones), the codes'
+    sign from x on normal-range tiles whose outer amaxes are ``x_sign_safe`` (``tile_path``; the same bits).
     """
     pid = tl.program_id(0)
     kw = K // 2
