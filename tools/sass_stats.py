@@ -2,8 +2,9 @@
 
 Prints registers, spills, instruction count per thread and per element, and an opcode histogram, for
 the cast kernel of each named recipe (``cast16_kernel``, ``cast_row_kernel`` for rowwise-only bf16 casts
-without SR, ``cast_col_kernel`` for columnwise-only RHT casts (``--side col``), or ``four_over_six_kernel`` for
-4over6; ``--cast16`` for cast16_kernel instead of cast_row) as the
+without SR, ``cast_col_kernel`` for columnwise-only RHT casts (``--side col``), ``four_over_six_1x16_kernel`` for
+1x16 4over6 (one output per launch: ``--side row`` or ``--side col``), or ``four_over_six_kernel`` for the other
+4over6 casts; ``--cast16`` for cast16_kernel instead of cast_row) as the
 launcher builds it (one launch for rowwise and columnwise, ``--side`` for one output) at its default
 tile (or ``--tile``). Instruction count per element is the one number that bounds these kernels on
 Hopper (see kernels/nvfp4_quantize.py).
@@ -52,6 +53,7 @@ RECIPES = {
     "sr": dict(rowwise=True, columnwise=True, stochastic_rounding=True),
     "rht-sr": dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True),
     "4over6": dict(rowwise=True, columnwise=True, four_over_six="mae", e4m3_max=256.0),
+    "4over6-2d": dict(rowwise=True, columnwise=True, block="16x16", four_over_six="mae", e4m3_max=256.0),
 }
 MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch option maxnreg) to try; 0: the launcher's
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
