@@ -141,6 +141,18 @@ def normal_bf16_input(shape, seed):
     return x.bfloat16()
 
 
+def rht_exact_input(m, k, seed, block_scales=None):
+    """bf16 (m, k) whose every 16-row block of a column lies within [2^-3, 2^3] times one power of two per
+    block (``block_scales``: a (m / 16, k) tensor of them, else 1): each 16-term RHT sum is then exact in fp32,
+    so any summation order gives the reference's bits."""
+    g = torch.Generator().manual_seed(seed)
+    mag = 2.0 ** (torch.rand(m, k, generator=g) * 6 - 3)
+    x = mag * torch.where(torch.rand(m, k, generator=g) < 0.5, -1.0, 1.0)
+    if block_scales is not None:
+        x = x * block_scales.repeat_interleave(16, dim=0)
+    return x.bfloat16()
+
+
 def special_input(nan: bool = False):
     """Zeros (rows, blocks, -0.0), bf16 subnormals, a block far below the amax (scale 0), +-inf, values
     at bf16 max, and (``nan``) a NaN element, in (32, 64)."""

@@ -14,7 +14,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import host_sr_bytes, record_launches, set_plan_flags
+from .kernel_checks import host_sr_bytes, record_launches, rht_exact_input, set_plan_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
@@ -36,18 +36,6 @@ def launches(monkeypatch, cast_col_from):
     """The launches of ``cast_col_kernel`` during the test, which takes columnwise RHT casts of any size."""
     cast_col_from(0)
     return record_launches(monkeypatch, cast_col_module, "cast_col_kernel")
-
-
-def rht_exact_input(m, k, seed, block_scales=None):
-    """bf16 (m, k) whose every 16-row block of a column lies within [2^-3, 2^3] times one power of two per
-    block (``block_scales``: a (m / 16, k) tensor of them, else 1): each 16-term RHT sum is then exact in fp32,
-    so any summation order gives the reference's bits."""
-    g = torch.Generator().manual_seed(seed)
-    mag = 2.0 ** (torch.rand(m, k, generator=g) * 6 - 3)
-    x = mag * torch.where(torch.rand(m, k, generator=g) < 0.5, -1.0, 1.0)
-    if block_scales is not None:
-        x = x * block_scales.repeat_interleave(16, dim=0)
-    return x.bfloat16()
 
 
 def special_input():
@@ -205,6 +193,36 @@ def test_provided_amax_outside_the_normal_range(amax, launches):
     x = rht_exact_input(32, 64, seed=4, block_scales=scales)
     assert_columnwise_same(launches, x, COL_RHT, f"amax {amax}", columnwise_amax=torch.tensor([amax]),
                            nan_scale=amax != amax)
+
+
+def _beyond_amax_input(case):
+    """(64, 96) with one column block whose RHT results a provided amax of 1 does not bound (``case``)."""
+    x = rht_exact_input(64, 96, seed=12)
+    if case == "past-bf16-max":  # sums past bf16's range: saturated
+        x[16:32, 3] = 3.3895e38
+    elif case == "partial-sums-overflow":  # sums with signs +-1 would overflow fp32 (T / 16 ones do not)
+        x[32:48, 5] = torch.tensor([3.3895e38, -3.3895e38] * 8)
+    elif case == "inf":
+        x[20, 7] = float("inf")
+    else:
+        x[40, 9] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("case", ["past-bf16-max", "partial-sums-overflow", "inf", "nan"])
+@pytest.mark.parametrize("sr", [False, True])
+def test_provided_amax_below_the_results(case, sr, launches):
+    """A provided normal-range amax that does not bound the RHT results: a program with an inf or NaN result casts
+    its groups again the way outer amaxes outside the normal range do (the reference's saturation)."""
+    config = NVFP4QuantConfig(rowwise=False, columnwise=True, rht=True, stochastic_rounding=sr)
+    x = _beyond_amax_input(case)
+    if sr:  # the SR codes are checked against the host Philox elsewhere; here the scales
+        got = kq.quantize(x.to(DEV), config, poison=True, columnwise_amax=torch.tensor([1.0], device=DEV), seed=5)
+        same = ref_nvfp4.quantize(x, NVFP4QuantConfig(rowwise=False, columnwise=True, rht=True),
+                                  columnwise_amax=torch.tensor([1.0]))
+        assert torch.equal(got.columnwise_scale.cpu(), same.columnwise_scale), case
+        return
+    assert_columnwise_same(launches, x, config, case, columnwise_amax=torch.tensor([1.0]), nan_scale=case == "nan")
 
 
 def normal_range_amaxes(n, seed):

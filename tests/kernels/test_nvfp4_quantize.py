@@ -341,7 +341,7 @@ def test_3d_input_through_ops():
     dict(rowwise=True, columnwise=True, stochastic_rounding=True),
 ])
 def test_empty_input(shape, kwargs, monkeypatch):
-    forbid_launches(monkeypatch, amax_module, "amax_kernel")
+    forbid_launches(monkeypatch, amax_module, "amax_kernel", "amax_rht_col_kernel")
     forbid_launches(monkeypatch, cast16_module, "cast16_kernel")
     forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel", "four_over_six_1x16_kernel")
     forbid_launches(monkeypatch, pt_scales_module, "pt_scales_kernel")
@@ -928,7 +928,7 @@ def test_cast_rejects_combinations_no_recipe_has(rht_sign_mask, four_over_six, s
     # or of the op outside them is a ValueError before anything launches
     forbid_launches(monkeypatch, cast16_module, "cast16_kernel")
     forbid_launches(monkeypatch, four_over_six_module, "four_over_six_kernel", "four_over_six_1x16_kernel")
-    forbid_launches(monkeypatch, amax_module, "amax_kernel")
+    forbid_launches(monkeypatch, amax_module, "amax_kernel", "amax_rht_col_kernel")
     x = normal_input((32, 64), torch.bfloat16, seed=33)
     amax = x.float().abs().amax().reshape(1)
     with pytest.raises(ValueError):

@@ -81,6 +81,7 @@ from .nvfp4_quantize_details.amax import (
     AMAX_TENSOR,
     AMAX_TENSOR_RHT,
     amax_kernel,
+    amax_rht_col_kernel,
     launch_amax,
 )
 from .nvfp4_quantize_details.cast import (
@@ -110,6 +111,10 @@ def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]
 @functools.lru_cache(maxsize=4096)
 def _amax_launch(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, table_e6: float, block_m: int,
                  block_k: int, num_warps: int, spec) -> Launch:
+    if opt_flags.use_amax_rht_col(m, k, row_mode, col_mode, spec[1] == torch.bfloat16, spec[2]):
+        meta = opt_flags.amax_rht_col_meta(m, k, row_mode, rht_sign_mask, block_m=block_m, block_k=block_k,
+                                           num_warps=num_warps)
+        return Launch(amax_rht_col_kernel, opt_flags.amax_rht_col_grid(m, k, meta), meta)
     meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, table_e6=table_e6, block_m=block_m,
                                block_k=block_k, num_warps=num_warps)
     meta["SOFT_BF16"] = soft_bf16_loads(spec[0])

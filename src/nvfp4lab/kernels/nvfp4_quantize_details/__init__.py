@@ -4,7 +4,8 @@ module per kernel, each exporting public names:
 * ``common``: device helpers (global scales, correctly rounded division, normal-range test, packing,
   scale layouts, split search, tile loads);
 * ``rht``, ``stochastic_rounding``: the RHT and the SR random bytes / rounding rule;
-* ``amax``: ``amax_kernel`` (outer amaxes) and its launcher;
+* ``amax``: ``amax_kernel`` (outer amaxes), ``amax_rht_col_kernel`` (the per-tensor post-RHT amax of bf16 x,
+  butterflies in registers) and their launcher;
 * ``pt_scales``: ``pt_scales_kernel`` (per-token global-scale tables) and its launcher;
 * ``cast16``: ``cast16_kernel``, the cast of every recipe without 4over6, and its launcher;
 * ``cast_row``: ``cast_row_kernel``, the rowwise-only per-tensor 1x16 bf16 cast without SR, its

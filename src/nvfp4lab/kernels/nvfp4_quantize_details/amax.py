@@ -15,14 +15,31 @@ barrier and the ticket's acq_rel, so the last program reads every maximum.
 
 Scratch layout (int32, on the launch's device and stream, zero at rest): [ticket, row accumulators
 (N_ROW), column accumulators (N_COL)] (``scratch_buffer``).
+
+``amax_rht_col_kernel``: the per-tensor post-RHT amax (with the per-tensor amax of x, or alone) of bf16 x,
+M a multiple of 16, K even: a word column (two bf16 columns) per thread, each column's 16-row blocks
+transformed by ``rht16_sums``' butterflies in the thread (``amax_kernel`` takes the tile through a
+block-diagonal ``tl.dot``, whose operand layouts go through shared memory), STEPS 16-row groups per
+program, then the same atomics, ticket and finalize.
 """
 import torch
 import triton
 import triton.language as tl
 
 from ..launch import keep_buffers
-from .common import ONE_SIXTH, abs_bits, global_scales, in_normal_range, load_rows, program_columns
-from .rht import finish16_bits, rht_rows_fp32, rht_tile
+from .common import (
+    ONE_SIXTH,
+    abs_bits,
+    abs_max16_bits,
+    bf16_hi,
+    bf16_lo,
+    global_scales,
+    in_normal_range,
+    load_rows,
+    load_words16,
+    program_columns,
+)
+from .rht import finish16_bits, rht16_sums, rht_rows_fp32, rht_tile
 
 # amax modes of the two outputs (see nvfp4lab.kernels.nvfp4_quantize.compute_amax)
 AMAX_NONE, AMAX_TENSOR, AMAX_PER_TOKEN, AMAX_TENSOR_RHT, AMAX_PER_TOKEN_RHT = 0, 1, 2, 3, 4
@@ -121,6 +138,86 @@ def amax_kernel(
         finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK, TABLE_E6)
 
 
+@triton.jit
+def _max_mag_pairs(acc, w, HW: tl.constexpr):
+    """Halfwise max of ``acc`` and the bf16 magnitudes of int32 words w (two bf16 each): unsigned 16-bit max of
+    each half (one packed max on the GPU)."""
+    mag = w & 0x7FFF7FFF
+    if HW:
+        out = tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [acc, mag], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    else:
+        out = tl.maximum(acc & -65536, mag & -65536) | tl.maximum(acc & 0xFFFF, mag & 0xFFFF)
+    return out
+
+
+@triton.jit
+def _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK: tl.constexpr,
+                   HI: tl.constexpr):
+    """max |s| (int32 bits) of the 16 sums with T / 16 of one column's block: the low bf16 of words w0..w15
+    (column 2p), or with HI the high one (2p + 1)."""
+    if HI:
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15 = rht16_sums(
+            bf16_hi(w0), bf16_hi(w1), bf16_hi(w2), bf16_hi(w3), bf16_hi(w4), bf16_hi(w5), bf16_hi(w6), bf16_hi(w7),
+            bf16_hi(w8), bf16_hi(w9), bf16_hi(w10), bf16_hi(w11), bf16_hi(w12), bf16_hi(w13), bf16_hi(w14),
+            bf16_hi(w15), RHT_MASK, True)
+    else:
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15 = rht16_sums(
+            bf16_lo(w0), bf16_lo(w1), bf16_lo(w2), bf16_lo(w3), bf16_lo(w4), bf16_lo(w5), bf16_lo(w6), bf16_lo(w7),
+            bf16_lo(w8), bf16_lo(w9), bf16_lo(w10), bf16_lo(w11), bf16_lo(w12), bf16_lo(w13), bf16_lo(w14),
+            bf16_lo(w15), RHT_MASK, True)
+    return abs_max16_bits(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15)
+
+
+@triton.jit
+def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL, ROW_MODE: tl.constexpr,
+                        RHT_MASK: tl.constexpr, BLOCK_C: tl.constexpr, STEPS: tl.constexpr, HW: tl.constexpr,
+                        FINAL_BLOCK: tl.constexpr = 1024):
+    """The per-tensor amax of bf16(RHT(x^T)) (``AMAX_TENSOR_RHT``) and, with ROW_MODE 1, the per-tensor amax of x,
+    of bf16 x (M, K) read as (M, K / 2) int32 words: BLOCK_C word columns (a word column per thread or more) x
+    STEPS 16-row groups per program; M % 16 == 0. The maxima of the raw sums are finished once (``finish16_bits``),
+    as in ``amax_kernel``; HW: the packed 16-bit max (GPU) for x's own amax."""
+    pid = tl.program_id(0)
+    kw = K // 2
+    n_c = tl.cdiv(kw, BLOCK_C)
+    wc = ((pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+    c_ok = wc < kw
+    g0 = (pid // n_c) * STEPS
+    n_groups = M // 16
+    t_rht = tl.zeros([BLOCK_C], tl.int32)
+    t_row = tl.zeros([BLOCK_C], tl.int32)
+    for step in range(STEPS):
+        g = wc * 0 + (g0 + step)  # broadcast first: the interpreter takes no scalar comparison into a mask
+        ok = c_ok & (g < n_groups)
+        w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = load_words16(x_ptr, g, kw, wc, ok)
+        if ROW_MODE == 1:
+            t_row = _max_mag_pairs(t_row, w0, HW)
+            t_row = _max_mag_pairs(t_row, w1, HW)
+            t_row = _max_mag_pairs(t_row, w2, HW)
+            t_row = _max_mag_pairs(t_row, w3, HW)
+            t_row = _max_mag_pairs(t_row, w4, HW)
+            t_row = _max_mag_pairs(t_row, w5, HW)
+            t_row = _max_mag_pairs(t_row, w6, HW)
+            t_row = _max_mag_pairs(t_row, w7, HW)
+            t_row = _max_mag_pairs(t_row, w8, HW)
+            t_row = _max_mag_pairs(t_row, w9, HW)
+            t_row = _max_mag_pairs(t_row, w10, HW)
+            t_row = _max_mag_pairs(t_row, w11, HW)
+            t_row = _max_mag_pairs(t_row, w12, HW)
+            t_row = _max_mag_pairs(t_row, w13, HW)
+            t_row = _max_mag_pairs(t_row, w14, HW)
+            t_row = _max_mag_pairs(t_row, w15, HW)
+        lo = _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK, False)
+        hi = _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK, True)
+        t_rht = tl.maximum(t_rht, tl.maximum(lo, hi))
+    if ROW_MODE == 1:  # the halves' bf16 magnitudes as fp32 bits
+        tt = tl.max(tl.maximum(t_row & -65536, t_row << 16), axis=0)
+        tl.atomic_max(scratch_ptr + 1, tl.where(tt > 0x7F800000, 0x7FC00000, tt), sem="relaxed")
+    tr = finish16_bits(tl.max(t_rht, axis=0))
+    tl.atomic_max(scratch_ptr + 1 + N_ROW, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")
+    finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK)
+
+
 _SCRATCH: dict = {}
 
 
@@ -153,4 +250,6 @@ def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int) -> Non
         amax_launch(x, any_bits, row_bits if n_row else any_bits, col_bits if n_col else any_bits, m, k, n_row, n_col)
         return
     scratch = scratch_buffer(x.device, 1 + n_row + n_col)
+    if amax_launch.kernel is amax_rht_col_kernel:  # bf16 pairs as int32 words
+        x = x.view(torch.int32)
     amax_launch(x, scratch, row_out if n_row else col_out, col_out if n_col else row_out, m, k, n_row, n_col)

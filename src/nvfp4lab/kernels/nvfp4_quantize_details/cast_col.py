@@ -25,8 +25,11 @@ Numerics: ``cast16_kernel``'s columnwise side, with cast_row.py's per-tensor enc
 1 / (s * S_dec) from the table (fp64 divisions there) or by one division per block (fp32 where the outer
 amax is in the normal range, exact there; fp64 otherwise), codes by ``code_top`` (round to nearest even)
 or ``sr_e2m1`` (SR), packed by ``push_code``. NaN blocks get code 0 without SR (the reference's
-x * NaN), as there. RHT: bf16(v @ T) of each column's 16 rows, summed with T / 16 in the butterfly order
-of ``rht16_cast16`` (index bit 0, 1, 2, 3), so the same bits. SR: the columnwise Philox
+x * NaN), as there. RHT: bf16(v @ T) of each column's 16 rows in the butterfly order of ``rht16_cast16``
+(index bit 0, 1, 2, 3), so the same bits. Programs whose outer amax is in the normal range sum with signs
++-1 only and finish with one bf16x2 convert per pair (GPU) as bf16(S / 4), which is exact while no result is
+inf or NaN (rht.py); a program that finds one after all (a provided outer amax below its results) casts its
+groups again the way other outer amaxes do: sums with T / 16, ``finish16``'s saturation. SR: the columnwise Philox
 units of ``pair_bytes_cols`` (columns 2p, 2p + 1 x rows 8q..8q+7, counter p * (M / 8) + q, stream 1,
 byte 8 (column % 2) + row % 8): a thread's word column is exactly one unit per 8 rows.
 """
@@ -36,8 +39,8 @@ import triton.language as tl
 from ...layout import cdiv
 from ..formats import bf16_rne, e4m3_decode, e4m3_encode_fast
 from .cast_row import code_top, push_code
-from .common import ONE_SIXTH, abs_bits, bf16_hi, bf16_lo, encode_factor, global_scales, normal_range, scale_offsets
-from .rht import SCALED_ENTRY, finish16
+from .common import ONE_SIXTH, abs_max16_bits, bf16_hi, bf16_lo, encode_factor, global_scales, load_words16, normal_range, scale_offsets
+from .rht import finish16, rht16_sums
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 
 
@@ -56,95 +59,43 @@ def _scale_code(v, HW: tl.constexpr):
 
 
 @triton.jit
-def _signed(v, RHT_MASK: tl.constexpr, R: tl.constexpr):
-    """Row R's term of the RHT sum with T / 16: v * (+-2^-6), negative where bit R of the sign mask is set."""
-    if (RHT_MASK >> R) & 1:
-        out = v * -SCALED_ENTRY
+def _quarter_bf16(a, b, HW: tl.constexpr):
+    """bf16(a / 4), bf16(b / 4) as fp32: one convert of the pair (GPU), else integer RNE (the same bits except for
+    NaN payloads, which only programs that are cast again meet)."""
+    if HW:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }",
+            "=r,=r,f,f", [a * 0.25, b * 0.25], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+        out = lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
     else:
-        out = v * SCALED_ENTRY
-    return out
-
-
-@triton.jit
-def _bfly(a, b):
-    """One butterfly of a Hadamard stage: (a + b, a - b)."""
-    return a + b, a - b
-
-
-@triton.jit
-def _finish(s, SATURATE: tl.constexpr):
-    """bf16(16 s); SATURATE: ``finish16`` (results past bf16's range saturate), else for tiles whose outer
-    amax is in the normal range, where none can be."""
-    if SATURATE:
-        out = finish16(s)
-    else:
-        out = bf16_rne(s * 16.0)
+        out = bf16_rne(a * 0.25), bf16_rne(b * 0.25)
     return out
 
 
 @triton.jit
 def _rht16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
-           RHT_MASK: tl.constexpr, SATURATE: tl.constexpr):
-    """bf16(v @ T) of one column's 16 rows v0..v15 (fp32 values of bf16): sign flips times 2^-6, the four
-    butterfly stages of Sylvester's H16 over row-index bits 0, 1, 2, 3, times 16 and rounded once."""
-    v0, v1, v2, v3 = (_signed(v0, RHT_MASK, 0), _signed(v1, RHT_MASK, 1), _signed(v2, RHT_MASK, 2),
-                      _signed(v3, RHT_MASK, 3))
-    v4, v5, v6, v7 = (_signed(v4, RHT_MASK, 4), _signed(v5, RHT_MASK, 5), _signed(v6, RHT_MASK, 6),
-                      _signed(v7, RHT_MASK, 7))
-    v8, v9, v10, v11 = (_signed(v8, RHT_MASK, 8), _signed(v9, RHT_MASK, 9), _signed(v10, RHT_MASK, 10),
-                        _signed(v11, RHT_MASK, 11))
-    v12, v13, v14, v15 = (_signed(v12, RHT_MASK, 12), _signed(v13, RHT_MASK, 13), _signed(v14, RHT_MASK, 14),
-                          _signed(v15, RHT_MASK, 15))
-    # bit 0
-    v0, v1 = _bfly(v0, v1)
-    v2, v3 = _bfly(v2, v3)
-    v4, v5 = _bfly(v4, v5)
-    v6, v7 = _bfly(v6, v7)
-    v8, v9 = _bfly(v8, v9)
-    v10, v11 = _bfly(v10, v11)
-    v12, v13 = _bfly(v12, v13)
-    v14, v15 = _bfly(v14, v15)
-    # bit 1
-    v0, v2 = _bfly(v0, v2)
-    v1, v3 = _bfly(v1, v3)
-    v4, v6 = _bfly(v4, v6)
-    v5, v7 = _bfly(v5, v7)
-    v8, v10 = _bfly(v8, v10)
-    v9, v11 = _bfly(v9, v11)
-    v12, v14 = _bfly(v12, v14)
-    v13, v15 = _bfly(v13, v15)
-    # bit 2
-    v0, v4 = _bfly(v0, v4)
-    v1, v5 = _bfly(v1, v5)
-    v2, v6 = _bfly(v2, v6)
-    v3, v7 = _bfly(v3, v7)
-    v8, v12 = _bfly(v8, v12)
-    v9, v13 = _bfly(v9, v13)
-    v10, v14 = _bfly(v10, v14)
-    v11, v15 = _bfly(v11, v15)
-    # bit 3
-    v0, v8 = _bfly(v0, v8)
-    v1, v9 = _bfly(v1, v9)
-    v2, v10 = _bfly(v2, v10)
-    v3, v11 = _bfly(v3, v11)
-    v4, v12 = _bfly(v4, v12)
-    v5, v13 = _bfly(v5, v13)
-    v6, v14 = _bfly(v6, v14)
-    v7, v15 = _bfly(v7, v15)
-    return (_finish(v0, SATURATE), _finish(v1, SATURATE), _finish(v2, SATURATE), _finish(v3, SATURATE),
-            _finish(v4, SATURATE), _finish(v5, SATURATE), _finish(v6, SATURATE), _finish(v7, SATURATE),
-            _finish(v8, SATURATE), _finish(v9, SATURATE), _finish(v10, SATURATE), _finish(v11, SATURATE),
-            _finish(v12, SATURATE), _finish(v13, SATURATE), _finish(v14, SATURATE), _finish(v15, SATURATE))
-
-
-@triton.jit
-def _abs_max16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15):
-    """max |v| of 16 fp32 values as an integer max of their magnitude bits (NaN above inf, as torch.amax)."""
-    a = tl.maximum(tl.maximum(abs_bits(v0), abs_bits(v1)), tl.maximum(abs_bits(v2), abs_bits(v3)))
-    b = tl.maximum(tl.maximum(abs_bits(v4), abs_bits(v5)), tl.maximum(abs_bits(v6), abs_bits(v7)))
-    c = tl.maximum(tl.maximum(abs_bits(v8), abs_bits(v9)), tl.maximum(abs_bits(v10), abs_bits(v11)))
-    d = tl.maximum(tl.maximum(abs_bits(v12), abs_bits(v13)), tl.maximum(abs_bits(v14), abs_bits(v15)))
-    return tl.maximum(tl.maximum(a, b), tl.maximum(c, d)).to(tl.float32, bitcast=True)
+           RHT_MASK: tl.constexpr, SATURATE: tl.constexpr, HW: tl.constexpr):
+    """bf16(v @ T) of one column's 16 rows v0..v15 (fp32 values of bf16). SATURATE: summed with T / 16 and
+    finished by ``finish16`` (results past bf16's range saturate); else, for tiles whose outer amax is in the
+    normal range (no result can overflow or be NaN there), summed with signs +-1 and finished as bf16(S / 4): the
+    same bits (rht.py) in fewer instructions."""
+    v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = rht16_sums(
+        v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, RHT_MASK, SATURATE)
+    if SATURATE:
+        v0, v1, v2, v3 = finish16(v0), finish16(v1), finish16(v2), finish16(v3)
+        v4, v5, v6, v7 = finish16(v4), finish16(v5), finish16(v6), finish16(v7)
+        v8, v9, v10, v11 = finish16(v8), finish16(v9), finish16(v10), finish16(v11)
+        v12, v13, v14, v15 = finish16(v12), finish16(v13), finish16(v14), finish16(v15)
+    else:
+        v0, v1 = _quarter_bf16(v0, v1, HW)
+        v2, v3 = _quarter_bf16(v2, v3, HW)
+        v4, v5 = _quarter_bf16(v4, v5, HW)
+        v6, v7 = _quarter_bf16(v6, v7, HW)
+        v8, v9 = _quarter_bf16(v8, v9, HW)
+        v10, v11 = _quarter_bf16(v10, v11, HW)
+        v12, v13 = _quarter_bf16(v12, v13, HW)
+        v14, v15 = _quarter_bf16(v14, v15, HW)
+    return v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15
 
 
 @triton.jit
@@ -207,15 +158,17 @@ def _half(w, HI: tl.constexpr):
 def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, s_enc_sixth, s_dec, table_ptr,
                   r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr,
                   TABLE: tl.constexpr, SR: tl.constexpr):
-    """(word of rows 0-7, word of rows 8-15, scale code) of the RHT block of one column of 16 rows of words w0..w15
-    (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s."""
+    """(word of rows 0-7, word of rows 8-15, scale code, block amax bits) of the RHT block of one column of 16 rows of
+    words w0..w15 (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s."""
     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _rht16(
         _half(w0, HI), _half(w1, HI), _half(w2, HI), _half(w3, HI), _half(w4, HI), _half(w5, HI), _half(w6, HI),
         _half(w7, HI), _half(w8, HI), _half(w9, HI), _half(w10, HI), _half(w11, HI), _half(w12, HI), _half(w13, HI),
-        _half(w14, HI), _half(w15, HI), RHT_MASK, SATURATE)
-    bamax = _abs_max16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)
-    return _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, bamax, s_enc_sixth,
-                     s_dec, table_ptr, r0, r1, r2, r3, HW, SATURATE, TABLE, SR)
+        _half(w14, HI), _half(w15, HI), RHT_MASK, SATURATE, HW)
+    bamax_bits = abs_max16_bits(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)
+    lo, hi, scale = _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+                              bamax_bits.to(tl.float32, bitcast=True), s_enc_sixth, s_dec, table_ptr, r0, r1, r2, r3, HW,
+                              SATURATE, TABLE, SR)
+    return lo, hi, scale, bamax_bits
 
 
 @triton.jit
@@ -268,24 +221,8 @@ def _in_order4(a, b, c, d):
 def _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g, kw, m_blocks, HW: tl.constexpr, RHT_MASK: tl.constexpr,
                 SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr):
     """The columnwise blocks of 16-row group g (int64 scalar) for word columns wc, both columns of each word:
-    (column 2p's two words, column 2p + 1's two words, their two scale codes)."""
-    p = x_ptr + g * 16 * kw + wc
-    w0 = tl.load(p, mask=c_ok, other=0)
-    w1 = tl.load(p + kw, mask=c_ok, other=0)
-    w2 = tl.load(p + 2 * kw, mask=c_ok, other=0)
-    w3 = tl.load(p + 3 * kw, mask=c_ok, other=0)
-    w4 = tl.load(p + 4 * kw, mask=c_ok, other=0)
-    w5 = tl.load(p + 5 * kw, mask=c_ok, other=0)
-    w6 = tl.load(p + 6 * kw, mask=c_ok, other=0)
-    w7 = tl.load(p + 7 * kw, mask=c_ok, other=0)
-    w8 = tl.load(p + 8 * kw, mask=c_ok, other=0)
-    w9 = tl.load(p + 9 * kw, mask=c_ok, other=0)
-    w10 = tl.load(p + 10 * kw, mask=c_ok, other=0)
-    w11 = tl.load(p + 11 * kw, mask=c_ok, other=0)
-    w12 = tl.load(p + 12 * kw, mask=c_ok, other=0)
-    w13 = tl.load(p + 13 * kw, mask=c_ok, other=0)
-    w14 = tl.load(p + 14 * kw, mask=c_ok, other=0)
-    w15 = tl.load(p + 15 * kw, mask=c_ok, other=0)
+    (column 2p's two words, column 2p + 1's two words, their two scale codes, the larger block amax bits)."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = load_words16(x_ptr, g, kw, wc, c_ok)
     if SR:  # one Philox block per 8 rows of the word column: words 0, 1 -> column 2p, words 2, 3 -> 2p + 1
         counter = wc * (m_blocks * 2) + g * 2
         a0, a1, a2, a3 = philox_words(seed, counter, 1)
@@ -296,11 +233,13 @@ def _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g, kw, m_b
                           b3.to(tl.int32, bitcast=True))
     else:
         a0, a1, a2, a3, b0, b1, b2, b3 = w0, w0, w0, w0, w0, w0, w0, w0  # unused without SR
-    lo0, lo1, scale_lo = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
-                                       s_enc_sixth, s_dec, table_ptr, a0, a1, b0, b1, False, HW, RHT_MASK, SATURATE, TABLE, SR)
-    hi0, hi1, scale_hi = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
-                                       s_enc_sixth, s_dec, table_ptr, a2, a3, b2, b3, True, HW, RHT_MASK, SATURATE, TABLE, SR)
-    return lo0, lo1, hi0, hi1, scale_lo, scale_hi
+    lo0, lo1, scale_lo, max_lo = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
+                                               s_enc_sixth, s_dec, table_ptr, a0, a1, b0, b1, False, HW, RHT_MASK,
+                                               SATURATE, TABLE, SR)
+    hi0, hi1, scale_hi, max_hi = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
+                                               s_enc_sixth, s_dec, table_ptr, a2, a3, b2, b3, True, HW, RHT_MASK,
+                                               SATURATE, TABLE, SR)
+    return lo0, lo1, hi0, hi1, scale_lo, scale_hi, tl.maximum(max_lo, max_hi)
 
 
 @triton.jit
@@ -308,8 +247,8 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed
                  LAYOUT: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr,
                  SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr):
     """GROUPS (1, 2 or 4) consecutive 16-row groups from g0, unrolled; each column's words and scales of them
-    stored together."""
-    l0, l1, h0, h1, sl0, sh0 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, HW,
+    stored together. Returns whether a block amax of the program is inf or NaN."""
+    l0, l1, h0, h1, sl0, sh0, worst = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, HW,
                                            RHT_MASK, SATURATE, TABLE, SR)
     lo_col = wc * 2
     hi_col = lo_col + 1
@@ -319,23 +258,26 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed
         _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl0, sl0, sl0, c_ok, 1, LAYOUT)
         _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh0, sh0, sh0, c_ok, 1, LAYOUT)
     else:
-        l2, l3, h2, h3, sl1, sh1 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 1, kw, m_blocks, HW,
-                                               RHT_MASK, SATURATE, TABLE, SR)
+        l2, l3, h2, h3, sl1, sh1, worst1 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 1, kw,
+                                                       m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR)
+        worst = tl.maximum(worst, worst1)
         _store_words(data_ptr, lo_col, 0, _in_order4(l0, l1, l2, l3), g0, m_words, c_ok)
         _store_words(data_ptr, hi_col, 0, _in_order4(h0, h1, h2, h3), g0, m_words, c_ok)
         if GROUPS == 2:
             _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl1, sl1, c_ok, 2, LAYOUT)
             _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh1, sh1, c_ok, 2, LAYOUT)
         else:
-            l4, l5, h4, h5, sl2, sh2 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 2, kw, m_blocks,
-                                                   HW, RHT_MASK, SATURATE, TABLE, SR)
-            l6, l7, h6, h7, sl3, sh3 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 3, kw, m_blocks,
-                                                   HW, RHT_MASK, SATURATE, TABLE, SR)
+            l4, l5, h4, h5, sl2, sh2, worst2 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 2,
+                                                           kw, m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR)
+            l6, l7, h6, h7, sl3, sh3, worst3 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 3,
+                                                           kw, m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR)
+            worst = tl.maximum(worst, tl.maximum(worst2, worst3))
             # the run's second 16 bytes right after its first (the same sector)
             _store_words(data_ptr, lo_col, 4, _in_order4(l4, l5, l6, l7), g0, m_words, c_ok)
             _store_words(data_ptr, hi_col, 4, _in_order4(h4, h5, h6, h7), g0, m_words, c_ok)
             _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl2, sl3, c_ok, 4, LAYOUT)
             _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh2, sh3, c_ok, 4, LAYOUT)
+    return tl.max(tl.where(c_ok, worst, 0), axis=0) >= 0x7F800000
 
 
 @triton.jit(do_not_specialize=["seed_value"])  # a fresh seed per call must not select another compiled kernel
@@ -364,12 +306,19 @@ def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, s
         s_enc, s_dec = global_scales(outer, E6, True)  # once per program, fp64 divisions (spec 3.1)
         s_enc_sixth = s_enc * ONE_SIXTH
     seed = sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
-    # a normal-range outer amax (the post-RHT maximum) bounds every result: no saturation, and the fp32
-    # division of a block's encode factor is exact; other amaxes (0 included: S_enc = 1) take fp64
+    # a normal-range outer amax (the post-RHT maximum the amax pass found) bounds every result: no saturation, no
+    # inf or NaN, and the fp32 division of a block's encode factor is exact. Other amaxes (0 included: S_enc = 1)
+    # take fp64 and finish16, and so does a program whose results were not all finite after all (a provided outer
+    # amax below the tensor's): its stores are written again
+    exact = not normal_range(outer)
     if normal_range(outer):
-        _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS,
-                     LAYOUT, GROUPS, HW, RHT_MASK, False, TABLE, SR)
-    else:
+        exact = _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks,
+                             M_WORDS, LAYOUT, GROUPS, HW, RHT_MASK, False, TABLE, SR)
+    if exact:
+        if HW:  # the same columns, in values the compiler cannot identify with wc: no loaded word of the pass above
+            # stays live into this one
+            wc = wc + tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [pid + 0 * wc.to(tl.int32)], dtype=tl.int32,
+                                                is_pure=False, pack=1).to(tl.int64)
         _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS,
                      LAYOUT, GROUPS, HW, RHT_MASK, True, TABLE, SR)
 

@@ -27,6 +27,31 @@ def abs_bits(v):
 
 
 @triton.jit
+def abs_max16_bits(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15):
+    """max |v| of 16 fp32 values as int32 bits: an integer max of their magnitude bits (NaN above inf, as
+    torch.amax)."""
+    a = tl.maximum(tl.maximum(abs_bits(v0), abs_bits(v1)), tl.maximum(abs_bits(v2), abs_bits(v3)))
+    b = tl.maximum(tl.maximum(abs_bits(v4), abs_bits(v5)), tl.maximum(abs_bits(v6), abs_bits(v7)))
+    c = tl.maximum(tl.maximum(abs_bits(v8), abs_bits(v9)), tl.maximum(abs_bits(v10), abs_bits(v11)))
+    d = tl.maximum(tl.maximum(abs_bits(v12), abs_bits(v13)), tl.maximum(abs_bits(v14), abs_bits(v15)))
+    return tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+
+
+@triton.jit
+def load_words16(x_ptr, g, kw, wc, mask):
+    """The 16 rows of 16-row group g of word columns wc of x read as (M, kw) int32 words (masked words: 0)."""
+    p = x_ptr + g * 16 * kw + wc
+    return (tl.load(p, mask=mask, other=0), tl.load(p + kw, mask=mask, other=0),
+            tl.load(p + 2 * kw, mask=mask, other=0), tl.load(p + 3 * kw, mask=mask, other=0),
+            tl.load(p + 4 * kw, mask=mask, other=0), tl.load(p + 5 * kw, mask=mask, other=0),
+            tl.load(p + 6 * kw, mask=mask, other=0), tl.load(p + 7 * kw, mask=mask, other=0),
+            tl.load(p + 8 * kw, mask=mask, other=0), tl.load(p + 9 * kw, mask=mask, other=0),
+            tl.load(p + 10 * kw, mask=mask, other=0), tl.load(p + 11 * kw, mask=mask, other=0),
+            tl.load(p + 12 * kw, mask=mask, other=0), tl.load(p + 13 * kw, mask=mask, other=0),
+            tl.load(p + 14 * kw, mask=mask, other=0), tl.load(p + 15 * kw, mask=mask, other=0))
+
+
+@triton.jit
 def bf16_lo(w):
     """fp32 value of the low bf16 of int32 words (the even column of a bf16 pair; exact)."""
     return (w << 16).to(tl.float32, bitcast=True)

@@ -18,6 +18,11 @@ from .amax import AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AM
 AMAX_TILE = (64, 128, 8)
 AMAX_PER_TOKEN_TILE = (32, 64, 2)
 AMAX_RHT_TILE = (16, 128, 4)
+# amax_rht_col_kernel (the per-tensor post-RHT amax of bf16 x, M % 16 == 0): (16-row groups per program, num_warps; one
+# word column of two bf16 per thread), and the programs a launch keeps by taking fewer groups per program on small
+# tensors (each program's groups run one after another)
+AMAX_RHT_COL_TILE = (8, 4)
+AMAX_RHT_COL_MIN_PROGRAMS = 1024
 # the post-RHT amax's block-diagonal dot takes one 16-row group per tile row block: a wider one would multiply
 # the zeros off its diagonal blocks by the tile, and an inf element would make the amax 0 * inf = NaN
 RHT_MAX_BLOCK_M = 16
@@ -134,6 +139,36 @@ def amax_tables(n_entries: int) -> bool:
 
 def amax_grid(m: int, k: int, meta: dict) -> tuple[int]:
     return (cdiv(m, meta["BLOCK_M"] * meta["STEPS_M"]) * cdiv(k, meta["BLOCK_K"]),)
+
+
+def use_amax_rht_col(m: int, k: int, row_mode: int, col_mode: int, dtype_bf16: bool, x_aligned: bool) -> bool:
+    """Whether the amax pass runs ``amax_rht_col_kernel``: the per-tensor post-RHT amax, alone or with x's per-tensor
+    amax, of bf16 x, 16-byte aligned (read as int32 words), M a multiple of 16."""
+    return (col_mode == AMAX_TENSOR_RHT and row_mode in (AMAX_NONE, AMAX_TENSOR) and dtype_bf16 and x_aligned
+            and m % 16 == 0 and k % 2 == 0)
+
+
+def amax_rht_col_meta(m: int, k: int, row_mode: int, rht_sign_mask: int, *, block_m: int = 0, block_k: int = 0,
+                      num_warps: int = 0) -> dict:
+    """Constexprs and num_warps of ``amax_rht_col_kernel`` (block_m: 16 * the row groups per program; block_k: the
+    tile's columns, BLOCK_C = block_k / 2 words; by default one word column per thread)."""
+    warps = num_warps or AMAX_RHT_COL_TILE[1]
+    block_c = next_power_of_2(block_k // 2) if block_k else 32 * warps
+    block_c = max(8, min(block_c, next_power_of_2(max(k // 2, 1))))
+    groups, col_programs = cdiv(m, 16), cdiv(k // 2, block_c)
+    if block_m:
+        steps = block_m // 16
+    else:
+        steps = AMAX_RHT_COL_TILE[0]
+        while steps > 1 and cdiv(groups, steps) * col_programs < AMAX_RHT_COL_MIN_PROGRAMS:
+            steps //= 2
+    steps = max(1, min(steps, groups))
+    return dict(ROW_MODE=row_mode, RHT_MASK=rht_sign_mask, BLOCK_C=block_c, STEPS=steps, HW=not interpreting(),
+                num_warps=warps, enable_fp_fusion=False)
+
+
+def amax_rht_col_grid(m: int, k: int, meta: dict) -> tuple[int]:
+    return (cdiv(cdiv(m, 16), meta["STEPS"]) * cdiv(k // 2, meta["BLOCK_C"]),)
 
 
 # ------------------------------------------------------------------------------------------- cast

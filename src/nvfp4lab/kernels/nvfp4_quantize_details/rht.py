@@ -6,12 +6,17 @@ rows v of a column of x (the rows of x^T), T = diag(s) H16 / 4 with the sign mas
   to bf16 by integer RNE. (The interpreter truncates casts to bf16 and its bf16 ``tl.dot`` is wrong, so
   there the same exact values go through an fp32 dot: DOT_BF16=False.)
 * ``rht16_cast16`` (the cast): butterflies in registers in ``cast16_kernel``'s layout, no dot.
+* ``rht16_sums`` (``cast_col_kernel``, ``amax_rht_col_kernel``): the butterflies of one column's 16 rows held
+  by one thread, no exchange.
 
 Both sum with T / 16 (entries +-2^-6) and multiply by 16 at the end (``finish16``), as
 :func:`nvfp4lab.rht.apply_rht`: the same bits as summing with T wherever that is finite (exact
 power-of-two scaling of bf16 values and their partial sums), and no partial sum of finite values can
 overflow; a result past bf16's range saturates to +-bf16 max. Non-bf16 inputs are rounded to bf16 with
-the same saturation (``bf16_saturating``).
+the same saturation (``bf16_saturating``). ``rht16_sums`` can also sum with signs +-1 only (SCALED=False):
+every product and partial sum is then exactly 2^6 times the T / 16 one (bf16 values times 2^-6 are exact,
+subnormal partial sums are exact, and power-of-two scaling commutes with rounding elsewhere), so
+bf16(S / 4) = bf16(16 s) for the finished value wherever S cannot overflow (|x| well inside fp32's range).
 
 PR 3045's fp32 RHT (FP32=True in ``rht16_cast16``; ``rht_rows_fp32`` for the amax passes): the same
 butterflies on sign-flipped fp32 values (signs +-1), kept in fp32, times 1/4 at the end: the stage order
@@ -155,3 +160,79 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
     if SATURATE:
         return finish16(y)
     return bf16_rne(y * 16.0)
+
+
+@triton.jit
+def _signed(v, RHT_MASK: tl.constexpr, R: tl.constexpr, SCALED: tl.constexpr):
+    """Row R's term of the RHT sum: v times +-2^-6 (SCALED: T / 16) or +-1, negative where bit R of the sign mask
+    is set (a negation is an operand modifier of the first butterfly's add)."""
+    if SCALED:
+        if (RHT_MASK >> R) & 1:
+            out = v * -SCALED_ENTRY
+        else:
+            out = v * SCALED_ENTRY
+    else:
+        if (RHT_MASK >> R) & 1:
+            out = -v
+        else:
+            out = v
+    return out
+
+
+@triton.jit
+def _bfly(a, b):
+    """One butterfly of a Hadamard stage: (a + b, a - b)."""
+    return a + b, a - b
+
+
+@triton.jit
+def rht16_sums(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+               RHT_MASK: tl.constexpr, SCALED: tl.constexpr):
+    """The 16 sums of v @ T of one column's 16 rows v0..v15 (fp32 values of bf16, each a tensor of one thread's
+    columns): sign flips (times 2^-6 with SCALED, i.e. the sums s with T / 16 that ``finish16`` finishes; else the
+    sums S = 2^6 s), then the four butterfly stages of Sylvester's H16 over row-index bits 0, 1, 2, 3."""
+    v0, v1, v2, v3 = (_signed(v0, RHT_MASK, 0, SCALED), _signed(v1, RHT_MASK, 1, SCALED),
+                      _signed(v2, RHT_MASK, 2, SCALED), _signed(v3, RHT_MASK, 3, SCALED))
+    v4, v5, v6, v7 = (_signed(v4, RHT_MASK, 4, SCALED), _signed(v5, RHT_MASK, 5, SCALED),
+                      _signed(v6, RHT_MASK, 6, SCALED), _signed(v7, RHT_MASK, 7, SCALED))
+    v8, v9, v10, v11 = (_signed(v8, RHT_MASK, 8, SCALED), _signed(v9, RHT_MASK, 9, SCALED),
+                        _signed(v10, RHT_MASK, 10, SCALED), _signed(v11, RHT_MASK, 11, SCALED))
+    v12, v13, v14, v15 = (_signed(v12, RHT_MASK, 12, SCALED), _signed(v13, RHT_MASK, 13, SCALED),
+                          _signed(v14, RHT_MASK, 14, SCALED), _signed(v15, RHT_MASK, 15, SCALED))
+    # bit 0
+    v0, v1 = _bfly(v0, v1)
+    v2, v3 = _bfly(v2, v3)
+    v4, v5 = _bfly(v4, v5)
+    v6, v7 = _bfly(v6, v7)
+    v8, v9 = _bfly(v8, v9)
+    v10, v11 = _bfly(v10, v11)
+    v12, v13 = _bfly(v12, v13)
+    v14, v15 = _bfly(v14, v15)
+    # bit 1
+    v0, v2 = _bfly(v0, v2)
+    v1, v3 = _bfly(v1, v3)
+    v4, v6 = _bfly(v4, v6)
+    v5, v7 = _bfly(v5, v7)
+    v8, v10 = _bfly(v8, v10)
+    v9, v11 = _bfly(v9, v11)
+    v12, v14 = _bfly(v12, v14)
+    v13, v15 = _bfly(v13, v15)
+    # bit 2
+    v0, v4 = _bfly(v0, v4)
+    v1, v5 = _bfly(v1, v5)
+    v2, v6 = _bfly(v2, v6)
+    v3, v7 = _bfly(v3, v7)
+    v8, v12 = _bfly(v8, v12)
+    v9, v13 = _bfly(v9, v13)
+    v10, v14 = _bfly(v10, v14)
+    v11, v15 = _bfly(v11, v15)
+    # bit 3
+    v0, v8 = _bfly(v0, v8)
+    v1, v9 = _bfly(v1, v9)
+    v2, v10 = _bfly(v2, v10)
+    v3, v11 = _bfly(v3, v11)
+    v4, v12 = _bfly(v4, v12)
+    v5, v13 = _bfly(v5, v13)
+    v6, v14 = _bfly(v6, v14)
+    v7, v15 = _bfly(v7, v15)
+    return v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15

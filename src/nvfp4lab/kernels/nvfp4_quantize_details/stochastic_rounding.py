@@ -92,6 +92,6 @@ def sr_e2m1(y, rbytes):
     a = tl.abs(y)
     big = (a.to(tl.uint32, bitcast=True) + (rbytes.to(tl.uint32) << 14)) >> 22
     hi = tl.minimum(big.to(tl.int32) - 252, 7)
-    lo = ((a + a) + rbytes.to(tl.float32) * 0.00390625).to(tl.int32)
+    lo = tl.fma(rbytes.to(tl.float32), 0.00390625, a + a).to(tl.int32)  # byte / 256 exact: one rounding
     mag = tl.where(a < 1.0, lo, hi)
     return tl.where((y < 0.0) & (mag != 0), mag | 8, mag)
