@@ -10,10 +10,11 @@ tile (or ``--tile``). Instruction count per element is the one number that bound
 Hopper (see kernels/nvfp4_quantize.py).
 
     TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR] [--cast16]
-        [--layouts]
+        [--layouts] [--amax]
     (MAXNREG=128: try a register cap)
 
-Per-element figures count each instruction once: a tile of several 16-row groups per program (``cast16_kernel``'s
+``--amax`` compiles the recipe's amax pass instead (``amax_rht_col_kernel`` for the post-RHT per-tensor amaxes of bf16
+x, else ``amax_kernel``). Per-element figures count each instruction once: a tile of several 16-row groups per program (``cast16_kernel``'s
 default for row+col casts: 64 rows) runs its group loop's body once per group, so compare kernels at one group
 (``--tile 16x128x1``), where the count is what each element costs.
 
@@ -39,8 +40,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig  # noqa: E402
 from nvfp4lab.kernels.nvfp4_quantize import FOUR_OVER_SIX_CODES  # noqa: E402
+from nvfp4lab.kernels.nvfp4_quantize import amax_modes  # noqa: E402
 from nvfp4lab.kernels.nvfp4_quantize_details import (  # noqa: E402
-    cast16, cast_col, cast_row, cast_rowcol, four_over_six, opt_flags, pt_scales)
+    amax, cast16, cast_col, cast_row, cast_rowcol, four_over_six, opt_flags, pt_scales)
 
 RECIPES = {
     "row": dict(rowwise=True, columnwise=False),
@@ -130,6 +132,32 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
     return c, (bm, bk, warps)
 
 
+def compile_amax(kwargs, tile=None):
+    """Compile the recipe's amax pass for sm_90 (``amax_rht_col_kernel`` where the launcher takes it, else
+    ``amax_kernel``); returns the compiled kernel and (rows, columns, warps) of the elements one pass of its loop body
+    covers (``amax_rht_col_kernel``'s group loop is not unrolled: one 16-row group)."""
+    cfg = NVFP4QuantConfig(**kwargs)
+    row_mode, col_mode = amax_modes(cfg, None, None)
+    mask = cfg.rht_sign_mask if cfg.rht else 0
+    explicit = dict(block_m=tile[0], block_k=tile[1], num_warps=tile[2]) if tile else {}
+    if opt_flags.use_amax_rht_col(8192, 8192, row_mode, col_mode, True, True):
+        meta = opt_flags.amax_rht_col_meta(8192, 8192, row_mode, mask, **explicit)
+        meta["HW"] = True
+        fn, rows, cols, x_type = amax.amax_rht_col_kernel, 16, 2 * meta["BLOCK_C"], "*i32"
+    else:
+        meta = opt_flags.amax_meta(8192, 8192, row_mode, col_mode, mask, **explicit)
+        meta["SOFT_BF16"] = False
+        fn, rows, cols, x_type = amax.amax_kernel, meta["BLOCK_M"] * meta["STEPS_M"], meta["BLOCK_K"], "*bf16"
+    meta.setdefault("FINAL_BLOCK", 1024)
+    pointers = dict(x_ptr=x_type, scratch_ptr="*i32", row_out_ptr="*fp32", col_out_ptr="*fp32")
+    sig = {n: pointers.get(n) or ("i32" if n in ("M", "K", "N_ROW", "N_COL") else "constexpr") for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, "M", "K")}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
+                                    constexprs={(fn.arg_names.index(k),): v for k, v in opt_flags.constexprs(meta).items()})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=meta["num_warps"], enable_fp_fusion=False))
+    return c, (rows, cols, meta["num_warps"])
+
+
 def sass_of(cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -180,6 +208,7 @@ def main():
                    help="cast16_kernel also for the casts the launcher gives cast_row_kernel or cast_rowcol_kernel")
     p.add_argument("--normal-only", action="store_true",
                    help="compile only the normal-range path (what runs on ordinary data): drops the EXACT branch")
+    p.add_argument("--amax", action="store_true", help="the recipe's amax pass instead of its cast")
     p.add_argument("--layouts", action="store_true",
                    help="each global load / store's shape and lane layout, and the conversions (see the docstring)")
     a = p.parse_args()
@@ -200,7 +229,10 @@ def main():
         pt_scales.normal_range_pt = _always  # per token: the tables' range flag
     tile = tuple(int(v) for v in a.tile.split("x")) if a.tile else None
     for name in a.recipes:
-        c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=not a.cast16)
+        if a.amax:
+            c, (bm, bk, warps) = compile_amax(RECIPES[name], tile)
+        else:
+            c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=not a.cast16)
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))
