@@ -31,8 +31,7 @@ from .common import (
     ONE_SIXTH,
     abs_bits,
     abs_max16_bits,
-    bf16_hi,
-    bf16_lo,
+    bf16_half,
     global_scales,
     in_normal_range,
     load_rows,
@@ -156,16 +155,11 @@ def _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w
                    HI: tl.constexpr):
     """max |s| (int32 bits) of the 16 sums with T / 16 of one column's block: the low bf16 of words w0..w15
     (column 2p), or with HI the high one (2p + 1)."""
-    if HI:
-        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15 = rht16_sums(
-            bf16_hi(w0), bf16_hi(w1), bf16_hi(w2), bf16_hi(w3), bf16_hi(w4), bf16_hi(w5), bf16_hi(w6), bf16_hi(w7),
-            bf16_hi(w8), bf16_hi(w9), bf16_hi(w10), bf16_hi(w11), bf16_hi(w12), bf16_hi(w13), bf16_hi(w14),
-            bf16_hi(w15), RHT_MASK, True)
-    else:
-        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15 = rht16_sums(
-            bf16_lo(w0), bf16_lo(w1), bf16_lo(w2), bf16_lo(w3), bf16_lo(w4), bf16_lo(w5), bf16_lo(w6), bf16_lo(w7),
-            bf16_lo(w8), bf16_lo(w9), bf16_lo(w10), bf16_lo(w11), bf16_lo(w12), bf16_lo(w13), bf16_lo(w14),
-            bf16_lo(w15), RHT_MASK, True)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15 = rht16_sums(
+        bf16_half(w0, HI), bf16_half(w1, HI), bf16_half(w2, HI), bf16_half(w3, HI), bf16_half(w4, HI),
+        bf16_half(w5, HI), bf16_half(w6, HI), bf16_half(w7, HI), bf16_half(w8, HI), bf16_half(w9, HI),
+        bf16_half(w10, HI), bf16_half(w11, HI), bf16_half(w12, HI), bf16_half(w13, HI), bf16_half(w14, HI),
+        bf16_half(w15, HI), RHT_MASK, True)
     return abs_max16_bits(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15)
 
 

@@ -39,7 +39,7 @@ import triton.language as tl
 from ...layout import cdiv
 from ..formats import bf16_rne, e4m3_decode, e4m3_encode_fast
 from .cast_row import code_top, push_code
-from .common import ONE_SIXTH, abs_max16_bits, bf16_hi, bf16_lo, encode_factor, global_scales, load_words16, normal_range, scale_offsets
+from .common import ONE_SIXTH, abs_max16_bits, bf16_half, encode_factor, global_scales, load_words16, normal_range, scale_offsets
 from .rht import finish16, rht16_sums
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 
@@ -77,8 +77,8 @@ def _rht16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
            RHT_MASK: tl.constexpr, SATURATE: tl.constexpr, HW: tl.constexpr):
     """bf16(v @ T) of one column's 16 rows v0..v15 (fp32 values of bf16). SATURATE: summed with T / 16 and
     finished by ``finish16`` (results past bf16's range saturate); else, for tiles whose outer amax is in the
-    normal range (no result can overflow or be NaN there), summed with signs +-1 and finished as bf16(S / 4): the
-    same bits (rht.py) in fewer instructions."""
+    normal range, summed with signs +-1 and finished as bf16(S / 4): the same bits (rht.py) in fewer instructions
+    wherever no result is inf or NaN (the kernel casts a program with such a result again, SATURATE)."""
     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = rht16_sums(
         v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, RHT_MASK, SATURATE)
     if SATURATE:
@@ -145,25 +145,16 @@ def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v
 
 
 @triton.jit
-def _half(w, HI: tl.constexpr):
-    """fp32 values of one bf16 of int32 words: the low half (column 2p) or, with HI, the high one (2p + 1)."""
-    if HI:
-        out = bf16_hi(w)
-    else:
-        out = bf16_lo(w)
-    return out
-
-
-@triton.jit
 def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, s_enc_sixth, s_dec, table_ptr,
                   r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr,
                   TABLE: tl.constexpr, SR: tl.constexpr):
     """(word of rows 0-7, word of rows 8-15, scale code, block amax bits) of the RHT block of one column of 16 rows of
     words w0..w15 (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s."""
     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _rht16(
-        _half(w0, HI), _half(w1, HI), _half(w2, HI), _half(w3, HI), _half(w4, HI), _half(w5, HI), _half(w6, HI),
-        _half(w7, HI), _half(w8, HI), _half(w9, HI), _half(w10, HI), _half(w11, HI), _half(w12, HI), _half(w13, HI),
-        _half(w14, HI), _half(w15, HI), RHT_MASK, SATURATE, HW)
+        bf16_half(w0, HI), bf16_half(w1, HI), bf16_half(w2, HI), bf16_half(w3, HI), bf16_half(w4, HI),
+        bf16_half(w5, HI), bf16_half(w6, HI), bf16_half(w7, HI), bf16_half(w8, HI), bf16_half(w9, HI),
+        bf16_half(w10, HI), bf16_half(w11, HI), bf16_half(w12, HI), bf16_half(w13, HI), bf16_half(w14, HI),
+        bf16_half(w15, HI), RHT_MASK, SATURATE, HW)
     bamax_bits = abs_max16_bits(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)
     lo, hi, scale = _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
                               bamax_bits.to(tl.float32, bitcast=True), s_enc_sixth, s_dec, table_ptr, r0, r1, r2, r3, HW,

@@ -38,6 +38,16 @@ def abs_max16_bits(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v
 
 
 @triton.jit
+def bf16_half(w, HI: tl.constexpr):
+    """fp32 values of one bf16 of int32 words: the low half (column 2p) or, with HI, the high one (2p + 1)."""
+    if HI:
+        out = bf16_hi(w)
+    else:
+        out = bf16_lo(w)
+    return out
+
+
+@triton.jit
 def load_words16(x_ptr, g, kw, wc, mask):
     """The 16 rows of 16-row group g of word columns wc of x read as (M, kw) int32 words (masked words: 0)."""
     p = x_ptr + g * 16 * kw + wc
