@@ -9,6 +9,9 @@ import torch
 from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.kernels.launch import Launch
 
+# the tensor fields of a quantize result, in the order the tests compare them
+FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
+
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)

@@ -17,6 +17,7 @@ from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.ref.swizzle import apply_scale_layout
 
 from .kernel_checks import (
+    FIELDS,
     assert_field_equal,
     assert_same_bits,
     normal_bf16_input,
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ROWCOL = NVFP4QuantConfig(rowwise=True, columnwise=True)
-FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import four_over_six as four_over_s
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
 from .kernel_checks import (
+    FIELDS,
     assert_field_equal,
     normal_bf16_input,
     record_launches,
@@ -22,7 +23,6 @@ from .kernel_checks import (
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
 SIDES = {"rowcol": dict(rowwise=True, columnwise=True), "row": dict(rowwise=True),
          "col": dict(rowwise=False, columnwise=True)}
 MODES = {"mae256": dict(four_over_six="mae", e4m3_max=256), "mse448": dict(four_over_six="mse", e4m3_max=448),

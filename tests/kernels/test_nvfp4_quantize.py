@@ -34,13 +34,12 @@ from nvfp4lab.kernels.nvfp4_quantize_details.stochastic_rounding import sr_e2m1
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import QUANTIZE_CASES, TILE_16X32, forbid_launches, record_launches
+from .kernel_checks import FIELDS, QUANTIZE_CASES, TILE_16X32, forbid_launches, record_launches
 from .kernel_checks import host_sr_bytes as _host_sr_bytes
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # the small-shape tier runs natively when a GPU is present, under the interpreter otherwise
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -28,12 +28,11 @@ from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.rht import apply_rht_fp32
 
 from .gemm_checks import assert_equal, exact_operand, gemm, per_expert_reference, poisoned, skip_cpu_tier_without_interpreter
-from .kernel_checks import QUANTIZE_CASES, TILE_16X32, assert_conformance, host_sr_bytes
+from .kernel_checks import FIELDS, QUANTIZE_CASES, TILE_16X32, assert_conformance, host_sr_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's x/0 warns
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
 PR = dict(per_token=True, numerics="te_pr3045")
 
 
