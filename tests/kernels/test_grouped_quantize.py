@@ -14,8 +14,10 @@ from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
 from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
+from nvfp4lab.rht import DEFAULT_RHT_SIGN_MASK, apply_rht
 
-from .kernel_checks import record_launches
+from .kernel_checks import assert_same_bits, record_launches, rht_exact_input
+from .test_nvfp4_amax import blocks_input
 from .test_nvfp4_quantize import DEV, make_input
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -206,6 +208,80 @@ def test_custom_op_opcheck_and_passes():
                                                          scale_layout="compact"), seed=3)
     assert all(torch.equal(a, b) for a, b in zip(got, (want.rowwise_data, want.rowwise_scale, want.columnwise_data,
                                                        want.columnwise_scale)))
+
+
+# ------------------------------------------------------------- per-split post-RHT amax (word columns)
+def reference_split_amaxes(x, sizes, mask):
+    """Per split: (max |x|, max |bf16(RHT(x^T))|) as fp32 (n,) tensors on the CPU (0 for an empty split); and the
+    split of each 16-row group (the split that owns its first row)."""
+    x = x.cpu()
+    rows, cols, owner = [], [], []
+    start = 0
+    for s, size in enumerate(sizes):
+        part = x[start:start + size]
+        rows.append(part.float().abs().amax() if size else torch.tensor(0.0))
+        cols.append(apply_rht(part.t().contiguous(), mask).float().abs().amax() if size else torch.tensor(0.0))
+        owner += [s] * (size // 16)
+        start += size
+    return torch.stack(rows), torch.stack(cols), torch.tensor(owner, dtype=torch.int32)
+
+
+def assert_split_amaxes(x, sizes, row_mode, context, tile=None, mask=DEFAULT_RHT_SIGN_MASK):
+    launches = []
+    with pytest.MonkeyPatch.context() as mp:
+        record_launches(mp, gq, "_grouped_amax_rht_col_kernel", launches)
+        row, col, group_split = gq.grouped_amax(x.to(DEV), offsets_of(sizes), row_mode, gq.G_SPLIT_RHT, mask,
+                                                poison=True, **(tile or {}))
+    assert len(launches) == 1, f"{context}: _grouped_amax_rht_col_kernel did not run"
+    want_row, want_col, want_split = reference_split_amaxes(x, sizes, mask)
+    assert_same_bits(col.cpu(), want_col, nan_equal=True)
+    if row_mode == gq.G_SPLIT:
+        assert_same_bits(row.cpu(), want_row, nan_equal=True)
+    assert torch.equal(group_split.cpu(), want_split), context
+
+
+RHT_SPLITS = dict(SPLITS16, experts=[int(v) * 16 for v in torch.randint(0, 4, (70,), generator=torch.Generator().manual_seed(5))])
+
+
+@pytest.mark.parametrize("splits", list(RHT_SPLITS))
+@pytest.mark.parametrize("tile", [{}, dict(block_m=32), dict(block_m=48, block_k=32, num_warps=1)])
+@pytest.mark.parametrize("row_mode", [gq.G_NONE, gq.G_SPLIT])
+def test_split_rht_amax_matches_reference(splits, tile, row_mode):
+    """Programs inside one split and straddling splits (empty ones too), groups past M in the last program (3 groups
+    per program), columns past K / 2."""
+    sizes = RHT_SPLITS[splits]
+    x = blocks_input(sum(sizes), 96, seed=zlib.crc32(splits.encode()) % 1000)
+    assert_split_amaxes(x, sizes, row_mode, f"{splits} {tile}", tile)
+
+
+@pytest.mark.parametrize("tile", [{}, dict(block_m=48, block_k=32, num_warps=1)])
+def test_split_rht_amax_special_values(tile):
+    """NaN, inf and sums past bf16's range each in one split: the other splits keep their own amaxes."""
+    sizes = [32, 16, 48, 0, 32]
+    x = rht_exact_input(128, 64, seed=8)
+    x[40, 5] = float("nan")
+    x[64, 63] = float("-inf")
+    x[96:112, 6] = 3.3895e38
+    x[0:16] = 0.0
+    x[16:32] = -0.0
+    assert_split_amaxes(x, sizes, gq.G_SPLIT, f"special {tile}", tile)
+
+
+@pytest.mark.parametrize("kwargs,dtype,takes_it", [
+    (dict(rowwise=True, columnwise=True, rht=True), torch.bfloat16, True),
+    (dict(rowwise=False, columnwise=True, rht=True, stochastic_rounding=True), torch.bfloat16, True),
+    (dict(rowwise=True, columnwise=True, rht=True), torch.float32, False),
+    (dict(rowwise=True, columnwise=True, rht=True, per_token=True, numerics="te_pr3045"), torch.bfloat16, False),
+])
+def test_which_grouped_passes_take_the_rht_amax(kwargs, dtype, takes_it, monkeypatch):
+    launches = record_launches(monkeypatch, gq, "_grouped_amax_rht_col_kernel")
+    sizes = [32, 0, 48]
+    x = rht_exact_input(80, 64, seed=4).to(dtype)
+    config = NVFP4QuantConfig(**kwargs)
+    got = quantize_grouped(x.to(DEV), offsets_of(sizes), config, seed=5)
+    assert bool(launches) == takes_it
+    want = ref_nvfp4.quantize_grouped(x, offsets_of(sizes, "cpu"), config)
+    assert_same_bits(got.columnwise_amax.cpu(), want.columnwise_amax)
 
 
 # ----------------------------------------------------------------------------------------- GPU

@@ -12,6 +12,9 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
   zeroed fp32 buffers (same NaN handling as the single pass). Per-token row amaxes are per row, as in
   the single pass; per-token column amaxes are (n, K) (of PR 3045's fp32 RHT output with its RHT). It
   also writes the split of every 16-row group (int32 (cdiv(M, 16),)) for the cast.
+* ``_grouped_amax_rht_col_kernel``: the same pass for per-split post-RHT amaxes of bf16 x (alone or with
+  per-split row amaxes), in the layout of the single pass's ``amax_rht_col_kernel``: a word column per
+  thread, each column block's RHT by butterflies in the thread, no ``tl.dot``.
 * the cast is the single op's cast (``nvfp4_quantize_details.cast.launch_cast``) with GROUPED=True:
   outer amaxes gathered per 16-row group through that split table (rowwise-only splits, of any size,
   search the offsets per row), columnwise blocks written into the bulk layout of
@@ -36,9 +39,10 @@ from ..config import NVFP4QuantConfig
 from ..layout import cdiv
 from ..tensors import GroupedNVFP4Tensor
 from .formats import soft_bf16_loads
-from .launch import Launch, aligned, arg_key, custom_op, launch, tracing
+from .launch import Launch, aligned, arg_key, custom_op, tracing
 from .nvfp4_quantize import config_of_fields
 from .nvfp4_quantize_details import opt_flags
+from .nvfp4_quantize_details.amax import AMAX_NONE, AMAX_TENSOR, AMAX_TENSOR_RHT, halves_max_bits, rht_group_max
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
     cast_steps,
@@ -50,6 +54,7 @@ from .nvfp4_quantize_details.cast import (
 from .nvfp4_quantize_details.common import (
     abs_bits,
     load_rows,
+    load_words16,
     program_columns,
     split_of,
 )
@@ -181,6 +186,56 @@ def _grouped_amax_kernel(
                 tl.store(group_split_ptr + rows // 16, split.to(tl.int32), mask=row_ok & (rows % 16 == 0))
 
 
+@triton.jit
+def _grouped_amax_rht_col_kernel(
+    x_ptr, row_amax_ptr, col_amax_ptr, offsets_ptr, group_split_ptr, num_splits, M, K,
+    ROW_MODE: tl.constexpr, RHT_MASK: tl.constexpr, BLOCK_C: tl.constexpr, STEPS: tl.constexpr,
+    SPLIT_STEPS: tl.constexpr, HW: tl.constexpr,
+):
+    """``amax_rht_col_kernel`` per split (``G_SPLIT_RHT``, with ``G_SPLIT`` row amaxes or none): bf16 x (M, K) read
+    as (M, K / 2) int32 words, BLOCK_C word columns x STEPS 16-row groups per program, M % 16 == 0 (columnwise
+    splits are multiples of 16 rows, so each group lies in one split: the split of its first row). A program whose
+    groups share one split carries its maxima across them and issues one atomic per output; one whose groups
+    straddle splits issues them per group. Writes group_split as ``_grouped_amax_kernel`` does."""
+    pid = tl.program_id(0)
+    kw = K // 2
+    n_c = tl.cdiv(kw, BLOCK_C)
+    wc = ((pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+    c_ok = wc < kw
+    g0 = (pid // n_c).to(tl.int64) * STEPS
+    n_groups = M // 16
+    s_lo = split_of(g0 * 16, offsets_ptr, num_splits, SPLIT_STEPS)
+    s_hi = split_of((tl.minimum(g0 + STEPS, n_groups) - 1) * 16, offsets_ptr, num_splits, SPLIT_STEPS)
+    zero = tl.zeros([BLOCK_C], tl.int32)
+    if s_lo == s_hi:
+        t_rht = zero
+        t_row = zero
+        for step in range(STEPS):
+            g = wc * 0 + (g0 + step)  # broadcast first: the interpreter takes no scalar comparison into a mask
+            ok = c_ok & (g < n_groups)
+            w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = load_words16(x_ptr, g, kw, wc, ok)
+            t_rht, t_row = rht_group_max(t_rht, t_row, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14,
+                                         w15, ROW_MODE == 1, RHT_MASK, HW)
+            tl.store(group_split_ptr + g, (g * 0 + s_lo).to(tl.int32), mask=ok & (wc == 0))
+        if ROW_MODE == 1:
+            tl.atomic_max(row_amax_ptr + s_lo, _canonical_nan(halves_max_bits(t_row)), sem="relaxed")
+        tl.atomic_max(col_amax_ptr + s_lo, _canonical_nan(finish16_bits(tl.max(t_rht, axis=0))), sem="relaxed")
+    else:
+        for step in range(STEPS):
+            g = wc * 0 + (g0 + step)
+            ok = c_ok & (g < n_groups)
+            split = split_of((g0 + step) * 16, offsets_ptr, num_splits, SPLIT_STEPS)
+            w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = load_words16(x_ptr, g, kw, wc, ok)
+            t_rht, t_row = rht_group_max(zero, zero, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14,
+                                         w15, ROW_MODE == 1, RHT_MASK, HW)
+            tl.store(group_split_ptr + g, (g * 0 + split).to(tl.int32), mask=ok & (wc == 0))
+            if g0 + step < n_groups:
+                if ROW_MODE == 1:
+                    tl.atomic_max(row_amax_ptr + split, _canonical_nan(halves_max_bits(t_row)), sem="relaxed")
+                tl.atomic_max(col_amax_ptr + split, _canonical_nan(finish16_bits(tl.max(t_rht, axis=0))),
+                              sem="relaxed")
+
+
 def split_steps_of(num_splits: int) -> int:
     return max(0, (num_splits - 1).bit_length())
 
@@ -198,6 +253,7 @@ def grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode
     outer amaxes of x (M, K) split at the device int64 offsets (n + 1,), and the int32 split of each 16-row
     group's first row (cdiv(M, 16),), which the cast pass takes. block_m, block_k, num_warps: an explicit tile
     (0: opt_flags' choice); poison: the group splits start as -1."""
+    x = x.contiguous()
     m, k = x.shape
     n = offsets.numel() - 1
     row_shape, col_shape = _amax_shapes(m, k, n, row_mode, col_mode)
@@ -208,11 +264,29 @@ def grouped_amax(x: torch.Tensor, offsets: torch.Tensor, row_mode: int, col_mode
         group_split.fill_(-1)
     if x.numel() == 0:
         return row_amax, col_amax, group_split
-    meta = _amax_meta(m, k, n, row_mode, col_mode, rht_sign_mask, block_m, block_k, num_warps, x.device)
+    amax_launch = _amax_launch(m, k, n, row_mode, col_mode, rht_sign_mask, (block_m, block_k, num_warps), x.dtype,
+                               x.device, aligned(x))
     row_view = row_amax.view(torch.int32) if row_mode else col_amax.view(torch.int32)
     col_view = col_amax.view(torch.int32) if col_mode else row_amax.view(torch.int32)
-    launch_grouped_amax(x, row_view, col_view, offsets, group_split, opt_flags.amax_grid(m, k, meta), meta)
+    launch_grouped_amax(amax_launch, x, row_view, col_view, offsets, group_split)
     return row_amax, col_amax, group_split
+
+
+def _amax_launch(m: int, k: int, n: int, row_mode: int, col_mode: int, rht_sign_mask: int, tile: tuple, dtype,
+                 device, x_aligned: bool) -> Launch:
+    """The amax pass's launch for x (M, K) of ``dtype`` in ``n`` splits: ``_grouped_amax_rht_col_kernel`` for per-split
+    post-RHT amaxes of bf16 x (16-byte aligned, M % 16 == 0, K even; row amaxes per split or none), else
+    ``_grouped_amax_kernel``. tile: (block_m, block_k, num_warps), 0 for opt_flags' choice."""
+    block_m, block_k, num_warps = tile
+    if (col_mode == G_SPLIT_RHT and row_mode in (G_NONE, G_SPLIT)
+            and opt_flags.use_amax_rht_col(m, k, AMAX_TENSOR if row_mode == G_SPLIT else AMAX_NONE, AMAX_TENSOR_RHT,
+                                           dtype == torch.bfloat16, x_aligned)):
+        meta = opt_flags.amax_rht_col_meta(m, k, 1 if row_mode == G_SPLIT else 0, rht_sign_mask, block_m=block_m,
+                                           block_k=block_k, num_warps=num_warps)
+        meta["SPLIT_STEPS"] = split_steps_of(n)
+        return Launch(_grouped_amax_rht_col_kernel, opt_flags.amax_rht_col_grid(m, k, meta), meta)
+    meta = _amax_meta(m, k, n, row_mode, col_mode, rht_sign_mask, block_m, block_k, num_warps, device)
+    return Launch(_grouped_amax_kernel, opt_flags.amax_grid(m, k, meta), meta)
 
 
 def _amax_meta(m: int, k: int, n: int, row_mode: int, col_mode: int, rht_sign_mask: int, block_m: int, block_k: int,
@@ -227,12 +301,14 @@ def _amax_meta(m: int, k: int, n: int, row_mode: int, col_mode: int, rht_sign_ma
                 SOFT_BF16=soft_bf16_loads(device), enable_fp_fusion=False)
 
 
-def launch_grouped_amax(x, row_view, col_view, offsets, group_split, grid, meta: dict) -> None:
-    """The one launch of ``_grouped_amax_kernel``: x (M, K), the int32 views of the zeroed amax buffers
-    (an absent one gets the other's view, never touched), the device offsets, the group-split output,
-    the grid and the constexprs / launch options of :func:`_amax_meta`."""
+def launch_grouped_amax(amax_launch: Launch, x, row_view, col_view, offsets, group_split) -> None:
+    """One launch of the amax pass (``amax_launch``, of :func:`_amax_launch`): x (M, K), the int32 views of the
+    zeroed amax buffers (an absent one gets the other's view, never touched), the device offsets, the group-split
+    output."""
     m, k = x.shape
-    launch(_grouped_amax_kernel, grid, (x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k), meta)
+    if amax_launch.kernel is _grouped_amax_rht_col_kernel:  # bf16 pairs as int32 words
+        x = x.view(torch.int32)
+    amax_launch(x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k)
 
 
 def _cast_shapes(m, k, rowwise, columnwise):
@@ -293,16 +369,16 @@ class _GroupedPlan:
     __slots__ = ("config", "n", "row_shape", "col_shape", "group_shape", "amax_launch", "row_mode", "col_mode",
                  "out_shapes", "cast_args", "pr3045", "steps", "tile", "poison")
 
-    def __init__(self, config: NVFP4QuantConfig, m: int, k: int, n: int, device, tile: tuple, poison: bool):
+    def __init__(self, config: NVFP4QuantConfig, m: int, k: int, n: int, dtype, device, x_aligned: bool, tile: tuple,
+                 poison: bool):
         self.config, self.n, self.tile, self.poison = config, n, tile, poison
         self.row_mode, self.col_mode = _amax_modes(config)
         self.row_shape, self.col_shape = _amax_shapes(m, k, n, self.row_mode, self.col_mode)
         self.group_shape = (cdiv(m, 16),)
         self.amax_launch = None
         if m * k:
-            meta = _amax_meta(m, k, n, self.row_mode, self.col_mode, config.rht_sign_mask if config.rht else 0,
-                              *tile, device)
-            self.amax_launch = Launch(_grouped_amax_kernel, opt_flags.amax_grid(m, k, meta), meta)
+            self.amax_launch = _amax_launch(m, k, n, self.row_mode, self.col_mode,
+                                            config.rht_sign_mask if config.rht else 0, tile, dtype, device, x_aligned)
         self.out_shapes = _cast_shapes(m, k, config.rowwise, config.columnwise)
         self.cast_args = _cast_args(config)
         self.pr3045 = config.numerics == "te_pr3045"
@@ -321,7 +397,7 @@ class _GroupedPlan:
             return row_amax, col_amax, outputs
         row_view = row_amax.view(torch.int32) if self.row_mode else col_amax.view(torch.int32)
         col_view = col_amax.view(torch.int32) if self.col_mode else row_amax.view(torch.int32)
-        self.amax_launch(x2d, row_view, col_view, offsets, group_split, self.n, m, k)
+        launch_grouped_amax(self.amax_launch, x2d, row_view, col_view, offsets, group_split)
         row_in = row_amax if self.config.rowwise else None
         col_in = col_amax if self.config.columnwise else None
         key = (seed_tensor is not None, arg_key(seed_int))
@@ -347,7 +423,7 @@ def _grouped_plan(config, x2d, offsets, tile: tuple, poison: bool) -> _GroupedPl
     if plan is None:
         if len(_GROUPED_PLANS) >= 4096:
             _GROUPED_PLANS.clear()
-        plan = _GROUPED_PLANS[key] = _GroupedPlan(config, m, k, n, x2d.device, tile, poison)
+        plan = _GROUPED_PLANS[key] = _GroupedPlan(config, m, k, n, x2d.dtype, x2d.device, aligned(x2d), tile, poison)
     return plan
 
 

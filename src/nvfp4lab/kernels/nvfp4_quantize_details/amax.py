@@ -138,7 +138,7 @@ def amax_kernel(
 
 
 @triton.jit
-def _max_mag_pairs(acc, w, HW: tl.constexpr):
+def max_mag_pairs(acc, w, HW: tl.constexpr):
     """Halfwise max of ``acc`` and the bf16 magnitudes of int32 words w (two bf16 each): unsigned 16-bit max of
     each half (one packed max on the GPU)."""
     mag = w & 0x7FFF7FFF
@@ -151,7 +151,7 @@ def _max_mag_pairs(acc, w, HW: tl.constexpr):
 
 
 @triton.jit
-def _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK: tl.constexpr,
+def rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK: tl.constexpr,
                    HI: tl.constexpr):
     """max |s| (int32 bits) of the 16 sums with T / 16 of one column's block: the low bf16 of words w0..w15
     (column 2p), or with HI the high one (2p + 1)."""
@@ -161,6 +161,40 @@ def _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w
         bf16_half(w10, HI), bf16_half(w11, HI), bf16_half(w12, HI), bf16_half(w13, HI), bf16_half(w14, HI),
         bf16_half(w15, HI), RHT_MASK, True)
     return abs_max16_bits(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15)
+
+
+@triton.jit
+def rht_group_max(t_rht, t_row, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
+                  ROW: tl.constexpr, RHT_MASK: tl.constexpr, HW: tl.constexpr):
+    """One 16-row group of word columns (words w0..w15) folded into the running maxima of a thread: t_rht, max |s|
+    (int32 bits) of the RHT sums with T / 16 of both columns of each word; with ROW, t_row, the halfwise bf16
+    magnitudes of x (``max_mag_pairs``; ``halves_max_bits`` reduces them)."""
+    if ROW:
+        t_row = max_mag_pairs(t_row, w0, HW)
+        t_row = max_mag_pairs(t_row, w1, HW)
+        t_row = max_mag_pairs(t_row, w2, HW)
+        t_row = max_mag_pairs(t_row, w3, HW)
+        t_row = max_mag_pairs(t_row, w4, HW)
+        t_row = max_mag_pairs(t_row, w5, HW)
+        t_row = max_mag_pairs(t_row, w6, HW)
+        t_row = max_mag_pairs(t_row, w7, HW)
+        t_row = max_mag_pairs(t_row, w8, HW)
+        t_row = max_mag_pairs(t_row, w9, HW)
+        t_row = max_mag_pairs(t_row, w10, HW)
+        t_row = max_mag_pairs(t_row, w11, HW)
+        t_row = max_mag_pairs(t_row, w12, HW)
+        t_row = max_mag_pairs(t_row, w13, HW)
+        t_row = max_mag_pairs(t_row, w14, HW)
+        t_row = max_mag_pairs(t_row, w15, HW)
+    lo = rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK, False)
+    hi = rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK, True)
+    return tl.maximum(t_rht, tl.maximum(lo, hi)), t_row
+
+
+@triton.jit
+def halves_max_bits(t_row):
+    """The largest magnitude of ``rht_group_max``'s halfwise maxima t_row, as fp32 bits (a bf16's bits shifted up)."""
+    return tl.max(tl.maximum(t_row & -65536, t_row << 16), axis=0)
 
 
 @triton.jit
@@ -184,28 +218,10 @@ def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_RO
         g = wc * 0 + (g0 + step)  # broadcast first: the interpreter takes no scalar comparison into a mask
         ok = c_ok & (g < n_groups)
         w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = load_words16(x_ptr, g, kw, wc, ok)
-        if ROW_MODE == 1:
-            t_row = _max_mag_pairs(t_row, w0, HW)
-            t_row = _max_mag_pairs(t_row, w1, HW)
-            t_row = _max_mag_pairs(t_row, w2, HW)
-            t_row = _max_mag_pairs(t_row, w3, HW)
-            t_row = _max_mag_pairs(t_row, w4, HW)
-            t_row = _max_mag_pairs(t_row, w5, HW)
-            t_row = _max_mag_pairs(t_row, w6, HW)
-            t_row = _max_mag_pairs(t_row, w7, HW)
-            t_row = _max_mag_pairs(t_row, w8, HW)
-            t_row = _max_mag_pairs(t_row, w9, HW)
-            t_row = _max_mag_pairs(t_row, w10, HW)
-            t_row = _max_mag_pairs(t_row, w11, HW)
-            t_row = _max_mag_pairs(t_row, w12, HW)
-            t_row = _max_mag_pairs(t_row, w13, HW)
-            t_row = _max_mag_pairs(t_row, w14, HW)
-            t_row = _max_mag_pairs(t_row, w15, HW)
-        lo = _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK, False)
-        hi = _rht_block_max(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, RHT_MASK, True)
-        t_rht = tl.maximum(t_rht, tl.maximum(lo, hi))
-    if ROW_MODE == 1:  # the halves' bf16 magnitudes as fp32 bits
-        tt = tl.max(tl.maximum(t_row & -65536, t_row << 16), axis=0)
+        t_rht, t_row = rht_group_max(t_rht, t_row, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
+                                     ROW_MODE == 1, RHT_MASK, HW)
+    if ROW_MODE == 1:
+        tt = halves_max_bits(t_row)
         tl.atomic_max(scratch_ptr + 1, tl.where(tt > 0x7F800000, 0x7FC00000, tt), sem="relaxed")
     tr = finish16_bits(tl.max(t_rht, axis=0))
     tl.atomic_max(scratch_ptr + 1 + N_ROW, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")

@@ -354,7 +354,7 @@ def _cast16_group(
             elif x_ptr.dtype.element_ty == tl.bfloat16:
                 # a normal-range outer amax (the post-RHT maximum) bounds every result: no saturation
                 if normal_range(couter):
-                    xf_rht = rht16_cast16(xf, RHT_MASK, BLOCK_K, False, False)
+                    xf_rht = rht16_cast16(xf, RHT_MASK, BLOCK_K, False, False, HW)
                 else:
                     xf_rht = rht16_cast16(xf, RHT_MASK, BLOCK_K)
                 xf = xf_rht

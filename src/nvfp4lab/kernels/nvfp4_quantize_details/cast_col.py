@@ -37,9 +37,19 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
-from ..formats import bf16_rne, e4m3_decode, e4m3_encode_fast
+from ..formats import e4m3_decode, e4m3_encode_fast
 from .cast_row import code_top, push_code
-from .common import ONE_SIXTH, abs_max16_bits, bf16_half, encode_factor, global_scales, load_words16, normal_range, scale_offsets
+from .common import (
+    ONE_SIXTH,
+    abs_max16_bits,
+    bf16_half,
+    bf16_rne_pairs,
+    encode_factor,
+    global_scales,
+    load_words16,
+    normal_range,
+    scale_offsets,
+)
 from .rht import finish16, rht16_sums
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 
@@ -60,16 +70,9 @@ def _scale_code(v, HW: tl.constexpr):
 
 @triton.jit
 def _quarter_bf16(a, b, HW: tl.constexpr):
-    """bf16(a / 4), bf16(b / 4) as fp32: one convert of the pair (GPU), else integer RNE (the same bits except for
-    NaN payloads, which only programs that are cast again meet)."""
-    if HW:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }",
-            "=r,=r,f,f", [a * 0.25, b * 0.25], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-        out = lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
-    else:
-        out = bf16_rne(a * 0.25), bf16_rne(b * 0.25)
-    return out
+    """bf16(a / 4), bf16(b / 4) as fp32 (``bf16_rne_pairs``: NaN payloads aside, which only programs that are
+    cast again meet)."""
+    return bf16_rne_pairs(a * 0.25, b * 0.25, HW)
 
 
 @triton.jit

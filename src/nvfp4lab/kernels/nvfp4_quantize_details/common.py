@@ -12,7 +12,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from ..formats import to_f32
+from ..formats import bf16_rne, to_f32
 from ..swizzle import swizzle_offset
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -44,6 +44,21 @@ def bf16_half(w, HI: tl.constexpr):
         out = bf16_hi(w)
     else:
         out = bf16_lo(w)
+    return out
+
+
+@triton.jit
+def bf16_rne_pairs(a, b, HW: tl.constexpr):
+    """fp32 -> the fp32 values of their RNE bf16 for two tensors of one shape, without saturation: one
+    ``cvt.rn.bf16x2.f32`` per pair of elements on the GPU (HW), else integer RNE. The same bits except for NaN
+    payloads (the convert gives the canonical NaN)."""
+    if HW:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }",
+            "=r,=r,f,f", [a, b], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+        out = lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+    else:
+        out = bf16_rne(a), bf16_rne(b)
     return out
 
 

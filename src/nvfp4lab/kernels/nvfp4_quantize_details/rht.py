@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..formats import bf16_rne
-from .common import abs_bits
+from .common import abs_bits, bf16_rne_pairs
 
 BF16_MAX = tl.constexpr(3.3895313892515355e38)
 SCALED_ENTRY = tl.constexpr(0.015625)  # |T / 16| = 2^-6
@@ -121,7 +121,7 @@ def rht_rows_fp32(xf, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RHT_MASK: tl
 
 @triton.jit
 def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr = False,
-                 SATURATE: tl.constexpr = True):
+                 SATURATE: tl.constexpr = True, HW: tl.constexpr = False):
     """bf16(v @ T) for the 16 rows v of each column of a ``cast16_kernel`` tile (fp32 values of bf16
     x; tile row i holds row 8 (i % 2) + i // 2), fp32 out: the RHT of x^T's rows, as ``rht_tile``.
 
@@ -132,7 +132,8 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
     which only matters where a 16-term sum is inexact (spec: unspecified order).
     FP32 (PR 3045): signs +-1, no rounding to bf16, times 1/4 after the butterflies (module docstring).
     SATURATE=False: bf16(16 s) without the saturation of ``finish16``, for tiles whose outer amax (the
-    post-RHT maximum) is in the normal range, where no result can pass bf16's range.
+    post-RHT maximum) is in the normal range, where no result can pass bf16's range; HW: one bf16x2 convert
+    per pair of neighbouring columns (``bf16_rne_pairs``).
     """
     i = tl.arange(0, 16)
     if FP32:
@@ -159,7 +160,9 @@ def rht16_cast16(xb, RHT_MASK: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.con
         return y * 0.25
     if SATURATE:
         return finish16(y)
-    return bf16_rne(y * 16.0)
+    even, odd = tl.split(tl.reshape(y * 16.0, [16, BLOCK_K // 2, 2]))
+    even, odd = bf16_rne_pairs(even, odd, HW)
+    return tl.reshape(tl.join(even, odd), [16, BLOCK_K])
 
 
 @triton.jit
