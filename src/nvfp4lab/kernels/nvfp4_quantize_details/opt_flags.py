@@ -213,7 +213,7 @@ def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, 
     return m * k >= (SPLIT_CAST_MIN_ELEMENTS_GRAPHED if graphed else SPLIT_CAST_MIN_ELEMENTS)[recipe]
 
 
-def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool,
+def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool, grouped_rht: bool = False,
                 block_m: int = 0, block_k: int = 0, num_warps: int = 0, col_operand: bool = False) -> tuple[int, int, int]:
     """(GROUPS, BLOCK_K, num_warps) of ``cast16_kernel``.
 
@@ -221,8 +221,9 @@ def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool,
     with a per-tensor columnwise output without SR, RHT ones included (grouped ones too: each group finds
     its own split), whose (K, M/2) rows then get 32-byte pieces (a full sector) per program; 1 for
     rowwise-only casts (nothing to gain) and for per-token and SR casts (bound by instructions: more
-    groups per program did not make them faster). At most the 16-row groups of m, rounded up to a power
-    of 2, and by default fewer where 4 would leave under ``CAST16_MIN_PROGRAMS`` programs (the largest of 4, 2
+    groups per program did not make them faster), and for grouped RHT casts (``grouped_rht``: whose groups each
+    look up their split; one group per program was faster, benchmarks/RESULTS.md). At most the 16-row groups of m,
+    rounded up to a power of 2, and by default fewer where 4 would leave under ``CAST16_MIN_PROGRAMS`` programs (the largest of 4, 2
     that keeps them, else 1). A columnwise BF16 operand (``col_operand``) takes 1: each group stores its own
     32-byte pieces."""
     bk = max(16, min(block_k or CAST16_BLOCK_K, next_power_of_2(max(k, 1))))
@@ -230,7 +231,7 @@ def cast16_tile(m: int, k: int, *, columnwise: bool, per_token: bool, sr: bool,
         groups = 1
     elif block_m:
         groups = 4 if block_m >= 64 else (2 if block_m >= 32 else 1)
-    elif columnwise and not (per_token or sr):
+    elif columnwise and not (per_token or sr or grouped_rht):
         groups = next((g for g in (CAST16_COL_GROUPS, 2) if cdiv(m, 16 * g) * cdiv(k, bk) >= CAST16_MIN_PROGRAMS), 1)
     else:
         groups = 1
@@ -259,8 +260,8 @@ def cast16_meta(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool,
     REUSE_2D (16x16 row+col, per tensor, no SR): the columnwise copy takes the rowwise codes when both
     outer amaxes are equal. row_operand / col_operand: that side (when cast) as the BF16 GEMM operand."""
     col_operand = col_operand and columnwise
-    groups, bk, warps = cast16_tile(m, k, columnwise=columnwise, per_token=per_token,
-                                    sr=stochastic_rounding, block_m=block_m,
+    groups, bk, warps = cast16_tile(m, k, columnwise=columnwise, per_token=per_token, sr=stochastic_rounding,
+                                    grouped_rht=split_steps is not None and rht_sign_mask >= 0, block_m=block_m,
                                     block_k=block_k, num_warps=num_warps, col_operand=col_operand)
     meta = dict(
         ROWWISE=rowwise, COLWISE=columnwise, BLOCK_2D=block_2d, PER_TOKEN=per_token, E6=6.0 * e4m3_max,
