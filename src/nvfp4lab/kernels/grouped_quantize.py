@@ -57,6 +57,7 @@ from .nvfp4_quantize_details.common import (
     load_words16,
     program_columns,
     split_of,
+    word_column_program,
 )
 from .nvfp4_quantize_details.rht import finish16_bits, rht_rows_fp32, rht_tile
 
@@ -197,12 +198,7 @@ def _grouped_amax_rht_col_kernel(
     splits are multiples of 16 rows, so each group lies in one split: the split of its first row). A program whose
     groups share one split carries its maxima across them and issues one atomic per output; one whose groups
     straddle splits issues them per group. Writes group_split as ``_grouped_amax_kernel`` does."""
-    pid = tl.program_id(0)
-    kw = K // 2
-    n_c = tl.cdiv(kw, BLOCK_C)
-    wc = ((pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-    c_ok = wc < kw
-    g0 = (pid // n_c).to(tl.int64) * STEPS
+    wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, STEPS)
     n_groups = M // 16
     s_lo = split_of(g0 * 16, offsets_ptr, num_splits, SPLIT_STEPS)
     s_hi = split_of((tl.minimum(g0 + STEPS, n_groups) - 1) * 16, offsets_ptr, num_splits, SPLIT_STEPS)

@@ -37,6 +37,7 @@ from .common import (
     load_rows,
     load_words16,
     program_columns,
+    word_column_program,
 )
 from .rht import finish16_bits, rht16_sums, rht_rows_fp32, rht_tile
 
@@ -205,12 +206,7 @@ def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_RO
     of bf16 x (M, K) read as (M, K / 2) int32 words: BLOCK_C word columns (a word column per thread or more) x
     STEPS 16-row groups per program; M % 16 == 0. The maxima of the raw sums are finished once (``finish16_bits``),
     as in ``amax_kernel``; HW: the packed 16-bit max (GPU) for x's own amax."""
-    pid = tl.program_id(0)
-    kw = K // 2
-    n_c = tl.cdiv(kw, BLOCK_C)
-    wc = ((pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-    c_ok = wc < kw
-    g0 = (pid // n_c) * STEPS
+    wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, STEPS)
     n_groups = M // 16
     t_rht = tl.zeros([BLOCK_C], tl.int32)
     t_row = tl.zeros([BLOCK_C], tl.int32)

@@ -49,6 +49,7 @@ from .common import (
     load_words16,
     normal_range,
     scale_offsets,
+    word_column_program,
 )
 from .rht import finish16, rht16_sums
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
@@ -285,12 +286,7 @@ def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, s
     that amax, else divided here (E6: 6 * the E4M3 maximum); HW: inline PTX (GPU) instead of the integer
     formulas. Blocks of bf16(RHT(x^T)) with the sign mask RHT_MASK; SR with the seed (SEED_FROM_PTR: read
     from seed_ptr)."""
-    pid = tl.program_id(0)
-    kw = K // 2
-    n_c = tl.cdiv(kw, BLOCK_C)
-    wc = ((pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-    c_ok = wc < kw
-    g0 = (pid // n_c).to(tl.int64) * GROUPS
+    wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, GROUPS)
     m_blocks = M // 16
     outer = tl.load(amax_ptr + tl.zeros([1], tl.int32))
     if TABLE:
@@ -311,8 +307,8 @@ def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, s
     if exact:
         if HW:  # the same columns, in values the compiler cannot identify with wc: no loaded word of the pass above
             # stays live into this one
-            wc = wc + tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [pid + 0 * wc.to(tl.int32)], dtype=tl.int32,
-                                                is_pure=False, pack=1).to(tl.int64)
+            wc = wc + tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [tl.program_id(0) + 0 * wc.to(tl.int32)],
+                                                dtype=tl.int32, is_pure=False, pack=1).to(tl.int64)
         _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS,
                      LAYOUT, GROUPS, HW, RHT_MASK, True, TABLE, SR)
 

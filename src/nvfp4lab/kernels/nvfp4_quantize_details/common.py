@@ -63,6 +63,18 @@ def bf16_rne_pairs(a, b, HW: tl.constexpr):
 
 
 @triton.jit
+def word_column_program(K, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr):
+    """This program's place in a word-column kernel over bf16 x (M, K) read as (M, K / 2) int32 words, BLOCK_C word
+    columns x GROUPS 16-row groups per program, column tiles fastest: (its word columns wc (int64), their mask, its
+    first 16-row group (int64), K / 2)."""
+    pid = tl.program_id(0)
+    kw = K // 2
+    n_c = tl.cdiv(kw, BLOCK_C)
+    wc = ((pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+    return wc, wc < kw, (pid // n_c).to(tl.int64) * GROUPS, kw
+
+
+@triton.jit
 def load_words16(x_ptr, g, kw, wc, mask):
     """The 16 rows of 16-row group g of word columns wc of x read as (M, kw) int32 words (masked words: 0)."""
     p = x_ptr + g * 16 * kw + wc
