@@ -3,26 +3,42 @@
 For total tokens T, K and expert count E (uniform splits, and skewed: sizes ~ 1/(i+1), multiples of
 16), times (median of do_bench, CUDA-graph replay) of quantize_grouped (two launches) vs a Python loop
 of single quantizes per split and vs one single quantize of the whole (T, K) tensor. Recipe: per-tensor
-1x16 rowwise + columnwise (te_default). Targets: grouped/whole <= 1.15; loop/grouped >= 3 at E=32,
+1x16 rowwise + columnwise without RHT or SR. Targets: grouped/whole <= 1.15; loop/grouped >= 3 at E=32,
 T=4096. ``--quick``: T in (4096, 16384), K 4096, E in (8, 32, 128); ``--out`` .json or .md;
 ``--parts`` also times the amax pass and the cast pass alone (grouped and whole); ``--totals``,
 ``--ks``: comma lists replacing the sweep's. Table last.
+
+``--moe``: instead, the three grouped quantizes of ``benchmarks/linear.py``'s MoE step with te_default (8 experts,
+7168 -> 2048, 8192 tokens in its uneven splits): the experts' weights (16x16, rowwise), x (rowwise + RHT columnwise)
+and dy (rowwise SR + RHT SR columnwise), each as the full op, its amax pass and its cast alone (x and dy);
+``--prev DIR`` adds the previous version staged in DIR (``tools/stage_gpu_inputs.py --prev``) in the same process,
+best of 3 alternating rounds, with new/prev ratios. ``--device cpu --tiny``: a smoke run (tiny MoE, eager timing).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
-import torch
+# --tiny (a smoke run on the CPU) runs the kernels under the Triton interpreter, which has to be known before Triton
+# is imported
+if "--tiny" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
 
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import grouped_quantize as gq
 from nvfp4lab.kernels import nvfp4_quantize as kq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402  (benchmarks/_bench.py: load_prev)
 import quantize as quantize_bench  # noqa: E402  (benchmarks/quantize.py: bench, graphed)
+from linear import shapes as step_shapes  # noqa: E402  (benchmarks/linear.py: the MoE step's shapes)
 
 graphed = quantize_bench.graphed
 
@@ -56,6 +72,88 @@ def split_sizes(total, experts, skewed):
     return [s * 16 for s in sizes]
 
 
+MOE_ROUNDS = 3  # alternating rounds of this version and the previous one with --moe --prev
+
+
+def moe_quantizes(lib, x, dy, weights, offsets) -> dict:
+    """name -> callable of the MoE step's grouped quantizes with ``lib`` (nvfp4lab or its previous version):
+    full ops, amax passes, casts alone (amaxes and group splits precomputed), te_default, compact scales."""
+    gq = lib.kernels.grouped_quantize
+    recipe = lib.NVFP4Recipe.te_default()
+    fns = {"W full": lambda: lib.functional.quantize_grouped_weights(weights, recipe, columnwise=False)}
+    for name, t, tensor in (("x", x, "input"), ("dy", dy, "grad")):
+        config = dataclasses.replace(recipe.tensor_config(tensor, rowwise=True, columnwise=True), scale_layout="compact")
+        sr = config.stochastic_rounding
+        row_mode, col_mode = gq._amax_modes(config)
+        mask = config.rht_sign_mask if config.rht else 0
+        row_amax, col_amax, group_split = gq.grouped_amax(t, offsets, row_mode, col_mode, mask)
+        fns[f"{name} full"] = (lambda t=t, config=config, sr=sr:
+                               gq.quantize_grouped(t, offsets, config, seed=77 if sr else None))
+        fns[f"{name} amax"] = (lambda t=t, row_mode=row_mode, col_mode=col_mode, mask=mask:
+                               gq.grouped_amax(t, offsets, row_mode, col_mode, mask))
+        fns[f"{name} cast"] = (lambda t=t, ra=row_amax, ca=col_amax, gs=group_split, config=config, sr=sr, mask=mask:
+                               gq.grouped_cast(t, offsets, gs, ra, ca, None, 77, True, True, False, False,
+                                               mask if config.rht else -1, 0, config.e4m3_max, sr))
+    return fns
+
+
+def eager_us(fn, iters: int = 1) -> float:
+    """Mean wall microseconds of ``fn`` after one warm-up call (CPU smoke runs: the interpreter)."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / iters
+
+
+def run_moe(args) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --device cpu --tiny)", file=sys.stderr)
+        return 1
+    prev = None
+    if args.prev is not None:
+        prev = _bench.load_prev(args.prev)
+        if prev is None:
+            print(f"--prev: no importable nvfp4lab_prev in {args.prev}", file=sys.stderr)
+            return 1
+    import nvfp4lab
+
+    experts, k, n, splits = step_shapes(args.tiny, None)["moe"]
+    tokens = sum(splits)
+    torch.manual_seed(0)
+    x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(tokens, n, device=device, dtype=torch.bfloat16)
+    weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5 for _ in range(experts)]
+    offsets = torch.cumsum(torch.tensor([0] + list(splits)), 0).to(device)
+    cuda = device.type == "cuda"
+    timed = (lambda fn: bench(graphed(fn))) if cuda else eager_us
+    libs = [nvfp4lab] + ([prev] if prev is not None else [])
+    fns = [moe_quantizes(lib, x, dy, weights, offsets) for lib in libs]
+    best = [dict.fromkeys(fns[0], float("inf")) for _ in libs]
+    for _ in range(MOE_ROUNDS if prev is not None and cuda else 1):
+        for name in fns[0]:
+            for i, lib_fns in enumerate(fns):
+                best[i][name] = min(best[i][name], timed(lib_fns[name]))
+    rows = []
+    for name in fns[0]:
+        row = dict(op=name, us=best[0][name])
+        if prev is not None:
+            row.update(prev_us=best[1][name], ratio=best[0][name] / best[1][name])
+        rows.append(row)
+    title = (f"MoE step's grouped quantizes, te_default, {experts} x ({k} -> {n}), {tokens} tokens "
+             f"(splits {list(splits)}); {torch.cuda.get_device_name() if cuda else 'CPU (eager)'}; us"
+             + (", CUDA-graph replay" if cuda else ""))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name() if cuda else "cpu", title=title, rows=rows), f, indent=1)
+    print(f"\n{title}")
+    print(f"{'op':<8} {'us':>9}" + (f" {'prev us':>9} {'new/prev':>9}" if prev is not None else ""))
+    for r in rows:
+        print(f"{r['op']:<8} {r['us']:>9.1f}" + (f" {r['prev_us']:>9.1f} {r['ratio']:>8.3f}x" if prev is not None else ""))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
@@ -63,7 +161,13 @@ def main(argv=None) -> int:
     p.add_argument("--parts", action="store_true")
     p.add_argument("--totals", help="comma list of total tokens (overrides the sweep's)")
     p.add_argument("--ks", help="comma list of K (overrides the sweep's)")
+    p.add_argument("--moe", action="store_true", help="the MoE step's grouped quantizes instead of the sweep")
+    p.add_argument("--prev", type=Path, default=None, metavar="DIR", help="with --moe: the previous version staged in DIR")
+    p.add_argument("--device", default="cuda", help="with --moe: cpu for a smoke run (with --tiny)")
+    p.add_argument("--tiny", action="store_true", help="with --moe: the tiny MoE of linear.py --tiny")
     args = p.parse_args(argv)
+    if args.moe:
+        return run_moe(args)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 1

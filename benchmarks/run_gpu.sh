@@ -2,7 +2,7 @@
 # One call on the GPU machine: environment, the GPU test tier, conformance (triton on cuda), and
 # every benchmark; full logs and JSON results go to $OUT (or ./gpu-out); a short table is printed last.
 #   usage: bash benchmarks/run_gpu.sh [quick|full] [step ...]
-#   steps: env tests conf quantize dequantize mxfp8 grouped gemm linear host prev train lab
+#   steps: env tests conf quantize dequantize mxfp8 grouped grouped_moe gemm linear host prev train lab
 # Stage inputs first (git-ignored, carried): python tools/stage_gpu_inputs.py --golden ../shared/golden
 #   ../shared/golden_pr3045 --prev COMMIT [--minilm]
 # "prev" runs the quantize / gemm / linear benchmarks of the previous version (.gpu/prev_tree, its own scripts)
@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 MODE=${1:-quick}; shift || true
-STEPS=${*:-env tests conf quantize dequantize mxfp8 grouped gemm linear host prev train lab}
+STEPS=${*:-env tests conf quantize dequantize mxfp8 grouped grouped_moe gemm linear host prev train lab}
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NVFP4LAB_GOLDEN=${NVFP4LAB_GOLDEN:-$PWD/.gpu/golden}
@@ -44,6 +44,9 @@ for b in quantize dequantize mxfp8 grouped gemm linear; do
   [ "$b" = linear ] && extra="--breakdown 12$([ -d .gpu/prev/nvfp4lab_prev ] && echo ' --prev .gpu/prev')" && limit=$((BENCH_LIMIT * 2))
   [ -f "$script" ] && step "$b" "$limit" python3 "$script" $QUICK $extra --out "$OUT/$b.json"
 done
+# the MoE step's grouped quantizes (and the previous version's, with .gpu/prev staged)
+step grouped_moe "$BENCH_LIMIT" python3 benchmarks/grouped_quantize.py --moe \
+  $([ -d .gpu/prev/nvfp4lab_prev ] && echo --prev .gpu/prev) --out "$OUT/grouped_moe.json"
 step host "$BENCH_LIMIT" python3 benchmarks/host.py $QUICK --prev-steps --out "$OUT/host.json"
 # the previous version's own scripts on its own package, same machine and call
 if [ -d .gpu/prev_tree ]; then

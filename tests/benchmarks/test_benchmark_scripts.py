@@ -50,6 +50,17 @@ def test_linear_benchmark_moe_smoke_run(tmp_path):
         assert f"MoE 8x 224->64, 256 tok / {row['preset']}: kernel ms per kind" in proc.stdout
 
 
+def test_grouped_quantize_benchmark_moe_smoke_run(tmp_path):
+    """--moe: the MoE step's three grouped quantizes (te_default), full ops and, for x and dy, the amax pass and the
+    cast alone; CPU: eager timing under the interpreter."""
+    out = tmp_path / "results.json"
+    proc = run_script("grouped_quantize.py", "--moe", "--device", "cpu", "--tiny", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["op"] for row in rows] == ["W full", "x full", "x amax", "x cast", "dy full", "dy amax", "dy cast"]
+    assert all(row["us"] > 0 and "prev_us" not in row for row in rows)
+    assert "MoE step's grouped quantizes, te_default, 8 x (224 -> 64), 256 tokens" in proc.stdout
+
+
 def test_linear_benchmark_timeline(tmp_path):
     """--timeline: every kernel (CPU: top-level op) of one eager step per preset in launch order, with its duration
     and the gap before it, in the JSON rows and printed under a header per preset."""
