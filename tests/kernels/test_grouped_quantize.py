@@ -323,7 +323,7 @@ def test_gpu_256_experts_cuda_graph():
         assert_same_grouped(out, ref_nvfp4.quantize_grouped(x, offsets, config))
 
 
-@pytest.mark.parametrize("name", ["1x16-rowcol", "pertoken-rowcol", "4o6-mae-256-rowcol", "16x16-rowcol"])
+@pytest.mark.parametrize("name", ["1x16-rowcol", "pertoken-rowcol", "4o6-mae-256-rowcol", "16x16-rowcol", "rht-rowcol"])
 @pytest.mark.parametrize("offsets", [[0, 48, 200], [0, 64, 16], [16, 32, 64], [0, -32, 64]],
                          ids=["past_m", "decreasing", "not_from_0", "negative"])
 def test_unchecked_device_offsets_never_write_outside_the_outputs(name, offsets):
@@ -339,13 +339,16 @@ def test_unchecked_device_offsets_never_write_outside_the_outputs(name, offsets)
     offs = torch.tensor(offsets, dtype=torch.int64, device=DEV)
     n = len(offsets) - 1
     row_mode = gq.G_PER_TOKEN if config.per_token else gq.G_SPLIT
-    row_amax, col_amax, group_split = gq.grouped_amax(x, offs, row_mode, row_mode, 0)
+    col_mode = gq.G_SPLIT_RHT if config.rht else row_mode
+    mask = config.rht_sign_mask if config.rht else -1
+    row_amax, col_amax, group_split = gq.grouped_amax(x, offs, row_mode, col_mode, max(mask, 0))
+    assert bool(((group_split >= 0) & (group_split < n)).all()), group_split  # every group in some split
     guard = 4096
     buffers = [torch.full((size + 2 * guard,), 0xA5, dtype=torch.uint8, device=DEV)
                for size in (m * k // 2, m * k // 16, k * m // 2, k * m // 16)]
     outputs = [buf[guard:-guard].view(shape) for buf, shape in zip(buffers, [(m, k // 2), (m, k // 16), (k * m // 2,),
                                                                              (k * m // 16,)])]
-    launch_cast(x, outputs, row_amax, col_amax, None, 0, True, True, config.block == "16x16", config.per_token, -1,
+    launch_cast(x, outputs, row_amax, col_amax, None, 0, True, True, config.block == "16x16", config.per_token, mask,
                 FOUR_OVER_SIX_CODES[config.four_over_six], config.e4m3_max, False, "compact", offsets=offs, num_splits=n,
                 split_steps=split_steps_of(n), group_split=group_split)
     for buf in buffers:
