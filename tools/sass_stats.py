@@ -61,10 +61,12 @@ MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch op
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
+def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True, row_operand=False):
     """Compile the recipe's cast kernel for sm_90; ``tile`` (BM, BK, WARPS) as ``quantize``'s explicit tile,
     ``side`` "row" or "col" for a one-output launch; ``allow_row``: the launcher's choice of
-    ``cast_row_kernel`` where it applies (else ``cast16_kernel``)."""
+    ``cast_row_kernel`` where it applies (else ``cast16_kernel``); ``row_operand``: ``cast16_kernel`` writing the
+    rowwise side as the BF16 GEMM operand."""
+    allow_row = allow_row and not row_operand
     cfg = NVFP4QuantConfig(**kwargs)
     rowwise = cfg.rowwise if side is None else side == "row"
     columnwise = cfg.columnwise if side is None else side == "col"
@@ -94,7 +96,7 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True):
         meta = opt_flags.cast16_meta(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
                                      cfg.rht_sign_mask if cfg.rht else -1, cfg.e4m3_max, cfg.stochastic_rounding,
                                      cfg.stochastic_rounding, cfg.scale_layout, split_steps=steps,
-                                     block_m=tile[0] if tile else 0, **explicit)
+                                     block_m=tile[0] if tile else 0, **explicit, row_operand=row_operand)
         fn, bm, bk = cast16.cast16_kernel, 16 * meta["GROUPS"], meta["BLOCK_K"]
     elif opt_flags.use_four_over_six_1x16(8192, 8192, rowwise, columnwise, block_2d, steps is not None, True, True):
         if rowwise and columnwise:
@@ -209,6 +211,8 @@ def main():
     p.add_argument("--normal-only", action="store_true",
                    help="compile only the normal-range path (what runs on ordinary data): drops the EXACT branch")
     p.add_argument("--amax", action="store_true", help="the recipe's amax pass instead of its cast")
+    p.add_argument("--row-operand", action="store_true",
+                   help="cast16_kernel writing the rowwise side as the BF16 GEMM operand (ROW_OPERAND)")
     p.add_argument("--layouts", action="store_true",
                    help="each global load / store's shape and lane layout, and the conversions (see the docstring)")
     a = p.parse_args()
@@ -232,7 +236,8 @@ def main():
         if a.amax:
             c, (bm, bk, warps) = compile_amax(RECIPES[name], tile)
         else:
-            c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=not a.cast16)
+            c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=not a.cast16,
+                                              row_operand=a.row_operand)
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))

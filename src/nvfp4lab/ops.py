@@ -411,6 +411,46 @@ def quantize_nvfp4_grouped_bulk(
     Options as :func:`quantize_nvfp4`; scales are compact in the bulk buffers.
     Alignment: K % 16; each split a multiple of 16 when a columnwise or 16x16 output is asked.
     """
+    config, x2, offsets, backend = _grouped_inputs(x, split_sections, split_offsets, config, seed, generator, backend,
+                                                   options)
+    if backend == "triton":
+        return grouped_quantize.quantize_grouped(x2, offsets, config, seed=seed, generator=generator)
+    return ref.nvfp4.quantize_grouped(x2, offsets, config, generator=_ref_generator(config, seed, generator, x.device))
+
+
+def quantize_nvfp4_grouped_operand(
+    x: torch.Tensor,
+    split_sections,
+    *,
+    split_offsets: Optional[torch.Tensor] = None,
+    config: NVFP4QuantConfig,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
+) -> NVFP4Operand:
+    """:func:`quantize_nvfp4_grouped_bulk` of a rowwise-only ``config`` whose rowwise copy comes as the
+    :class:`NVFP4Operand` the Hopper grouped GEMM consumes: the exact BF16 values q * s (M, K), written by the cast
+    itself, with the per-split amaxes (n,). A stack of E experts' weights (E * N, K) split every N rows gives the
+    operand :func:`nvfp4_operand` would expand from their packed stack (reshape the values to (E, N, K)), without
+    the packed copy. Same arguments and checks as :func:`quantize_nvfp4_grouped_bulk`; no ``four_over_six``.
+    """
+    if not isinstance(config, NVFP4QuantConfig):
+        raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
+    if config.columnwise or not config.rowwise:
+        raise ValueError("config: quantize_nvfp4_grouped_operand casts the rowwise copy alone (rowwise=True, "
+                         "columnwise=False)")
+    if config.four_over_six:
+        raise ValueError("config: quantize_nvfp4_grouped_operand takes configs without four_over_six")
+    config, x2, offsets, backend = _grouped_inputs(x, split_sections, split_offsets, config, seed, generator, backend,
+                                                   {})
+    if backend == "triton":
+        return grouped_quantize.quantize_grouped_operand(x2, offsets, config, seed=seed, generator=generator)
+    t = ref.nvfp4.quantize_grouped(x2, offsets, config, generator=_ref_generator(config, seed, generator, x.device))
+    return ref.gemm.grouped_rowwise_operand(t)
+
+
+def _grouped_inputs(x, split_sections, split_offsets, config, seed, generator, backend, options) -> tuple:
+    """(config, x (M, K), int64 offsets on x's device, backend) of a grouped quantize, its arguments checked."""
     _check_tensor("x", x)
     if config is None:
         config = NVFP4QuantConfig(**options)
@@ -438,9 +478,7 @@ def quantize_nvfp4_grouped_bulk(
     check_seed(seed)
     if seed is not None and generator is not None:
         raise ValueError("seed and generator: pass one of them, not both")
-    if backend == "triton":
-        return grouped_quantize.quantize_grouped(x2, offsets, config, seed=seed, generator=generator)
-    return ref.nvfp4.quantize_grouped(x2, offsets, config, generator=_ref_generator(config, seed, generator, x.device))
+    return config, x2, offsets, backend
 
 
 def quantize_nvfp4_grouped(x: torch.Tensor, split_sections, *, scale_layout: str = "compact", **kwargs) -> list:
@@ -658,6 +696,13 @@ def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] =
     Triton backend's large-M path on a GPU), and A is large enough for the operand cast, which writes 4x the bytes
     of a packed one, to beat the packed cast plus that expansion. False on the reference backend and the CPU."""
     return takes_operands_by_rule(m, n, k, gemm_expand_rule(device, backend))
+
+
+def operand_cast_pays(m: int, k: int) -> bool:
+    """Whether casting an (m, k) GEMM operand as BF16 values (:func:`quantize_nvfp4_operands`,
+    :func:`quantize_nvfp4_grouped_operand`) is expected to beat the packed cast plus the GEMM's expansion of it, for
+    a GEMM that expands its operands (:func:`gemm_takes_expanded`). False without the Triton backend."""
+    return triton_available() and nvfp4_quantize.operand_cast_pays(m, k)
 
 
 def _check_offs_values(ends: list, m: int, m_splits) -> None:

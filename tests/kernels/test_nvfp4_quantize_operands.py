@@ -13,6 +13,7 @@ import torch
 import nvfp4lab
 from nvfp4lab import NVFP4QuantConfig, ops
 from nvfp4lab.functional import transposed_operand
+from nvfp4lab.kernels import grouped_quantize
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.recipes import NVFP4Recipe
 from nvfp4lab.ref import gemm as ref_gemm
@@ -327,6 +328,96 @@ def test_linear_operands_path_same_as_packed(preset):
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-2)
+
+
+# ---------------------------------------------------------------- grouped: a stack of experts' weights
+GROUPED_RECIPES = ["tensor", "16x16", "sr", "per-token"]
+
+
+def _check_grouped(x, splits, config, seed=5):
+    """quantize_nvfp4_grouped_operand (Triton, outputs poisoned) against the reference grouped quantize expanded, and
+    the public op's reference backend against the same."""
+    offsets = torch.tensor([0] + splits, device=x.device).cumsum(0)
+    got = grouped_quantize.quantize_grouped_operand(x, offsets, config, seed=seed, poison=True)
+    if config.stochastic_rounding:  # the packed grouped cast with the same seed draws the same bytes
+        bulk = grouped_quantize.quantize_grouped(x, offsets, config, seed=seed, poison=True)
+    else:
+        bulk = ref_nvfp4.quantize_grouped(x, offsets, config)
+    want = ref_gemm.grouped_rowwise_operand(bulk)
+    assert got.values.dtype == torch.bfloat16 and got.values.shape == x.shape
+    assert _same(got.values, want.values) and _same(got.amax, want.amax)
+    assert got.config.rowwise and not got.config.columnwise
+    if not config.stochastic_rounding:
+        public = ops.quantize_nvfp4_grouped_operand(x, splits, config=config, backend="ref")
+        assert _same(public.values, want.values) and _same(public.amax, want.amax)
+
+
+@pytest.mark.parametrize("recipe", GROUPED_RECIPES)
+@pytest.mark.parametrize("splits", [[16, 0, 48, 32], [64, 32]])
+def test_grouped_operand_matches_reference(recipe, splits):
+    config = NVFP4QuantConfig(rowwise=True, columnwise=False, scale_layout="compact", **RECIPES[recipe])
+    x = _input((sum(splits), 80), torch.bfloat16, DEV, seed=4)
+    x[16:64] *= 1000.0  # splits with amaxes far apart: each its own global scale
+    _check_grouped(x, splits, config)
+
+
+@pytest.mark.parametrize("recipe", ["tensor", "16x16"])
+def test_grouped_operand_special_values(recipe):
+    config = NVFP4QuantConfig(rowwise=True, columnwise=False, scale_layout="compact", **RECIPES[recipe])
+    _check_grouped(_input((64, 64), torch.bfloat16, DEV, seed=6, special=True), [32, 32], config)
+
+
+def test_grouped_operand_of_stacked_weights_equals_nvfp4_operand():
+    """The values a grouped GEMM's b gets either way: the cast's operand reshaped (E, N, K), or the packed stack
+    expanded by nvfp4_operand."""
+    from nvfp4lab import functional as F
+    recipe = NVFP4Recipe.te_default()
+    weights = [_input((32, 64), torch.bfloat16, DEV, seed=s) * (10.0 ** s) for s in range(3)]
+    rowwise, _ = F.quantize_grouped_weights(weights, recipe, columnwise=False)
+    want = ops.nvfp4_operand(rowwise)
+    config = NVFP4QuantConfig(rowwise=True, columnwise=False, block="16x16", scale_layout="compact")
+    got = ops.quantize_nvfp4_grouped_operand(torch.cat(weights), [32] * 3, config=config, backend="triton")
+    assert _same(got.values.view(3, 32, 64), want.values) and _same(got.amax, want.amax)
+
+
+def test_grouped_operand_bad_input_and_empty():
+    x = torch.randn(32, 64, device=DEV)
+    with pytest.raises(ValueError, match="rowwise"):
+        ops.quantize_nvfp4_grouped_operand(x, [16, 16], config=NVFP4QuantConfig(columnwise=True, scale_layout="compact"))
+    with pytest.raises(ValueError, match="four_over_six"):
+        ops.quantize_nvfp4_grouped_operand(x, [16, 16], config=NVFP4QuantConfig(four_over_six="mae",
+                                                                                 scale_layout="compact"))
+    with pytest.raises(ValueError, match="split_sections"):
+        ops.quantize_nvfp4_grouped_operand(x, [8, 24], config=NVFP4QuantConfig(block="16x16", scale_layout="compact"))
+    with pytest.raises(TypeError, match="config"):
+        ops.quantize_nvfp4_grouped_operand(x, [16, 16], config=None)
+    empty = ops.quantize_nvfp4_grouped_operand(torch.empty(0, 64, device=DEV), [0, 0],
+                                               config=NVFP4QuantConfig(scale_layout="compact"), backend="triton")
+    assert empty.values.shape == (0, 64) and empty.amax.shape == (2,) and torch.equal(empty.amax, torch.zeros(2))
+
+
+def test_grouped_operand_traced_equal_eager():
+    x = _input((48, 64), torch.bfloat16, DEV, seed=8)
+    offsets = torch.tensor([0, 16, 48], device=DEV)
+    config = NVFP4QuantConfig(rowwise=True, columnwise=False, block="16x16", scale_layout="compact")
+
+    def cast(t):
+        op = grouped_quantize.quantize_grouped_operand(t, offsets, config)
+        return op.values, op.amax
+
+    compiled = torch.compile(cast, backend="aot_eager", fullgraph=True)
+    for got, want in zip(compiled(x), cast(x)):
+        assert _same(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", GROUPED_RECIPES)
+def test_gpu_grouped_operand_large(recipe):
+    """The MoE weight stack's shape class on the GPU (the hardware conversions): 8 experts of 256 x 2048."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=False, scale_layout="compact", **RECIPES[recipe])
+    x = _input((8 * 256, 2048), torch.bfloat16, "cuda", seed=12)
+    x[256:512] *= 1e4
+    _check_grouped(x, [256] * 8, config)
 
 
 @pytest.mark.gpu

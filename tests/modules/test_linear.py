@@ -14,6 +14,7 @@ from torch import nn
 
 from nvfp4lab import GroupedLinear, Linear, MXFP8Recipe, NVFP4Recipe, convert, ops
 from nvfp4lab import functional as F
+from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 
 PRESETS = {
     "te_default": NVFP4Recipe.te_default(),
@@ -295,19 +296,37 @@ def test_grouped_linear_takes_the_grouped_path(preset, splits, device_backend, m
     assert "grouped" in grouped._quantized_weights  # the stacked weights of all experts, cached
 
 
+@pytest.mark.parametrize("save_operand", [False, True])
 @pytest.mark.parametrize("backend", ["ref", "triton"])
 @pytest.mark.parametrize("preset", ["te_default", "per_token", "four_over_six"])
-def test_grouped_linear_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise):
+def test_grouped_linear_dgrad_from_the_rowwise_weight_copy(preset, backend, save_operand, dgrad_from_rowwise,
+                                                           monkeypatch):
     """Where the grouped dgrad reads the stacked weights' rowwise copy transposed (16x16 weights), the layer still
-    equals the per-expert Linears bit for bit, and it quantizes no columnwise weight copy."""
+    equals the per-expert Linears bit for bit, and it quantizes no columnwise weight copy. With
+    ``save_weight_operand`` the forward makes the weights' BF16 operand once (by the cast itself where that pays,
+    here forced; 4over6 has no such cast and expands its packed stack) and dgrad takes it: no expansion in backward,
+    no packed cache."""
+    monkeypatch.setattr(opt_flags, "OPERAND_CAST_MIN_ELEMENTS", 0)
+    calls = []
+    for name in ("nvfp4_operand", "quantize_nvfp4_grouped_operand"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _real=real, _name=name, **kw: calls.append(
+            (_name, kw.get("transposed", False))) or _real(*a, **kw))
     recipe = GROUPED_PRESETS[preset]
     grouped, experts = _grouped_and_experts(recipe, num=4, backend=backend)
+    grouped.save_weight_operand = save_operand
     splits = [16, 0, 40, 8]
     x = torch.randn(64, 64, requires_grad=True)
     dy = torch.randn(64, 32)
     grouped(x, splits).backward(dy)
-    ((_, (row_stack, col_stack)),) = [v for name, v in grouped._quantized_weights.items() if name == "grouped"]
-    assert row_stack is not None and col_stack is None
+    if save_operand:
+        assert "grouped" not in grouped._quantized_weights
+        made = "nvfp4_operand" if preset == "four_over_six" else "quantize_nvfp4_grouped_operand"
+        assert calls == [(made, False)]
+    else:
+        ((_, (row_stack, col_stack)),) = [v for name, v in grouped._quantized_weights.items() if name == "grouped"]
+        assert row_stack is not None and col_stack is None
+        assert calls == [("nvfp4_operand", True)]
     xe = x.detach().clone().requires_grad_(True)
     torch.cat([e(part) for e, part in zip(experts, xe.split(splits))]).backward(dy)
     assert torch.equal(x.grad, xe.grad)
@@ -394,6 +413,14 @@ def test_grouped_linear_forward_with_te_default_and_params():
     assert y.shape == (2, 24, 32)
     ye = torch.cat([e(p) for e, p in zip(experts, x.reshape(48, 64).split(16))])
     assert torch.equal(y.reshape(48, 32), ye)
+
+
+def test_grouped_linear_rejects_a_non_bool_save_weight_operand():
+    with pytest.raises(TypeError, match="save_weight_operand must be a bool"):
+        GroupedLinear(2, 64, 32, save_weight_operand=1)
+    w = torch.randn(32, 64)
+    with pytest.raises(TypeError, match="save_weight_operand must be a bool"):
+        F.grouped_linear(torch.randn(32, 64), [16, 16], [w, w], save_weight_operand="yes")
 
 
 def test_grouped_linear_rejects_bad_splits():
@@ -563,9 +590,10 @@ def _custom_op_calls(graph, name: str) -> list:
 def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped, symbolic_tokens, monkeypatch):
     """Where the GEMMs expand their operands (forced here; the GPU's large-M paths), a compiled step takes the eager
     step's paths, with a static or a symbolic token count: W quantized rowwise only (16x16) and read transposed for
-    dgrad (the expansion op), x and dy cast straight to BF16 operands (dense Linear; forced too). Same results as
-    eager, bit for bit."""
+    dgrad (dense Linear: the expansion op in backward; GroupedLinear: W's operand cast in forward and saved), x and
+    dy cast straight to BF16 operands (dense Linear; forced too). Same results as eager, bit for bit."""
     monkeypatch.setattr(ops, "takes_operands_by_rule", lambda *args, **kwargs: True)
+    monkeypatch.setattr(opt_flags, "OPERAND_CAST_MIN_ELEMENTS", 0)
     sys.modules["nvfp4lab.functional.linear"]._clear_path_caches()
     device = "cuda" if torch.cuda.is_available() else "cpu"  # Triton kernels (interpreted on CPU)
     torch.manual_seed(0)
@@ -579,10 +607,13 @@ def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped
     _assert_aot_eager_compile_equals_eager(model, torch.randn(64, 64, device=device, requires_grad=True), *args,
                                            backend=_aot_graphs_backend(graphs), symbolic_tokens=symbolic_tokens)
     forward, backward = graphs
-    assert len(_custom_op_calls(backward, "nvfp4_expand_rowwise")) == 1
-    if grouped:
+    if grouped:  # W's operand made in the forward by the grouped cast itself (forced to pay), kept for dgrad
         assert len(_custom_op_calls(forward, "nvfp4_grouped_gemm")) == 1
+        assert not _custom_op_calls(backward, "nvfp4_expand_rowwise")
+        quantizes = _custom_op_calls(forward, "nvfp4_grouped_quantize")  # x, then W with row_operand (the last arg)
+        assert len(quantizes) == 2 and quantizes[0][-1] is not True and quantizes[1][-1] is True
         return
+    assert len(_custom_op_calls(backward, "nvfp4_expand_rowwise")) == 1
     quantizes = _custom_op_calls(forward, "nvfp4_quantize")
     weight = [q for q in quantizes if q[5] == "16x16"]  # (x, amax, columnwise_amax, seed_tensor, seed, block, rowwise, columnwise, ...)
     assert len(weight) == 1 and weight[0][6:8] == (True, False)

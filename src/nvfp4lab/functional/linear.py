@@ -49,7 +49,7 @@ from ..checks import check_tensor as _check_float
 from ..config import MXFP8QuantConfig, operand_config, with_copies
 from ..layout import roundup as _roundup
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
-from ..tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Tensor, cumulative_offsets
+from ..tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Operand, NVFP4Tensor, cumulative_offsets
 
 QuantizedTensor = Union[NVFP4Tensor, MXFP8Tensor]
 
@@ -447,27 +447,39 @@ def packed_weights(weights: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def quantize_grouped_weights(weights: Sequence[torch.Tensor], recipe=None, *, columnwise: bool = True,
-                             backend: Optional[str] = None) -> tuple:
+                             backend: Optional[str] = None, operand: bool = False) -> tuple:
     """E expert weights (N, K) of one shape -> the (rowwise (E, N, K), columnwise (E, K, N) or None) pair
     of :func:`stack_grouped_weights`, from one grouped quantize of all experts (each its own amax:
     bit-identical to quantizing each with :func:`quantize_weight` and stacking; 2 launches whatever E).
     Weights packed in one storage (:func:`packed_weights`) are read in place, others are stacked first
     (one copy). PR 3045's 2D weight config (a per-tensor cast the grouped op rejects) takes the
-    per-expert path."""
+    per-expert path.
+
+    ``operand=True`` (rowwise only: ``columnwise=False``): the pair is (the rowwise stack as the
+    :class:`~nvfp4lab.NVFP4Operand` (E, N, K) the Hopper grouped GEMM consumes, None), the same values as
+    :func:`nvfp4lab.ops.nvfp4_operand` of the packed stack: written by the cast itself where
+    :func:`nvfp4lab.ops.operand_cast_pays` (E * N, K), else expanded from the packed stack."""
     recipe = resolve_recipe(recipe)
     if not isinstance(recipe, NVFP4Recipe):
         raise TypeError(f"quantize_grouped_weights needs an NVFP4 recipe, got {type(recipe).__name__}")
+    if operand and columnwise:
+        raise ValueError("operand=True gives the rowwise stack alone: pass columnwise=False")
     config = _tensor_config(recipe, "weight", True, columnwise)
+    num = len(weights)
+    n, k = weights[0].shape
+    if operand and not (config.broadcast_2d or config.four_over_six) and ops.operand_cast_pays(num * n, k):
+        stacked_hp, offsets = _stacked_weights_hp(weights)
+        op = ops.quantize_nvfp4_grouped_operand(stacked_hp.reshape(num * n, k), [n] * num, split_offsets=offsets,
+                                                config=_replaced(config, scale_layout="compact"), backend=backend)
+        return NVFP4Operand(op.values.view(num, n, k), op.amax, op.config), None
+    if operand:
+        rowwise, _ = quantize_grouped_weights(weights, recipe, columnwise=False, backend=backend)
+        return ops.nvfp4_operand(rowwise, backend=backend), None
     if config.broadcast_2d:
         return stack_grouped_weights([quantize_weight(w, recipe, columnwise=columnwise, backend=backend) for w in weights],
                                      columnwise=columnwise, backend=backend)
-    num = len(weights)
-    n, k = weights[0].shape
-    stacked_hp = packed_weights(weights)
-    if stacked_hp is None:
-        stacked_hp = torch.stack([w.detach() for w in weights])
-    sizes, offsets = _WEIGHT_SPLITS.get((n,) * num, stacked_hp.device).quantized_splits(False)
-    bulk = ops.quantize_nvfp4_grouped_bulk(stacked_hp.reshape(num * n, k), list(sizes), split_offsets=offsets,
+    stacked_hp, offsets = _stacked_weights_hp(weights)
+    bulk = ops.quantize_nvfp4_grouped_bulk(stacked_hp.reshape(num * n, k), [n] * num, split_offsets=offsets,
                                            config=_replaced(config, scale_layout="compact"), backend=backend)
     row_config = _stack_config(config)
     rowwise = NVFP4Tensor.from_parts(torch.Size((num, n, k)), bulk.dtype, row_config,
@@ -480,6 +492,17 @@ def quantize_grouped_weights(weights: Sequence[torch.Tensor], recipe=None, *, co
                                               bulk.columnwise_scale.view(num * k, n // 16),
                                               bulk.columnwise_amax.reshape(-1)))
     return rowwise, col
+
+
+def _stacked_weights_hp(weights: Sequence[torch.Tensor]) -> tuple:
+    """(the experts' weights as one (E, N, K) tensor, read in place where :func:`packed_weights` allows, the
+    device int64 row offsets of their splits (E + 1,), cached)."""
+    num = len(weights)
+    n = weights[0].shape[0]
+    stacked_hp = packed_weights(weights)
+    if stacked_hp is None:
+        stacked_hp = torch.stack([w.detach() for w in weights])
+    return stacked_hp, _WEIGHT_SPLITS.get((n,) * num, stacked_hp.device).quantized_splits(False)[1]
 
 
 def _stack_config(config):
@@ -599,8 +622,11 @@ def _grouped_quantize(recipe, tensor: str, x2, sizes, offsets, *, rowwise: bool,
     return ops.quantize_nvfp4_grouped_bulk(x2, list(sizes), split_offsets=offsets, config=config, backend=backend)
 
 
-def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdtype, need_dgrad, need_wgrads, backend):
-    """y of all experts in one grouped quantize + one grouped GEMM. Returns (y, tensors to save, meta)."""
+def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdtype, need_dgrad, need_wgrads, backend,
+                     save_weight_operand: bool):
+    """y of all experts in one grouped quantize + one grouped GEMM. Returns (y, tensors to save, meta).
+    ``save_weight_operand``: where dgrad reads W's rowwise copy transposed, W's BF16 operand is made once here
+    (by the cast where that pays) and saved for dgrad (:func:`grouped_linear`)."""
     m, k = x2.shape
     n = weights[0].shape[0]
     any_wgrad = any(need_wgrads)
@@ -612,13 +638,23 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
                            rowwise=True, columnwise=any_wgrad, backend=backend)
     w_rowwise_t = need_dgrad and dgrad_reads_rowwise(recipe, m, n, k, x2.device, backend, num_experts=len(weights))
     w_columnwise = need_dgrad and not w_rowwise_t
-    if stacked is None or (w_columnwise and stacked[1] is None):
+    w_op = None
+    if save_weight_operand and w_rowwise_t:
+        if stacked is not None:
+            w_op = ops.nvfp4_operand(stacked[0], backend=backend)
+        elif qweights is not None:
+            w_op = ops.nvfp4_operand(stack_grouped_weights(qweights, columnwise=False, backend=backend)[0],
+                                     backend=backend)
+        else:
+            w_op = quantize_grouped_weights(weights, recipe, columnwise=False, backend=backend, operand=True)[0]
+    elif stacked is None or (w_columnwise and stacked[1] is None):
         if qweights is None or (w_columnwise and any(q.columnwise_data is None for q in qweights)):
             stacked = quantize_grouped_weights(weights, recipe, columnwise=w_columnwise, backend=backend)
         else:
             stacked = stack_grouped_weights(qweights, columnwise=w_columnwise, backend=backend)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
-    y = ops.nvfp4_grouped_gemm(qx, stacked[0], out_dtype=cdtype, bias=bias, backend=backend, m_splits=list(sizes))
+    y = ops.nvfp4_grouped_gemm(qx, stacked[0] if w_op is None else w_op, out_dtype=cdtype, bias=bias, backend=backend,
+                               m_splits=list(sizes))
     if padded:
         y = layout.unpad(y)
     meta = dict(m=m, n=n, k=k, x_dtype=x_dtype, w_dtypes=[w.dtype for w in weights],
@@ -629,7 +665,10 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
     if any_wgrad:
         saved[0:4] = [qx.split_offsets, qx.columnwise_data, qx.columnwise_scale, qx.columnwise_amax]
         meta["x_meta"] = (qx.shape, qx.dtype, _replaced(qx.config, rowwise=False))
-    if need_dgrad:
+    if w_op is not None:  # the operand of W^T for dgrad: a transposed view of the same values
+        saved[4:6] = [w_op.values, w_op.amax]
+        meta["w_meta"] = ("operand", operand_config(w_op.config, True))
+    elif need_dgrad:
         w = stacked[0] if w_rowwise_t else stacked[1]
         saved[4:7] = [w.rowwise_data, w.rowwise_scale, w.rowwise_amax]
         meta["w_meta"] = (w.shape, w.dtype, w.config)
@@ -654,10 +693,13 @@ def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
     qdy = _grouped_quantize(recipe, "grad", layout.pad(dy2) if padded else dy2, sizes, offsets,
                             rowwise=need_dgrad, columnwise=any_wgrad, backend=backend)
     if need_dgrad:
-        shape, dtype, config = meta["w_meta"]
-        w = NVFP4Tensor.from_parts(shape, dtype, config, rowwise=tuple(saved[4:7]))
-        if meta["w_rowwise_t"]:
-            w = ops.nvfp4_operand(w, transposed=True, backend=backend)
+        w_meta = meta["w_meta"]
+        if w_meta[0] == "operand":  # saved by the forward: W's values (E, N, K) -> W^T's operand (E, K, N)
+            w = NVFP4Operand(saved[4].transpose(-1, -2), saved[5], w_meta[1])
+        else:
+            w = NVFP4Tensor.from_parts(*w_meta, rowwise=tuple(saved[4:7]))
+            if meta["w_rowwise_t"]:
+                w = ops.nvfp4_operand(w, transposed=True, backend=backend)
         dx = ops.nvfp4_grouped_gemm(qdy, w, out_dtype=meta["x_dtype"], backend=backend, m_splits=list(sizes))
         if padded:
             dx = layout.unpad(dx)
@@ -713,7 +755,7 @@ class _LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
-_GROUPED_PARAMS_AT = 9  # index of the first weight among _GroupedLinearFunction.forward's inputs
+_GROUPED_PARAMS_AT = 10  # index of the first weight among _GroupedLinearFunction.forward's inputs
 _NO_GRADS = (None,) * (_GROUPED_PARAMS_AT - 1)  # m_splits .. num_gemms take no gradient
 
 
@@ -724,7 +766,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
     per-split quantize + GEMM calls (the definition)."""
 
     @staticmethod
-    def forward(ctx, x, m_splits, layout, quantized_weights, stacked_weights, recipe, cdtype, backend, num_gemms, *params):
+    def forward(ctx, x, m_splits, layout, quantized_weights, stacked_weights, recipe, cdtype, backend, save_weight_operand,
+                num_gemms, *params):
         # layout: the SplitLayout of m_splits when the grouped path applies, else None
         weights, biases = params[:num_gemms], params[num_gemms:]
         in_shape = x.shape
@@ -735,7 +778,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
         with _no_autocast(x.device):
             if ctx.grouped:
                 y, all_saved, metas = _grouped_forward(x2, layout, weights, biases, quantized_weights, stacked_weights,
-                                                       recipe, cdtype, need_dgrad, need_wgrads, backend)
+                                                       recipe, cdtype, need_dgrad, need_wgrads, backend,
+                                                       save_weight_operand)
             else:
                 ys, all_saved, metas = [], [], []
                 offset = 0
@@ -853,6 +897,7 @@ def grouped_linear(
     stacked_weights: Optional[tuple] = None,
     split_cache: Optional[SplitLayoutCache] = None,
     backend: Optional[str] = None,
+    save_weight_operand: bool = True,
 ) -> torch.Tensor:
     """MoE grouped linear: tokens ``x`` (M, in_features) (leading dims flatten into M) are split along M
     into ``m_splits`` (ints or a 1-D integer tensor, one per weight); split i goes through weight i.
@@ -868,7 +913,14 @@ def grouped_linear(
     :class:`SplitLayoutCache`, kept by the caller) holds them per ``m_splits``, so calls with splits seen
     before copy nothing to the device and a step can be CUDA-graph captured; without it each call
     builds them (one small host->device copy; fill kernels during capture). A tensor ``m_splits`` is
-    read on the host (one synchronization, not capturable)."""
+    read on the host (one synchronization, not capturable).
+
+    ``save_weight_operand``: where the grouped GEMMs run on BF16 operands (the Triton backend on Hopper) and dgrad
+    reads W's rowwise copy transposed (:func:`dgrad_reads_rowwise`), the forward makes W's BF16 operand once
+    (written by the cast itself where :func:`nvfp4lab.ops.operand_cast_pays`) and saves it for dgrad, instead of
+    saving the packed copy and expanding it again in backward: 2 bytes per weight element held from forward to
+    backward instead of 0.5625 (BF16 autocast's weight cache holds as much), one weight expansion less per step.
+    False keeps the packed copy. Same results either way; no effect elsewhere."""
     recipe = resolve_recipe(recipe)
     _check_float("x", x)
     if not isinstance(weights, (list, tuple)) or len(weights) == 0:
@@ -898,8 +950,10 @@ def grouped_linear(
     layout = None
     if _grouped_applies(recipe, splits, biases):
         layout = split_cache.get(splits, x.device) if split_cache is not None else SplitLayout(splits, x.device)
+    if not isinstance(save_weight_operand, bool):
+        raise TypeError(f"save_weight_operand must be a bool, got {type(save_weight_operand).__name__}")
     return _GroupedLinearFunction.apply(x, splits, layout, quantized_weights, stacked_weights, recipe, compute_dtype(x),
-                                        backend, num, *weights, *biases)
+                                        backend, save_weight_operand, num, *weights, *biases)
 
 
 def grouped_linear_high_precision(

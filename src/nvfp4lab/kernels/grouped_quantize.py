@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import NVFP4QuantConfig
+from ..config import NVFP4QuantConfig, operand_config
 from ..layout import cdiv
-from ..tensors import GroupedNVFP4Tensor
+from ..tensors import GroupedNVFP4Tensor, NVFP4Operand
 from .formats import soft_bf16_loads
 from .launch import Launch, aligned, arg_key, custom_op, tracing
 from .nvfp4_quantize import config_of_fields
@@ -307,9 +307,22 @@ def launch_grouped_amax(amax_launch: Launch, x, row_view, col_view, offsets, gro
     amax_launch(x, row_view, col_view, offsets, group_split, offsets.numel() - 1, m, k)
 
 
-def _cast_shapes(m, k, rowwise, columnwise):
-    return [(m, k // 2) if rowwise else (0,), (m, k // 16) if rowwise else (0,),
+def _cast_shapes(m, k, rowwise, columnwise, row_operand=False):
+    """Shapes of the bulk buffers (row_data, row_scale, col_data, col_scale), absent ones (0,); ``row_operand``:
+    the rowwise side as the BF16 GEMM operand (M, K), no scales."""
+    return [((m, k) if row_operand else (m, k // 2)) if rowwise else (0,),
+            (m, k // 16) if rowwise and not row_operand else (0,),
             (k * m // 2,) if columnwise else (0,), (k * m // 16,) if columnwise else (0,)]
+
+
+def _cast_outputs(shapes, device, poison: bool, row_operand: bool) -> tuple:
+    """The bulk buffers of :func:`_cast_shapes` (a BF16 operand poisoned with NaN)."""
+    outputs = [uninitialized(s, device, poison) for s in shapes]
+    if row_operand:
+        outputs[0] = torch.empty(shapes[0], dtype=torch.bfloat16, device=device)
+        if poison:
+            outputs[0].fill_(float("nan"))
+    return tuple(outputs)
 
 
 def grouped_cast(
@@ -363,11 +376,12 @@ class _GroupedPlan:
     :func:`grouped_amax` and :func:`grouped_cast`. Traced calls run it through :func:`nvfp4_grouped_quantize`."""
 
     __slots__ = ("config", "n", "row_shape", "col_shape", "group_shape", "amax_launch", "row_mode", "col_mode",
-                 "out_shapes", "cast_args", "pr3045", "steps", "tile", "poison")
+                 "out_shapes", "cast_args", "pr3045", "steps", "tile", "poison", "row_operand")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, n: int, dtype, device, x_aligned: bool, tile: tuple,
-                 poison: bool):
+                 poison: bool, row_operand: bool = False):
         self.config, self.n, self.tile, self.poison = config, n, tile, poison
+        self.row_operand = row_operand and config.rowwise
         self.row_mode, self.col_mode = _amax_modes(config)
         self.row_shape, self.col_shape = _amax_shapes(m, k, n, self.row_mode, self.col_mode)
         self.group_shape = (cdiv(m, 16),)
@@ -375,7 +389,7 @@ class _GroupedPlan:
         if m * k:
             self.amax_launch = _amax_launch(m, k, n, self.row_mode, self.col_mode,
                                             config.rht_sign_mask if config.rht else 0, tile, dtype, device, x_aligned)
-        self.out_shapes = _cast_shapes(m, k, config.rowwise, config.columnwise)
+        self.out_shapes = _cast_shapes(m, k, config.rowwise, config.columnwise, self.row_operand)
         self.cast_args = _cast_args(config)
         self.pr3045 = config.numerics == "te_pr3045"
         self.steps = {}
@@ -388,7 +402,7 @@ class _GroupedPlan:
         group_split = torch.empty(self.group_shape, dtype=torch.int32, device=dev)
         if self.poison:
             group_split.fill_(-1)
-        outputs = tuple(uninitialized(s, dev, self.poison) for s in self.out_shapes)
+        outputs = _cast_outputs(self.out_shapes, dev, self.poison, self.row_operand)
         if self.amax_launch is None:
             return row_amax, col_amax, outputs
         row_view = row_amax.view(torch.int32) if self.row_mode else col_amax.view(torch.int32)
@@ -401,7 +415,7 @@ class _GroupedPlan:
         if steps is None:  # (the amax buffers are new allocations: 16-byte aligned)
             steps = self.steps[key] = cast_steps(
                 x2d, seed_tensor, seed_int, *self.cast_args, "compact", offsets, self.n, split_steps_of(self.n),
-                group_split, *self.tile, self.pr3045, (row_in is not None, col_in is not None))
+                group_split, *self.tile, self.pr3045, (row_in is not None, col_in is not None), (self.row_operand, False))
         run_cast(steps, x2d, outputs, row_in, col_in, seed_tensor, seed_int, offsets, self.n, group_split)
         return row_amax, col_amax, outputs
 
@@ -409,17 +423,18 @@ class _GroupedPlan:
 _GROUPED_PLANS: dict = {}
 
 
-def _grouped_plan(config, x2d, offsets, tile: tuple, poison: bool) -> _GroupedPlan:
+def _grouped_plan(config, x2d, offsets, tile: tuple, poison: bool, row_operand: bool = False) -> _GroupedPlan:
     """The cached plan of an eager grouped quantize (the Launch specializations it keeps are those of x's and the
     offsets' alignment, in the key)."""
     n = offsets.numel() - 1
     m, k = x2d.shape
-    key = (config, m, k, n, x2d.dtype, x2d.device, aligned(x2d), aligned(offsets), tile, poison)
+    key = (config, m, k, n, x2d.dtype, x2d.device, aligned(x2d), aligned(offsets), tile, poison, row_operand)
     plan = _GROUPED_PLANS.get(key)
     if plan is None:
         if len(_GROUPED_PLANS) >= 4096:
             _GROUPED_PLANS.clear()
-        plan = _GROUPED_PLANS[key] = _GroupedPlan(config, m, k, n, x2d.dtype, x2d.device, aligned(x2d), tile, poison)
+        plan = _GROUPED_PLANS[key] = _GroupedPlan(config, m, k, n, x2d.dtype, x2d.device, aligned(x2d), tile, poison,
+                                                  row_operand)
     return plan
 
 
@@ -428,15 +443,15 @@ def nvfp4_grouped_quantize(
     x: torch.Tensor, offsets: torch.Tensor, seed_tensor: Optional[torch.Tensor], seed: int, block: str, rowwise: bool,
     columnwise: bool, per_token: bool, rht: bool, rht_sign_mask: int, four_over_six: Optional[str], e4m3_max: float,
     stochastic_rounding: bool, numerics: str, block_m: int = 0, block_k: int = 0, num_warps: int = 0,
-    poison: bool = False,
+    poison: bool = False, row_operand: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`quantize_grouped` of x (M, K) split at the device int64 offsets (n + 1,) as one op (traced calls): the
     config as its fields (compact scales), the SR seed as ``seed_args`` gives it. Returns (row_amax, col_amax,
-    row_data, row_scale, col_data, col_scale), absent ones (0,). Runs the cached plan of eager calls
-    (:class:`_GroupedPlan`)."""
+    row_data, row_scale, col_data, col_scale), absent ones (0,); ``row_operand``: row_data is the BF16 operand
+    (M, K) and row_scale (0,). Runs the cached plan of eager calls (:class:`_GroupedPlan`)."""
     config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
                               stochastic_rounding, "compact", numerics)
-    plan = _grouped_plan(config, x, offsets, (block_m, block_k, num_warps), poison)
+    plan = _grouped_plan(config, x, offsets, (block_m, block_k, num_warps), poison, row_operand)
     row_amax, col_amax, outputs = plan(x, offsets, seed_tensor, seed)
     return (row_amax, col_amax, *outputs)
 
@@ -444,13 +459,15 @@ def nvfp4_grouped_quantize(
 @nvfp4_grouped_quantize.register_fake
 def _nvfp4_grouped_quantize_fake(x, offsets, seed_tensor, seed, block, rowwise, columnwise, per_token, rht,
                                  rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, numerics, block_m=0,
-                                 block_k=0, num_warps=0, poison=False):
+                                 block_k=0, num_warps=0, poison=False, row_operand=False):
     m, k = x.shape
     config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
                               stochastic_rounding, "compact", numerics)
     row_shape, col_shape = _amax_shapes(m, k, offsets.shape[0] - 1, *_amax_modes(config))
+    row_operand = row_operand and rowwise
+    dtypes = (torch.bfloat16 if row_operand else torch.uint8,) + (torch.uint8,) * 3
     return (x.new_empty(row_shape, dtype=torch.float32), x.new_empty(col_shape, dtype=torch.float32),
-            *(x.new_empty(s, dtype=torch.uint8) for s in _cast_shapes(m, k, rowwise, columnwise)))
+            *(x.new_empty(s, dtype=d) for s, d in zip(_cast_shapes(m, k, rowwise, columnwise, row_operand), dtypes)))
 
 
 def quantize_grouped(
@@ -473,6 +490,41 @@ def quantize_grouped(
     (``nvfp4_quantize_details.cast.seed_args``). block_m, block_k, num_warps: the tile of every kernel of this
     call (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them (tests).
     """
+    x2d, offsets, parts = _grouped_parts(x2d, split_offsets, config, seed, generator, (block_m, block_k, num_warps),
+                                         poison, False)
+    row_amax, col_amax, row_data, row_scale, col_data, col_scale = parts
+    out = GroupedNVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config, split_offsets=offsets)
+    if config.rowwise:
+        out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale, row_amax
+    if config.columnwise:
+        out.columnwise_data, out.columnwise_scale, out.columnwise_amax = col_data, col_scale, col_amax
+    return out
+
+
+def quantize_grouped_operand(
+    x2d: torch.Tensor,
+    split_offsets: torch.Tensor,
+    config: NVFP4QuantConfig,
+    *,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    poison: bool = False,
+) -> NVFP4Operand:
+    """:func:`quantize_grouped` of a rowwise-only config whose cast writes each split's rowwise copy as the exact
+    BF16 GEMM operand q * s (M, K) instead of codes and scales (``cast16_kernel``'s ROW_OPERAND), with the per-split
+    amaxes (n,): the operand of a stack of experts' weights that the grouped GEMM would otherwise expand. Same amax
+    pass, same codes, same bits as :func:`quantize_grouped` followed by the expansion."""
+    if config.columnwise or not config.rowwise:
+        raise ValueError("quantize_grouped_operand: a rowwise-only config (the operand is the rowwise copy)")
+    if config.four_over_six:
+        raise ValueError("quantize_grouped_operand: configs without four_over_six (its cast has no operand output)")
+    _, _, parts = _grouped_parts(x2d, split_offsets, config, seed, generator, (0, 0, 0), poison, True)
+    return NVFP4Operand(parts[2], parts[0], operand_config(config, False))
+
+
+def _grouped_parts(x2d, split_offsets, config, seed, generator, tile: tuple, poison: bool, row_operand: bool) -> tuple:
+    """(x2d, offsets, (row_amax, col_amax, row_data, row_scale, col_data, col_scale)) of a grouped quantize, eager
+    (the cached plan) or traced (the custom op)."""
     if config.scale_layout != "compact":
         raise ValueError("grouped bulk buffers hold compact scales")
     if config.broadcast_2d:
@@ -483,16 +535,10 @@ def quantize_grouped(
     traced = tracing(x2d)
     seed_tensor, seed_int = seed_args(config, x2d, seed, generator, traced)
     if not traced:
-        plan = _grouped_plan(config, x2d, offsets, (block_m, block_k, num_warps), poison)
-        row_amax, col_amax, (row_data, row_scale, col_data, col_scale) = plan(x2d, offsets, seed_tensor, seed_int)
-    else:
-        row_amax, col_amax, row_data, row_scale, col_data, col_scale = nvfp4_grouped_quantize(
-            x2d, offsets, seed_tensor, seed_int, config.block, config.rowwise, config.columnwise, config.per_token,
-            config.rht, config.rht_sign_mask, config.four_over_six, config.e4m3_max, config.stochastic_rounding,
-            config.numerics, block_m, block_k, num_warps, poison)
-    out = GroupedNVFP4Tensor(shape=x2d.shape, dtype=x2d.dtype, config=config, split_offsets=offsets)
-    if config.rowwise:
-        out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale, row_amax
-    if config.columnwise:
-        out.columnwise_data, out.columnwise_scale, out.columnwise_amax = col_data, col_scale, col_amax
-    return out
+        row_amax, col_amax, outputs = _grouped_plan(config, x2d, offsets, tile, poison, row_operand)(
+            x2d, offsets, seed_tensor, seed_int)
+        return x2d, offsets, (row_amax, col_amax, *outputs)
+    return x2d, offsets, nvfp4_grouped_quantize(
+        x2d, offsets, seed_tensor, seed_int, config.block, config.rowwise, config.columnwise, config.per_token,
+        config.rht, config.rht_sign_mask, config.four_over_six, config.e4m3_max, config.stochastic_rounding,
+        config.numerics, *tile, poison, row_operand)

@@ -187,10 +187,14 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
     the host and can be captured in a CUDA graph (after a warm-up step with the same splits).
 
     recipe: as :class:`Linear`'s (None: the :class:`nvfp4lab.autocast` context's).
+    save_weight_operand: as :func:`nvfp4lab.functional.grouped_linear`'s: where the grouped GEMMs run on BF16
+    operands (Hopper) and dgrad reads the weights' rowwise copy, a training forward casts the weights straight
+    into that operand and saves it for dgrad (2 bytes per weight element until backward; no weight cache for
+    such steps). False: the packed copy is cached and saved, and expanded in each pass.
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
-                 recipe=None, backend: Optional[str] = None):
+                 recipe=None, backend: Optional[str] = None, save_weight_operand: bool = True):
         super().__init__()
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"num_gemms must be a positive int, got {num_gemms!r}")
@@ -198,6 +202,9 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
         check_features(in_features, out_features, resolve_recipe(own))
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.recipe, self.backend = own, backend
+        if not isinstance(save_weight_operand, bool):
+            raise TypeError(f"save_weight_operand must be a bool, got {type(save_weight_operand).__name__}")
+        self.save_weight_operand = save_weight_operand
         self.use_bias = bias
         packed = torch.empty(num_gemms, out_features, in_features, device=device, dtype=dtype)
         for i in range(num_gemms):
@@ -270,9 +277,12 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
         if (isinstance(recipe, NVFP4Recipe) and recipe.backward == "quantized"
                 and not any(isinstance(w, NVFP4GatheredWeight) for w in weights)
                 and (biases[0] is None or all(b is not None and b.dtype == biases[0].dtype for b in biases))):
-            stacked = self._grouped_weights(weights, need_columnwise and not F.dgrad_reads_rowwise(
+            rowwise_t = need_columnwise and F.dgrad_reads_rowwise(
                 recipe, x.numel() // max(x.shape[-1], 1), self.out_features, self.in_features, x.device, self.backend,
-                num_experts=self.num_gemms))
+                num_experts=self.num_gemms)
+            # a step that saves W's operand makes it from the weights in the functional layer (no packed cache)
+            if not (self.save_weight_operand and rowwise_t and need_columnwise):
+                stacked = self._grouped_weights(weights, need_columnwise and not rowwise_t)
         else:
             quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(weights)]
             if any(q is None for q in quantized):
@@ -280,7 +290,8 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
             elif isinstance(recipe, NVFP4Recipe) and recipe.backward == "quantized":
                 stacked = self._stacked_weights(quantized, need_columnwise)
         return F.grouped_linear(x, m_splits, weights, biases, recipe=recipe, quantized_weights=quantized,
-                                stacked_weights=stacked, split_cache=self._split_layouts, backend=self.backend)
+                                stacked_weights=stacked, split_cache=self._split_layouts, backend=self.backend,
+                                save_weight_operand=self.save_weight_operand)
 
     def _grouped_weights(self, weights: list, need_columnwise: bool) -> Optional[tuple]:
         """The stacked quantized weights of all experts (:func:`nvfp4lab.functional.quantize_grouped_weights`),

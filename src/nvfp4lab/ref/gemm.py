@@ -64,6 +64,13 @@ def expanded_operands(t: NVFP4Tensor, rowwise: bool, columnwise: bool) -> tuple:
     return packed, row, col
 
 
+def grouped_rowwise_operand(t) -> NVFP4Operand:
+    """The rowwise copy of a grouped quantize (a :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`, compact scales) as
+    one :class:`NVFP4Operand`: BF16 q * s (M, K), exact, with the per-split amaxes (n,)."""
+    values = block_dequantized(t.rowwise_data, t.rowwise_scale)
+    return NVFP4Operand(values.to(torch.bfloat16), t.rowwise_amax, operand_config(t.config, False))
+
+
 def _operand_values(t, rows: int, k: int) -> tuple:
     """(fp32 q * s (rows, K), amax) of a GEMM operand: an NVFP4Tensor's rowwise copy or an NVFP4Operand."""
     if isinstance(t, NVFP4Operand):

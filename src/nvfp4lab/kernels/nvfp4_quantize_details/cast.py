@@ -145,13 +145,13 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     splits. ``spec``: the specialization of the caller's tensors and ints (part of the cache key only, see
     :class:`~nvfp4lab.kernels.launch.Launch`).
     ``pr3045``: PR 3045's numerics (per-token casts). ``operands``: the sides (rowwise, columnwise) cast as BF16
-    GEMM operands (single casts through ``cast16_kernel`` only). ``graphed``: launched into a CUDA-graph
-    capture (``opt_flags.split_cast``)."""
+    GEMM operands (through ``cast16_kernel`` only; the columnwise one for single casts only). ``graphed``: launched
+    into a CUDA-graph capture (``opt_flags.split_cast``)."""
     check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, stochastic_rounding, pr3045,
                     operands)
     grouped = split_steps is not None
-    if any(operands) and grouped:
-        raise ValueError("BF16 operand outputs are for single casts, not grouped ones")
+    if operands[1] and grouped:
+        raise ValueError("a columnwise BF16 operand output is for single casts, not grouped ones")
     tile = dict(block_k=block_k, num_warps=num_warps)
     if opt_flags.split_cast(m, k, rowwise, columnwise, block_2d, rht_sign_mask >= 0, stochastic_rounding,
                             four_over_six, grouped, graphed):

@@ -164,7 +164,7 @@ def cast16_kernel(
     columnwise words and scales are stored together, so that each column's row of the (K, M/2) output
     gets 8 * GROUPS contiguous bytes from one program instead of 8-byte pieces (GROUPED: each group in
     its own split, contiguous where the groups share one).
-    ROW_OPERAND / COL_OPERAND (single casts, GROUPS = 1 with COL_OPERAND): that side is written as the exact
+    ROW_OPERAND / COL_OPERAND (COL_OPERAND: single casts, GROUPS = 1): that side is written as the exact
     BF16 GEMM operand q * s instead of codes and scales (:func:`_operand_values`): rowwise (M, K) at
     row_data_ptr, columnwise (K, M) at col_data_ptr, no scales (their pointers are not written).
     HW: Hopper's instructions by inline PTX (GPU launches), else integer formulas with the same bits.
