@@ -9,8 +9,9 @@ T=4096. ``--quick``: T in (4096, 16384), K 4096, E in (8, 32, 128); ``--out`` .j
 ``--ks``: comma lists replacing the sweep's. Table last.
 
 ``--moe``: instead, the three grouped quantizes of ``benchmarks/linear.py``'s MoE step with te_default (8 experts,
-7168 -> 2048, 8192 tokens in its uneven splits): the experts' weights (16x16, rowwise), x (rowwise + RHT columnwise)
-and dy (rowwise SR + RHT SR columnwise), each as the full op, its amax pass and its cast alone (x and dy);
+7168 -> 2048, 8192 tokens in its uneven splits): the experts' weights (16x16, rowwise; packed, and as the BF16
+operand the step's forward takes: "W op"), x (rowwise + RHT columnwise) and dy (rowwise SR + RHT SR columnwise), each
+as the full op, its amax pass and its cast alone (x and dy);
 ``--prev DIR`` adds the previous version staged in DIR (``tools/stage_gpu_inputs.py --prev``) in the same process,
 best of 3 alternating rounds, with new/prev ratios. ``--device cpu --tiny``: a smoke run (tiny MoE, eager timing).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import sys
@@ -80,7 +82,13 @@ def moe_quantizes(lib, x, dy, weights, offsets) -> dict:
     full ops, amax passes, casts alone (amaxes and group splits precomputed), te_default, compact scales."""
     gq = lib.kernels.grouped_quantize
     recipe = lib.NVFP4Recipe.te_default()
-    fns = {"W full": lambda: lib.functional.quantize_grouped_weights(weights, recipe, columnwise=False)}
+    quantize_weights = lib.functional.quantize_grouped_weights
+    fns = {"W full": lambda: quantize_weights(weights, recipe, columnwise=False)}
+    # the BF16 operand the step's forward takes (versions before ``operand=`` expand the packed stack)
+    if "operand" in inspect.signature(quantize_weights).parameters:
+        fns["W op"] = lambda: quantize_weights(weights, recipe, columnwise=False, operand=True)
+    else:
+        fns["W op"] = lambda: lib.ops.nvfp4_operand(quantize_weights(weights, recipe, columnwise=False)[0])
     for name, t, tensor in (("x", x, "input"), ("dy", dy, "grad")):
         config = dataclasses.replace(recipe.tensor_config(tensor, rowwise=True, columnwise=True), scale_layout="compact")
         sr = config.stochastic_rounding

@@ -43,6 +43,7 @@ def _input(shape, dtype, device, seed=0, special=False):
     x = torch.randn(shape, generator=g) * 3
     x[0, :16] = 0.0  # an all-zero block (zero scale)
     x[5, 7] = -1e-30  # a value that underflows its block (-0.0)
+    x[3, 10] = -0.0  # a negative zero (code 0: +0.0)
     x[9, 20:36] = 1e-12  # a tiny block
     if special:  # NaN / inf amaxes (all-NaN per-tensor outputs, NaN rows and columns per token)
         x[1, 3] = float("nan")

@@ -22,6 +22,9 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
   gets the bits of quantizing it alone; SR block counters are bulk block indices (split 0 and a single
   split reproduce the single op's random bits for the same seed; the others differ, statistically alike).
 
+:func:`quantize_grouped_operand` runs the same passes with the cast writing each split's rowwise copy as the exact
+BF16 GEMM operand (``cast16_kernel``'s ROW_OPERAND): the stacked experts' weights the Hopper grouped GEMM takes.
+
 Eager calls run both passes from a plan cached per config, shape, split count and alignments
 (:class:`_GroupedPlan`), so that they only allocate and launch; traced calls run the same plan through the one
 custom op ``nvfp4lab::nvfp4_grouped_quantize``. :func:`grouped_amax` and :func:`grouped_cast` run one pass alone

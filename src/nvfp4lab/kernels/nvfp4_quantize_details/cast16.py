@@ -97,6 +97,23 @@ def _operand_values(codes, scale_codes):
 
 
 @triton.jit
+def _operand_values_rn(x, enc, scale_codes):
+    """``_operand_values`` of the round-to-nearest codes of fl(x * enc) (normal-range tiles), without forming the
+    codes: a = min(|v|, 6) is rounded onto the E2M1 grid in its binade 2^E (E = max(exponent(a), 0), spacing
+    2^(E-1)) by one fp32 add of 2^(E+22), whose ulp is that spacing (ties to even: the grid's even codes are the
+    even multiples), and the exact subtraction of it; then the sign bit of v + 0.0, i.e. the reference's ``v < 0``
+    (-0.0 + 0.0 = +0.0, so -0.0 gives +0 as code 0, and a negative v rounding to 0 gives -0 as code 8; bits, not a
+    negation: Triton negates a float by subtracting it from 0 on the GPU, which turns -0 into +0). NaN products:
+    unspecified, as the codes (their block's scale is NaN)."""
+    v = x * enc
+    a = tl.minimum(tl.abs(v), 6.0)
+    big = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 4194304.0
+    sign = (v + 0.0).to(tl.int32, bitcast=True) & -2147483648
+    q_bits = ((a + big) - big).to(tl.int32, bitcast=True) | sign
+    return (q_bits.to(tl.float32, bitcast=True) * e4m3_decode(scale_codes.to(tl.int32))).to(tl.bfloat16)
+
+
+@triton.jit
 def _row_words(x3, enc, KB: tl.constexpr, HW: tl.constexpr):
     """[16, KB, 16] values and their blocks' encode factors [16, KB] -> [16, KB, 2] int32 words of the codes of
     fl(x * enc), each word the 8 values a thread holds (round to nearest even; NaN products: unspecified codes):
@@ -240,6 +257,9 @@ def _cast16_group(
     STORE_COLS, its columnwise ones; returns the columnwise words [2, BLOCK_K] (word h = rows 8h..8h+7)
     and scale codes [BLOCK_K] (zeros without COLWISE)."""
     KB: tl.constexpr = BLOCK_K // 16
+    # operands whose codes nothing else uses (no SR, no REUSE_2D): values straight from x (``_operand_values_rn``)
+    ROW_VALUES_RN: tl.constexpr = ROW_OPERAND and not (SR or REUSE_2D)
+    COL_VALUES_RN: tl.constexpr = COL_OPERAND and not (SR or REUSE_2D)
     # tile row i holds row 8 * (i % 2) + i // 2 of the group: with bf16 (16-byte loads of 8 columns,
     # 16 threads along a 128-column tile) the two threads that share a column hold rows 0-7 and 8-15,
     # i.e. exactly one packed word of its columnwise block each
@@ -292,13 +312,16 @@ def _cast16_group(
             else:
                 row_scale, row_enc = _scale_and_factor_fast(bamax, outer, E6, HW)
             # the codes themselves are used (SR, REUSE_2D, ROW_OPERAND), or multi-group programs (not STORE_COLS), whose
-            # loop-carried columnwise words spill around ``_row_words`` at 255 registers
-            if SR or REUSE_2D or ROW_OPERAND or not STORE_COLS:
+            # loop-carried columnwise words spill around ``_row_words`` at 255 registers; an operand of
+            # round-to-nearest codes alone takes its values without them
+            if ROW_VALUES_RN:
+                row_vals = _operand_values_rn(x3, row_enc[:, :, None], row_scale[:, :, None])
+            elif SR or REUSE_2D or ROW_OPERAND or not STORE_COLS:
                 row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
                 row_words = pack_codes(row_codes, 16, KB)
             else:
                 row_words = _row_words(x3, row_enc, KB, HW)
-            if not SR:
+            if not (SR or ROW_VALUES_RN):
                 row_words = tl.where((bamax != bamax)[:, :, None], 0, row_words)
         else:
             # (a new name: Triton types a name assigned in a runtime branch by every assignment in it)
@@ -313,9 +336,14 @@ def _cast16_group(
             row_codes = _e2m1_codes(x3, row_enc_x[:, :, None], rbytes, SR, True)
             row_words = pack_codes(row_codes, 16, KB)
             row_scale = row_scale_x
+            if ROW_VALUES_RN:
+                row_vals = _operand_values(row_codes, row_scale_x[:, :, None])
         ok = row_ok[:, None] & blk_ok[None, :]
         if ROW_OPERAND:
-            vals = tl.reshape(_operand_values(row_codes, row_scale[:, :, None]), [16, BLOCK_K])
+            if ROW_VALUES_RN:
+                vals = tl.reshape(row_vals, [16, BLOCK_K])
+            else:
+                vals = tl.reshape(_operand_values(row_codes, row_scale[:, :, None]), [16, BLOCK_K])
             tl.store(row_data_ptr.to(tl.pointer_type(tl.bfloat16)) + rows[:, None] * K + cols[None, :], vals,
                      mask=row_ok[:, None] & col_ok[None, :])
         else:
@@ -393,7 +421,10 @@ def _cast16_group(
                 col_scale, col_enc = _scale_and_factor_pre(cbamax, col_enc6, col_sdec, PR3045, HW)
             else:
                 col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6, HW)
-            if SR or REUSE_2D or COL_OPERAND:  # the codes themselves are used
+            if COL_VALUES_RN:  # (the words are not stored)
+                col_vals = _operand_values_rn(xf, col_enc[None, :], col_scale[None, :])
+                col_words = tl.zeros([2, BLOCK_K], tl.int32)
+            elif SR or REUSE_2D or COL_OPERAND:  # the codes themselves are used
                 if REUSE_2D:
                     if same_outer:
                         col_codes = tl.reshape(row_codes, [16, BLOCK_K])
@@ -405,7 +436,7 @@ def _cast16_group(
                 col_codes_o = col_codes
             else:
                 col_words = _col_words(xf, col_enc, BLOCK_K, HW)
-            if not SR:
+            if not (SR or COL_VALUES_RN):
                 col_words = tl.where((cbamax != cbamax)[None, :], 0, col_words)
         else:
             if PER_TOKEN:
@@ -426,8 +457,13 @@ def _cast16_group(
             col_words = tl.sum(tl.reshape(col_codes_x, [8, 2, BLOCK_K]) << shift, axis=0)
             col_codes_o = col_codes_x
             col_scale = col_scale_x
+            if COL_VALUES_RN:
+                col_vals = _operand_values(col_codes_x, col_scale_x[None, :])
         if COL_OPERAND:  # 16 consecutive rows (32 bytes) of each column's row of the (K, M) operand
-            vals = _operand_values(col_codes_o, col_scale[None, :])
+            if COL_VALUES_RN:
+                vals = col_vals
+            else:
+                vals = _operand_values(col_codes_o, col_scale[None, :])
             # tile rows back in row order (tile row 2j + h holds row 8h + j), so that each column's 16 values
             # are one contiguous run the store can vectorize
             vals = tl.reshape(tl.permute(tl.reshape(vals, [8, 2, BLOCK_K]), (1, 0, 2)), [16, BLOCK_K])
