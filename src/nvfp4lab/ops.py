@@ -324,7 +324,7 @@ def takes_expanded_by_rule(m, n, k, rule: Optional[tuple], num_experts: int = 0)
 
 def takes_operands_by_rule(m, n, k, rule: Optional[tuple]) -> bool:
     """:func:`gemm_takes_operands` under ``rule`` (:func:`gemm_expand_rule`): comparisons only."""
-    return takes_expanded_by_rule(m, n, k, rule) and nvfp4_quantize.operand_cast_pays(m, k)
+    return takes_expanded_by_rule(m, n, k, rule) and operand_cast_pays(m, k)
 
 
 def grouped_gemm_takes_expanded(m: int, n: int, k: int, num_experts: int, device, backend: Optional[str] = None) -> bool:

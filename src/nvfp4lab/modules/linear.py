@@ -281,7 +281,7 @@ class GroupedLinear(_AutocastRecipeMixin, RecipeStateMixin, nn.Module, _WeightCa
                 recipe, x.numel() // max(x.shape[-1], 1), self.out_features, self.in_features, x.device, self.backend,
                 num_experts=self.num_gemms)
             # a step that saves W's operand makes it from the weights in the functional layer (no packed cache)
-            if not (self.save_weight_operand and rowwise_t and need_columnwise):
+            if not (self.save_weight_operand and rowwise_t):
                 stacked = self._grouped_weights(weights, need_columnwise and not rowwise_t)
         else:
             quantized = [self._quantized_weight(f"weight{i}", w, need_columnwise) for i, w in enumerate(weights)]
