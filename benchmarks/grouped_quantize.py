@@ -11,7 +11,8 @@ T=4096. ``--quick``: T in (4096, 16384), K 4096, E in (8, 32, 128); ``--out`` .j
 ``--moe``: instead, the three grouped quantizes of ``benchmarks/linear.py``'s MoE step with te_default (8 experts,
 7168 -> 2048, 8192 tokens in its uneven splits): the experts' weights (16x16, rowwise; packed, and as the BF16
 operand the step's forward takes: "W op"), x (rowwise + RHT columnwise) and dy (rowwise SR + RHT SR columnwise), each
-as the full op, its amax pass and its cast alone (x and dy);
+as the full op, its amax pass and its cast alone (x and dy), and x as the step's forward takes it ("x op": its rowwise
+copy as the BF16 operand, from the cast, or for earlier versions from the packed cast and the expansion);
 ``--prev DIR`` adds the previous version staged in DIR (``tools/stage_gpu_inputs.py --prev``) in the same process,
 best of 3 alternating rounds, with new/prev ratios. ``--device cpu --tiny``: a smoke run (tiny MoE, eager timing).
 """
@@ -102,7 +103,25 @@ def moe_quantizes(lib, x, dy, weights, offsets) -> dict:
         fns[f"{name} cast"] = (lambda t=t, ra=row_amax, ca=col_amax, gs=group_split, config=config, sr=sr, mask=mask:
                                gq.grouped_cast(t, offsets, gs, ra, ca, None, 77, True, True, False, False,
                                                mask if config.rht else -1, 0, config.e4m3_max, sr))
+        if name == "x":  # x as the step's forward takes it: its rowwise copy as the grouped GEMM's BF16 operand
+            fns["x op"] = x_operand_fn(lib, t, offsets, config)
     return fns
+
+
+def x_operand_fn(lib, x, offsets, config):
+    """x's grouped quantize with its rowwise copy as the BF16 operand: written by the cast (versions with
+    ``quantize_nvfp4_grouped_operands``), else the packed quantize and the expansion of its rowwise copy."""
+    gq = lib.kernels.grouped_quantize
+    if hasattr(lib.ops, "quantize_nvfp4_grouped_operands"):
+        return lambda: gq.quantize_grouped_operand(x, offsets, config)
+    row_config = dataclasses.replace(config, columnwise=False, rht=False)
+
+    def packed_then_expanded():
+        bulk = gq.quantize_grouped(x, offsets, config)
+        rows = lib.NVFP4Tensor.from_parts(x.shape, x.dtype, row_config,
+                                          rowwise=(bulk.rowwise_data, bulk.rowwise_scale, bulk.rowwise_amax[:1]))
+        return bulk, lib.ops.nvfp4_operand(rows)
+    return packed_then_expanded
 
 
 def eager_us(fn, iters: int = 1) -> float:

@@ -418,7 +418,7 @@ def quantize_nvfp4_grouped_bulk(
     return ref.nvfp4.quantize_grouped(x2, offsets, config, generator=_ref_generator(config, seed, generator, x.device))
 
 
-def quantize_nvfp4_grouped_operand(
+def quantize_nvfp4_grouped_operands(
     x: torch.Tensor,
     split_sections,
     *,
@@ -427,26 +427,30 @@ def quantize_nvfp4_grouped_operand(
     seed: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
     backend: Optional[str] = None,
-) -> NVFP4Operand:
-    """:func:`quantize_nvfp4_grouped_bulk` of a rowwise-only ``config`` whose rowwise copy comes as the
-    :class:`NVFP4Operand` the Hopper grouped GEMM consumes: the exact BF16 values q * s (M, K), written by the cast
-    itself, with the per-split amaxes (n,). A stack of E experts' weights (E * N, K) split every N rows gives the
-    operand :func:`nvfp4_operand` would expand from their packed stack (reshape the values to (E, N, K)), without
-    the packed copy. Same arguments and checks as :func:`quantize_nvfp4_grouped_bulk`; no ``four_over_six``.
+) -> tuple:
+    """:func:`quantize_nvfp4_grouped_bulk` whose rowwise copy comes as the :class:`NVFP4Operand` the Hopper grouped
+    GEMM consumes: the exact BF16 values q * s (M, K), written by the cast itself, with the rowwise amaxes (per split
+    (n,), per row (M,) for per-token configs). Returns (packed, row): a :class:`GroupedNVFP4Tensor` holding the
+    config's columnwise copy (None when the config has none) and that operand.
+
+    Uses: the tokens of a grouped GEMM that expands its operands (:func:`nvfp4_grouped_gemm` takes the operand as
+    ``a`` with ``offs`` and ``m_splits``), so the GEMM expands nothing for them; a stack of E experts' weights (E * N,
+    K) split every N rows, whose values reshaped to (E, N, K) are what :func:`nvfp4_operand` would expand from their
+    packed stack. Same arguments and checks as :func:`quantize_nvfp4_grouped_bulk`; configs with the rowwise copy and
+    without ``four_over_six``.
     """
     if not isinstance(config, NVFP4QuantConfig):
         raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
-    if config.columnwise or not config.rowwise:
-        raise ValueError("config: quantize_nvfp4_grouped_operand casts the rowwise copy alone (rowwise=True, "
-                         "columnwise=False)")
+    if not config.rowwise:
+        raise ValueError("config: quantize_nvfp4_grouped_operands casts the rowwise copy as the operand (rowwise=True)")
     if config.four_over_six:
-        raise ValueError("config: quantize_nvfp4_grouped_operand takes configs without four_over_six")
+        raise ValueError("config: quantize_nvfp4_grouped_operands takes configs without four_over_six")
     config, x2, offsets, backend = _grouped_inputs(x, split_sections, split_offsets, config, seed, generator, backend,
                                                    {})
     if backend == "triton":
         return grouped_quantize.quantize_grouped_operand(x2, offsets, config, seed=seed, generator=generator)
     t = ref.nvfp4.quantize_grouped(x2, offsets, config, generator=_ref_generator(config, seed, generator, x.device))
-    return ref.gemm.grouped_rowwise_operand(t)
+    return ref.gemm.grouped_operands(t)
 
 
 def _grouped_inputs(x, split_sections, split_offsets, config, seed, generator, backend, options) -> tuple:
@@ -700,7 +704,7 @@ def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] =
 
 def operand_cast_pays(m: int, k: int) -> bool:
     """Whether casting an (m, k) GEMM operand as BF16 values (:func:`quantize_nvfp4_operands`,
-    :func:`quantize_nvfp4_grouped_operand`) is expected to beat the packed cast plus the GEMM's expansion of it, for
+    :func:`quantize_nvfp4_grouped_operands`) is expected to beat the packed cast plus the GEMM's expansion of it, for
     a GEMM that expands its operands (:func:`gemm_takes_expanded`). False without the Triton backend."""
     return triton_available() and nvfp4_quantize.operand_cast_pays(m, k)
 
@@ -716,7 +720,7 @@ def _check_offs_values(ends: list, m: int, m_splits) -> None:
 
 
 def nvfp4_grouped_gemm(
-    a: Union[NVFP4Tensor, GroupedNVFP4Tensor, Sequence[NVFP4Tensor]],
+    a: Union[NVFP4Tensor, GroupedNVFP4Tensor, NVFP4Operand, Sequence[NVFP4Tensor]],
     b: Union[NVFP4Tensor, NVFP4Operand, Sequence[NVFP4Tensor]],
     offs: Optional[torch.Tensor] = None,
     *,
@@ -735,7 +739,10 @@ def nvfp4_grouped_gemm(
        (M_e, K), concatenated here by :func:`nvfp4lab.moe.concat_tokens` (one copy of codes and
        scales; offs must then be None); or a :class:`GroupedNVFP4Tensor` (its rowwise copy; each split is an
        expert's rows, ``offs`` must be None: its split offsets are used), whose per-split amax the GEMM
-       reads as is (large GEMMs then scale in cuBLAS' epilogue, one alpha per expert).
+       reads as is (large GEMMs then scale in cuBLAS' epilogue, one alpha per expert); or an
+       :class:`NVFP4Operand` of values (M, K) (the rowwise operand of :func:`quantize_nvfp4_grouped_operands`)
+       with its amax per split (E,) (per row (M,) for a per-token config, or (1,)), together with ``offs`` and
+       ``m_splits``: it runs as per-expert GEMMs on expanded operands, as ``b`` given so does.
     b: the weights, either one NVFP4Tensor of logical shape (E, N, K) (rowwise amax (1,), (E,) per
        expert or (E*N,) per row), or a list of E NVFP4Tensors (N, K), stacked here by
        :func:`nvfp4lab.moe.stack_weights` (one copy; stack once and pass the result to avoid it), or an
@@ -772,6 +779,15 @@ def nvfp4_grouped_gemm(
         moe.check_rowwise("a", a)
         if offs is None:
             raise ValueError("offs is required when a is one NVFP4Tensor (it says which rows belong to which expert)")
+    elif isinstance(a, NVFP4Operand):
+        if a.values.dim() != 2:
+            raise ValueError(f"a given as an NVFP4Operand must be the tokens' values (M, K), got shape {tuple(a.shape)}")
+        if offs is None or m_splits is None:
+            raise ValueError("a given as an NVFP4Operand needs offs and m_splits (the split sizes on the host): it runs "
+                             "as per-expert GEMMs on expanded operands")
+        _check_tensor("offs", offs, (torch.int32, torch.int64))
+        if not a.config.per_token and a.amax.numel() == offs.numel():
+            a_experts = a.amax
     elif offs is not None:
         raise ValueError("offs must be None when a is a list of per-expert NVFP4Tensors (their sizes give the split)")
     else:
@@ -802,7 +818,8 @@ def nvfp4_grouped_gemm(
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, k = a.m, a.k
     n = b.m // num_experts
-    device = a.rowwise_data.device
+    a_amax = a.amax if isinstance(a, NVFP4Operand) else a.rowwise_amax
+    device = a_amax.device
     if bulk is not None and offs.numel() != num_experts:
         raise ValueError(f"a must have E = {num_experts} splits (one per expert of b), got {offs.numel()}")
     _check_tensor("offs", offs, (torch.int32, torch.int64))
@@ -816,8 +833,9 @@ def nvfp4_grouped_gemm(
             raise TypeError(f"m_splits must be a list or tuple of ints, got {m_splits!r}")
         if len(m_splits) != num_experts or sum(m_splits) != m or min(m_splits) < 0:
             raise ValueError(f"m_splits must hold E = {num_experts} sizes >= 0 summing to M = {m}, got {list(m_splits)}")
-    if a_experts is None and a.rowwise_amax.numel() not in (1, m):
-        raise ValueError(f"a's rowwise_amax must have 1 or M = {m} elements, got {a.rowwise_amax.numel()}")
+    if a_experts is None and a_amax.numel() not in (1, m):
+        raise ValueError(f"a's rowwise_amax must have 1, M = {m} or (a GroupedNVFP4Tensor or NVFP4Operand) E = "
+                         f"{num_experts} elements, got {a_amax.numel()}")
     if b_amax.numel() not in (1, num_experts, num_experts * n):
         raise ValueError(f"b's rowwise_amax must have 1, E = {num_experts} or E*N = {num_experts * n} elements, "
                          f"got {b_amax.numel()}")
@@ -848,7 +866,11 @@ def nvfp4_grouped_gemm(
     if device.type == "meta":  # no values (the reference reads offs): the result's shape and dtype
         return out if out is not None else torch.empty((m, n), dtype=out_dtype, device=device)
     if a_experts is not None:  # the reference reads a per-row amax
-        a = moe.token_operand(bulk, moe.per_row_amax(bulk))
+        if bulk is None:
+            a = NVFP4Operand(a.values, torch.repeat_interleave(a_experts, torch.tensor(m_splits, device=device),
+                                                               output_size=m), a.config)
+        else:
+            a = moe.token_operand(bulk, moe.per_row_amax(bulk))
     return ref.gemm.nvfp4_grouped_gemm(a, b, offs, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
 
 

@@ -51,13 +51,13 @@ def test_linear_benchmark_moe_smoke_run(tmp_path):
 
 
 def test_grouped_quantize_benchmark_moe_smoke_run(tmp_path):
-    """--moe: the MoE step's three grouped quantizes (te_default), full ops (the weights also as the forward's BF16
-    operand) and, for x and dy, the amax pass and the cast alone; CPU: eager timing under the interpreter."""
+    """--moe: the MoE step's three grouped quantizes (te_default), full ops (the weights and x also as the forward's
+    BF16 operands) and, for x and dy, the amax pass and the cast alone; CPU: eager timing under the interpreter."""
     out = tmp_path / "results.json"
     proc = run_script("grouped_quantize.py", "--moe", "--device", "cpu", "--tiny", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [row["op"] for row in rows] == ["W full", "W op", "x full", "x amax", "x cast", "dy full", "dy amax",
-                                           "dy cast"]
+    assert [row["op"] for row in rows] == ["W full", "W op", "x full", "x amax", "x cast", "x op", "dy full",
+                                           "dy amax", "dy cast"]
     assert all(row["us"] > 0 and "prev_us" not in row for row in rows)
     assert "MoE step's grouped quantizes, te_default, 8 x (224 -> 64), 256 tokens" in proc.stdout
 

@@ -35,6 +35,8 @@ SIDES = {"row": (True, False), "col": (False, True), "both": (True, True)}
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.element_size() == 1:  # codes and scales
+        return t
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
@@ -331,15 +333,16 @@ def test_linear_operands_path_same_as_packed(preset):
             torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-2)
 
 
-# ---------------------------------------------------------------- grouped: a stack of experts' weights
+# ---------------------------------------------------------------- grouped: tokens, a stack of experts' weights
 GROUPED_RECIPES = ["tensor", "16x16", "sr", "per-token"]
+GROUPED_COL_RECIPES = ["tensor", "rht", "rht-sr", "per-token"]  # with the columnwise copy (a MoE layer's x and dy)
 
 
 def _check_grouped(x, splits, config, seed=5):
-    """quantize_nvfp4_grouped_operand (Triton, outputs poisoned) against the reference grouped quantize expanded, and
-    the public op's reference backend against the same."""
+    """quantize_grouped_operand (Triton, outputs poisoned) against the reference grouped quantize (its rowwise copy
+    expanded, its columnwise copy as is), and the public op's reference backend against the same."""
     offsets = torch.tensor([0] + splits, device=x.device).cumsum(0)
-    got = grouped_quantize.quantize_grouped_operand(x, offsets, config, seed=seed, poison=True)
+    packed, got = grouped_quantize.quantize_grouped_operand(x, offsets, config, seed=seed, poison=True)
     if config.stochastic_rounding:  # the packed grouped cast with the same seed draws the same bytes
         bulk = grouped_quantize.quantize_grouped(x, offsets, config, seed=seed, poison=True)
     else:
@@ -348,9 +351,19 @@ def _check_grouped(x, splits, config, seed=5):
     assert got.values.dtype == torch.bfloat16 and got.values.shape == x.shape
     assert _same(got.values, want.values) and _same(got.amax, want.amax)
     assert got.config.rowwise and not got.config.columnwise
+    if config.columnwise:
+        assert not packed.config.rowwise and packed.rowwise_data is None and torch.equal(packed.split_offsets, offsets)
+        assert torch.equal(packed.columnwise_data, bulk.columnwise_data)
+        assert torch.equal(packed.columnwise_scale, bulk.columnwise_scale)
+        assert _same(packed.columnwise_amax, bulk.columnwise_amax)
+    else:
+        assert packed is None
     if not config.stochastic_rounding:
-        public = ops.quantize_nvfp4_grouped_operand(x, splits, config=config, backend="ref")
+        public_packed, public = ops.quantize_nvfp4_grouped_operands(x, splits, config=config, backend="ref")
         assert _same(public.values, want.values) and _same(public.amax, want.amax)
+        assert (public_packed is None) == (packed is None)
+        if packed is not None:
+            assert torch.equal(public_packed.columnwise_data, packed.columnwise_data)
 
 
 @pytest.mark.parametrize("recipe", GROUPED_RECIPES)
@@ -359,6 +372,15 @@ def test_grouped_operand_matches_reference(recipe, splits):
     config = NVFP4QuantConfig(rowwise=True, columnwise=False, scale_layout="compact", **RECIPES[recipe])
     x = _input((sum(splits), 80), torch.bfloat16, DEV, seed=4)
     x[16:64] *= 1000.0  # splits with amaxes far apart: each its own global scale
+    _check_grouped(x, splits, config)
+
+
+@pytest.mark.parametrize("recipe", GROUPED_COL_RECIPES)
+@pytest.mark.parametrize("splits", [[16, 0, 48, 32], [64, 32]])
+def test_grouped_operand_with_columnwise_copy_matches_reference(recipe, splits):
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, scale_layout="compact", **RECIPES[recipe])
+    x = _input((sum(splits), 80), torch.bfloat16, DEV, seed=7)
+    x[16:64] *= 1000.0
     _check_grouped(x, splits, config)
 
 
@@ -377,34 +399,62 @@ def test_grouped_operand_of_stacked_weights_equals_nvfp4_operand():
     rowwise, _ = F.quantize_grouped_weights(weights, recipe, columnwise=False)
     want = ops.nvfp4_operand(rowwise)
     config = NVFP4QuantConfig(rowwise=True, columnwise=False, block="16x16", scale_layout="compact")
-    got = ops.quantize_nvfp4_grouped_operand(torch.cat(weights), [32] * 3, config=config, backend="triton")
+    packed, got = ops.quantize_nvfp4_grouped_operands(torch.cat(weights), [32] * 3, config=config, backend="triton")
+    assert packed is None
     assert _same(got.values.view(3, 32, 64), want.values) and _same(got.amax, want.amax)
+
+
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+@pytest.mark.parametrize("recipe", ["rht", "per-token"])
+def test_grouped_gemm_of_token_operand_equals_packed(recipe, backend):
+    """nvfp4_grouped_gemm with a given as the tokens' operand (per-split or per-row amax) equals the GEMM of the
+    packed grouped tensor, bit for bit (one reference product per expert either way)."""
+    splits = [32, 0, 48, 16]
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, scale_layout="compact", **RECIPES[recipe])
+    x = _input((sum(splits), 64), torch.bfloat16, DEV, seed=9)
+    x[32:80] *= 100.0
+    w = _input((4 * 24, 64), torch.bfloat16, DEV, seed=10)
+    wq = nvfp4lab.quantize_nvfp4(w.view(4, 24, 64).reshape(96, 64), block="16x16")
+    wq = nvfp4lab.NVFP4Tensor.from_parts(torch.Size((4, 24, 64)), wq.dtype, wq.config,
+                                         rowwise=(wq.rowwise_data, wq.rowwise_scale, wq.rowwise_amax))
+    bulk = ops.quantize_nvfp4_grouped_bulk(x, splits, config=config, backend=backend)
+    _, x_op = ops.quantize_nvfp4_grouped_operands(x, splits, config=config, backend=backend)
+    offs = bulk.split_offsets[1:]
+    want = ops.nvfp4_grouped_gemm(bulk, wq, backend=backend, m_splits=splits, out_dtype=torch.float32)
+    got = ops.nvfp4_grouped_gemm(x_op, wq, offs, backend=backend, m_splits=splits, out_dtype=torch.float32)
+    assert _same(got, want)
+    with pytest.raises(ValueError, match="m_splits"):
+        ops.nvfp4_grouped_gemm(x_op, wq, offs, backend=backend)
+    with pytest.raises(ValueError, match="offs"):
+        ops.nvfp4_grouped_gemm(x_op, wq, backend=backend, m_splits=splits)
 
 
 def test_grouped_operand_bad_input_and_empty():
     x = torch.randn(32, 64, device=DEV)
     with pytest.raises(ValueError, match="rowwise"):
-        ops.quantize_nvfp4_grouped_operand(x, [16, 16], config=NVFP4QuantConfig(columnwise=True, scale_layout="compact"))
-    with pytest.raises(ValueError, match="four_over_six"):
-        ops.quantize_nvfp4_grouped_operand(x, [16, 16], config=NVFP4QuantConfig(four_over_six="mae",
+        ops.quantize_nvfp4_grouped_operands(x, [16, 16], config=NVFP4QuantConfig(rowwise=False, columnwise=True,
                                                                                  scale_layout="compact"))
+    with pytest.raises(ValueError, match="four_over_six"):
+        ops.quantize_nvfp4_grouped_operands(x, [16, 16], config=NVFP4QuantConfig(four_over_six="mae",
+                                                                                  scale_layout="compact"))
     with pytest.raises(ValueError, match="split_sections"):
-        ops.quantize_nvfp4_grouped_operand(x, [8, 24], config=NVFP4QuantConfig(block="16x16", scale_layout="compact"))
+        ops.quantize_nvfp4_grouped_operands(x, [8, 24], config=NVFP4QuantConfig(block="16x16", scale_layout="compact"))
     with pytest.raises(TypeError, match="config"):
-        ops.quantize_nvfp4_grouped_operand(x, [16, 16], config=None)
-    empty = ops.quantize_nvfp4_grouped_operand(torch.empty(0, 64, device=DEV), [0, 0],
-                                               config=NVFP4QuantConfig(scale_layout="compact"), backend="triton")
+        ops.quantize_nvfp4_grouped_operands(x, [16, 16], config=None)
+    packed, empty = ops.quantize_nvfp4_grouped_operands(torch.empty(0, 64, device=DEV), [0, 0],
+                                                        config=NVFP4QuantConfig(scale_layout="compact"), backend="triton")
+    assert packed is None
     assert empty.values.shape == (0, 64) and empty.amax.shape == (2,) and torch.equal(empty.amax, torch.zeros(2))
 
 
 def test_grouped_operand_traced_equal_eager():
     x = _input((48, 64), torch.bfloat16, DEV, seed=8)
     offsets = torch.tensor([0, 16, 48], device=DEV)
-    config = NVFP4QuantConfig(rowwise=True, columnwise=False, block="16x16", scale_layout="compact")
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True, scale_layout="compact")
 
     def cast(t):
-        op = grouped_quantize.quantize_grouped_operand(t, offsets, config)
-        return op.values, op.amax
+        packed, op = grouped_quantize.quantize_grouped_operand(t, offsets, config)
+        return op.values, op.amax, packed.columnwise_data, packed.columnwise_scale, packed.columnwise_amax
 
     compiled = torch.compile(cast, backend="aot_eager", fullgraph=True)
     for got, want in zip(compiled(x), cast(x)):
@@ -413,9 +463,12 @@ def test_grouped_operand_traced_equal_eager():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", GROUPED_RECIPES)
-def test_gpu_grouped_operand_large(recipe):
-    """The MoE weight stack's shape class on the GPU (the hardware conversions): 8 experts of 256 x 2048."""
-    config = NVFP4QuantConfig(rowwise=True, columnwise=False, scale_layout="compact", **RECIPES[recipe])
+@pytest.mark.parametrize("columnwise", [False, True])
+def test_gpu_grouped_operand_large(recipe, columnwise):
+    """The MoE weight stack's and tokens' shape class on the GPU (the hardware conversions): 8 splits of 256 x 2048."""
+    if columnwise and recipe == "16x16":
+        recipe = "rht"  # a token config: the columnwise copy with RHT
+    config = NVFP4QuantConfig(rowwise=True, columnwise=columnwise, scale_layout="compact", **RECIPES[recipe])
     x = _input((8 * 256, 2048), torch.bfloat16, "cuda", seed=12)
     x[256:512] *= 1e4
     _check_grouped(x, [256] * 8, config)

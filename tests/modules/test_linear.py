@@ -305,13 +305,14 @@ def test_grouped_linear_dgrad_from_the_rowwise_weight_copy(preset, backend, save
     equals the per-expert Linears bit for bit, and it quantizes no columnwise weight copy. With
     ``save_weight_operand`` the forward makes the weights' BF16 operand once (by the cast itself where that pays,
     here forced; 4over6 has no such cast and expands its packed stack) and dgrad takes it: no expansion in backward,
-    no packed cache."""
+    no packed cache. As the grouped GEMMs expand their operands here, x's cast writes x's rowwise operand (not for
+    4over6 activations)."""
     monkeypatch.setattr(opt_flags, "OPERAND_CAST_MIN_ELEMENTS", 0)
     calls = []
-    for name in ("nvfp4_operand", "quantize_nvfp4_grouped_operand"):
+    for name in ("nvfp4_operand", "quantize_nvfp4_grouped_operands"):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, _real=real, _name=name, **kw: calls.append(
-            (_name, kw.get("transposed", False))) or _real(*a, **kw))
+            (_name, kw["config"].columnwise if "config" in kw else kw.get("transposed", False))) or _real(*a, **kw))
     recipe = GROUPED_PRESETS[preset]
     grouped, experts = _grouped_and_experts(recipe, num=4, backend=backend)
     grouped.save_weight_operand = save_operand
@@ -319,14 +320,15 @@ def test_grouped_linear_dgrad_from_the_rowwise_weight_copy(preset, backend, save
     x = torch.randn(64, 64, requires_grad=True)
     dy = torch.randn(64, 32)
     grouped(x, splits).backward(dy)
+    x_cast = [] if preset == "four_over_six" else [("quantize_nvfp4_grouped_operands", True)]  # columnwise for dW
     if save_operand:
         assert "grouped" not in grouped._quantized_weights
-        made = "nvfp4_operand" if preset == "four_over_six" else "quantize_nvfp4_grouped_operand"
-        assert calls == [(made, False)]
+        made = "nvfp4_operand" if preset == "four_over_six" else "quantize_nvfp4_grouped_operands"
+        assert calls == [(made, False)] + x_cast
     else:
         ((_, (row_stack, col_stack)),) = [v for name, v in grouped._quantized_weights.items() if name == "grouped"]
         assert row_stack is not None and col_stack is None
-        assert calls == [("nvfp4_operand", True)]
+        assert calls == x_cast + [("nvfp4_operand", True)]
     xe = x.detach().clone().requires_grad_(True)
     torch.cat([e(part) for e, part in zip(experts, xe.split(splits))]).backward(dy)
     assert torch.equal(x.grad, xe.grad)
@@ -591,7 +593,8 @@ def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped
     """Where the GEMMs expand their operands (forced here; the GPU's large-M paths), a compiled step takes the eager
     step's paths, with a static or a symbolic token count: W quantized rowwise only (16x16) and read transposed for
     dgrad (dense Linear: the expansion op in backward; GroupedLinear: W's operand cast in forward and saved), x and
-    dy cast straight to BF16 operands (dense Linear; forced too). Same results as eager, bit for bit."""
+    dy cast straight to BF16 operands (dense Linear, forced too; GroupedLinear: x's rows). Same results as eager, bit
+    for bit."""
     monkeypatch.setattr(ops, "takes_operands_by_rule", lambda *args, **kwargs: True)
     monkeypatch.setattr(opt_flags, "OPERAND_CAST_MIN_ELEMENTS", 0)
     sys.modules["nvfp4lab.functional.linear"]._clear_path_caches()
@@ -610,8 +613,9 @@ def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped
     if grouped:  # W's operand made in the forward by the grouped cast itself (forced to pay), kept for dgrad
         assert len(_custom_op_calls(forward, "nvfp4_grouped_gemm")) == 1
         assert not _custom_op_calls(backward, "nvfp4_expand_rowwise")
-        quantizes = _custom_op_calls(forward, "nvfp4_grouped_quantize")  # x, then W with row_operand (the last arg)
-        assert len(quantizes) == 2 and quantizes[0][-1] is not True and quantizes[1][-1] is True
+        # W (16x16 blocks), then x (1x16 with its columnwise copy), each with row_operand (the last arg)
+        quantizes = _custom_op_calls(forward, "nvfp4_grouped_quantize")  # (x, offsets, seed_tensor, seed, block, ...)
+        assert [(q[4], q[-1]) for q in quantizes] == [("16x16", True), ("1x16", True)]
         return
     assert len(_custom_op_calls(backward, "nvfp4_expand_rowwise")) == 1
     quantizes = _custom_op_calls(forward, "nvfp4_quantize")

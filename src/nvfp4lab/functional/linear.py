@@ -469,8 +469,8 @@ def quantize_grouped_weights(weights: Sequence[torch.Tensor], recipe=None, *, co
     n, k = weights[0].shape
     if operand and not (config.broadcast_2d or config.four_over_six) and ops.operand_cast_pays(num * n, k):
         stacked_hp, offsets = _stacked_weights_hp(weights)
-        op = ops.quantize_nvfp4_grouped_operand(stacked_hp.reshape(num * n, k), [n] * num, split_offsets=offsets,
-                                                config=_replaced(config, scale_layout="compact"), backend=backend)
+        _, op = ops.quantize_nvfp4_grouped_operands(stacked_hp.reshape(num * n, k), [n] * num, split_offsets=offsets,
+                                                    config=_replaced(config, scale_layout="compact"), backend=backend)
         return NVFP4Operand(op.values.view(num, n, k), op.amax, op.config), None
     if operand:
         rowwise, _ = quantize_grouped_weights(weights, recipe, columnwise=False, backend=backend)
@@ -626,35 +626,50 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
                      save_weight_operand: bool):
     """y of all experts in one grouped quantize + one grouped GEMM. Returns (y, tensors to save, meta).
     ``save_weight_operand``: where dgrad reads W's rowwise copy transposed, W's BF16 operand is made once here
-    (by the cast where that pays) and saved for dgrad (:func:`grouped_linear`)."""
+    (by the cast where that pays) and saved for dgrad (:func:`grouped_linear`). Where the grouped GEMM expands its
+    operands, x's cast writes x's rowwise operand itself (:func:`_x_operand_applies`)."""
     m, k = x2.shape
     n = weights[0].shape[0]
+    num = len(weights)
     any_wgrad = any(need_wgrads)
     x_dtype = x2.dtype
     x2 = x2.to(cdtype)
     padded = any_wgrad and layout.needs_padding  # only columnwise copies need 16-token splits
     sizes, offsets = layout.quantized_splits(padded)
-    qx = _grouped_quantize(recipe, "input", layout.pad(x2) if padded else x2, sizes, offsets,
-                           rowwise=True, columnwise=any_wgrad, backend=backend)
-    w_rowwise_t = need_dgrad and dgrad_reads_rowwise(recipe, m, n, k, x2.device, backend, num_experts=len(weights))
+    w_rowwise_t = need_dgrad and dgrad_reads_rowwise(recipe, m, n, k, x2.device, backend, num_experts=num)
     w_columnwise = need_dgrad and not w_rowwise_t
     w_op = None
+    side = None
     if save_weight_operand and w_rowwise_t:
-        if stacked is not None:
-            w_op = ops.nvfp4_operand(stacked[0], backend=backend)
-        elif qweights is not None:
-            w_op = ops.nvfp4_operand(stack_grouped_weights(qweights, columnwise=False, backend=backend)[0],
-                                     backend=backend)
-        else:
-            w_op = quantize_grouped_weights(weights, recipe, columnwise=False, backend=backend, operand=True)[0]
+        side = _side_stream(x2.device)
+        with _on_stream(side):
+            if stacked is not None:
+                w_op = ops.nvfp4_operand(stacked[0], backend=backend)
+            elif qweights is not None:
+                w_op = ops.nvfp4_operand(stack_grouped_weights(qweights, columnwise=False, backend=backend)[0],
+                                         backend=backend)
+            else:
+                w_op = quantize_grouped_weights(weights, recipe, columnwise=False, backend=backend, operand=True)[0]
     elif stacked is None or (w_columnwise and stacked[1] is None):
         if qweights is None or (w_columnwise and any(q.columnwise_data is None for q in qweights)):
             stacked = quantize_grouped_weights(weights, recipe, columnwise=w_columnwise, backend=backend)
         else:
             stacked = stack_grouped_weights(qweights, columnwise=w_columnwise, backend=backend)
+    x_in = layout.pad(x2) if padded else x2
+    if _x_operand_applies(recipe, sum(sizes), n, k, num, x2.device, backend):
+        config = _replaced(_tensor_config(recipe, "input", True, any_wgrad), scale_layout="compact")
+        qx, x_op = ops.quantize_nvfp4_grouped_operands(x_in, list(sizes), split_offsets=offsets, config=config,
+                                                       backend=backend)
+        a, offs = x_op, offsets[1:]
+    else:
+        qx = a = _grouped_quantize(recipe, "input", x_in, sizes, offsets, rowwise=True, columnwise=any_wgrad,
+                                   backend=backend)
+        offs = None
+    if side is not None:  # W's cast ran beside x's: the GEMM waits for it, W's operand lives on
+        _join(side, w_op.values, w_op.amax)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
-    y = ops.nvfp4_grouped_gemm(qx, stacked[0] if w_op is None else w_op, out_dtype=cdtype, bias=bias, backend=backend,
-                               m_splits=list(sizes))
+    y = ops.nvfp4_grouped_gemm(a, stacked[0] if w_op is None else w_op, offs, out_dtype=cdtype, bias=bias,
+                               backend=backend, m_splits=list(sizes))
     if padded:
         y = layout.unpad(y)
     meta = dict(m=m, n=n, k=k, x_dtype=x_dtype, w_dtypes=[w.dtype for w in weights],
@@ -673,6 +688,48 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
         saved[4:7] = [w.rowwise_data, w.rowwise_scale, w.rowwise_amax]
         meta["w_meta"] = (w.shape, w.dtype, w.config)
     return y, saved, meta
+
+
+def _x_operand_applies(recipe, m: int, n: int, k: int, num_experts: int, device, backend) -> bool:
+    """Whether the forward's grouped cast of x (m, k) writes x's rowwise copy as the BF16 operand
+    (:func:`nvfp4lab.ops.quantize_nvfp4_grouped_operands`): where the grouped GEMM (m, n, k) of ``num_experts``
+    expands its operands anyway, for x configs whose cast has that output (no four_over_six, no PR 3045 2D)."""
+    config = _tensor_config(recipe, "input", True, False)
+    if config.four_over_six or config.broadcast_2d:
+        return False
+    return _takes_expanded(m, n, k, device, backend, num_experts)
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    """The CUDA stream on which the grouped forward casts the weights while x's cast runs on the current stream
+    (one per device; the two casts are independent and, one bandwidth-bound and one instruction-bound, overlap on
+    the GPU). None off CUDA and while torch.compile traces (the casts then run in order)."""
+    if device.type != "cuda" or ops.compiling():
+        return None
+    stream = _SIDE_STREAMS.get(device.index)
+    if stream is None:
+        stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
+    return stream
+
+
+def _on_stream(stream):
+    """Work issued inside runs on ``stream`` after what the current stream issued before (a no-op for None)."""
+    if stream is None:
+        return contextlib.nullcontext()
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    return torch.cuda.stream(stream)
+
+
+def _join(stream, *outputs: torch.Tensor) -> None:
+    """The current stream waits for ``stream``, and ``outputs`` made there stay allocated until the current
+    stream's work issued so far is done with them."""
+    current = torch.cuda.current_stream(stream.device)
+    current.wait_stream(stream)
+    for t in outputs:
+        t.record_stream(current)
 
 
 def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):

@@ -23,7 +23,8 @@ single op's cast kernel, so the grids depend only on (M, K), never on the split 
   split reproduce the single op's random bits for the same seed; the others differ, statistically alike).
 
 :func:`quantize_grouped_operand` runs the same passes with the cast writing each split's rowwise copy as the exact
-BF16 GEMM operand (``cast16_kernel``'s ROW_OPERAND): the stacked experts' weights the Hopper grouped GEMM takes.
+BF16 GEMM operand (``cast16_kernel``'s ROW_OPERAND): the tokens or the stacked experts' weights as the Hopper grouped
+GEMM takes them.
 
 Eager calls run both passes from a plan cached per config, shape, split count and alignments
 (:class:`_GroupedPlan`), so that they only allocate and launch; traced calls run the same plan through the one
@@ -38,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import NVFP4QuantConfig, operand_config
+from ..config import NVFP4QuantConfig, operand_config, with_copies
 from ..layout import cdiv
 from ..tensors import GroupedNVFP4Tensor, NVFP4Operand
 from .formats import soft_bf16_loads
@@ -512,17 +513,24 @@ def quantize_grouped_operand(
     seed: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
     poison: bool = False,
-) -> NVFP4Operand:
-    """:func:`quantize_grouped` of a rowwise-only config whose cast writes each split's rowwise copy as the exact
-    BF16 GEMM operand q * s (M, K) instead of codes and scales (``cast16_kernel``'s ROW_OPERAND), with the per-split
-    amaxes (n,): the operand of a stack of experts' weights that the grouped GEMM would otherwise expand. Same amax
-    pass, same codes, same bits as :func:`quantize_grouped` followed by the expansion."""
-    if config.columnwise or not config.rowwise:
-        raise ValueError("quantize_grouped_operand: a rowwise-only config (the operand is the rowwise copy)")
+) -> tuple:
+    """:func:`quantize_grouped` whose cast writes each split's rowwise copy as the exact BF16 GEMM operand q * s
+    (M, K) instead of codes and scales (``cast16_kernel``'s ROW_OPERAND). Returns (packed, row): a
+    :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor` holding the columnwise copy where the config asks one (else None),
+    and the :class:`~nvfp4lab.NVFP4Operand` with the rowwise amaxes (per split (n,), per row (M,) per token): the
+    tokens' operand of a Hopper grouped GEMM, or a stack of experts' weights. Same amax pass, same codes, same bits
+    as :func:`quantize_grouped` followed by the expansion of its rowwise copy."""
+    if not config.rowwise:
+        raise ValueError("quantize_grouped_operand: a config with the rowwise copy (the operand)")
     if config.four_over_six:
         raise ValueError("quantize_grouped_operand: configs without four_over_six (its cast has no operand output)")
-    _, _, parts = _grouped_parts(x2d, split_offsets, config, seed, generator, (0, 0, 0), poison, True)
-    return NVFP4Operand(parts[2], parts[0], operand_config(config, False))
+    x2d, offsets, parts = _grouped_parts(x2d, split_offsets, config, seed, generator, (0, 0, 0), poison, True)
+    row_amax, col_amax, row_values, _, col_data, col_scale = parts
+    packed = None
+    if config.columnwise:
+        packed = GroupedNVFP4Tensor.from_parts(x2d.shape, x2d.dtype, with_copies(config, False, True), offsets,
+                                               columnwise=(col_data, col_scale, col_amax))
+    return packed, NVFP4Operand(row_values, row_amax, operand_config(config, False))
 
 
 def _grouped_parts(x2d, split_offsets, config, seed, generator, tile: tuple, poison: bool, row_operand: bool) -> tuple:

@@ -10,7 +10,8 @@ Operands (both K-major, cuBLAS "TN"; the rowwise copies of two :class:`~nvfp4lab
 
 Dense GEMMs also take either operand as an :class:`~nvfp4lab.NVFP4Operand` (BF16 q * s (rows, K) in K order,
 written by the cast itself; layout name :data:`.nvfp4_gemm_details.common.EXPANDED`): such a product runs
-the dequant_mm path, which then expands only the packed operand, in K order.
+the dequant_mm path, which then expands only the packed operand, in K order. Grouped GEMMs with host split sizes
+take them too (A's values (M, K), B's stacked (E, N, K)).
 
 Numerics (spec section 12, :mod:`nvfp4lab.ref.gemm`)::
 
@@ -92,8 +93,8 @@ def _launch(
     inv_e = gemm_inv(e_max_a, e_max_b)
     config = opt_flags.resolve_config(config, m, n, k, num_experts, grouped, splits is not None, device)
     if a.expanded or b.expanded:
-        if grouped and (a.expanded or splits is None):
-            raise ValueError("a grouped GEMM takes only B given expanded (NVFP4Operand), with host split sizes")
+        if grouped and splits is None:
+            raise ValueError("a grouped GEMM takes operands given expanded (NVFP4Operand) with host split sizes")
         if not config.dequant_mm:
             config = opt_flags.dequant_config(device)
     if grouped and config.dequant_mm:  # host split sizes: per-expert cuBLAS GEMMs on expanded operands

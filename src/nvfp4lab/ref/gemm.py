@@ -66,9 +66,19 @@ def expanded_operands(t: NVFP4Tensor, rowwise: bool, columnwise: bool) -> tuple:
 
 def grouped_rowwise_operand(t) -> NVFP4Operand:
     """The rowwise copy of a grouped quantize (a :class:`~nvfp4lab.tensors.GroupedNVFP4Tensor`, compact scales) as
-    one :class:`NVFP4Operand`: BF16 q * s (M, K), exact, with the per-split amaxes (n,)."""
+    one :class:`NVFP4Operand`: BF16 q * s (M, K), exact, with the per-split amaxes (n,) (per row (M,) per token)."""
     values = block_dequantized(t.rowwise_data, t.rowwise_scale)
     return NVFP4Operand(values.to(torch.bfloat16), t.rowwise_amax, operand_config(t.config, False))
+
+
+def grouped_operands(t) -> tuple:
+    """(packed, row) of a grouped quantize ``t`` with a rowwise copy: ``t``'s columnwise copy alone (a
+    GroupedNVFP4Tensor, None when ``t`` has none) and its rowwise copy as :func:`grouped_rowwise_operand`."""
+    packed = None
+    if t.columnwise_data is not None:
+        packed = type(t).from_parts(t.shape, t.dtype, with_copies(t.config, False, True), t.split_offsets,
+                                    columnwise=(t.columnwise_data, t.columnwise_scale, t.columnwise_amax))
+    return packed, grouped_rowwise_operand(t)
 
 
 def _operand_values(t, rows: int, k: int) -> tuple:
@@ -152,7 +162,8 @@ def nvfp4_grouped_gemm(
 ) -> torch.Tensor:
     """Grouped (MoE) GEMM, defined as one :func:`nvfp4_gemm` per expert.
 
-    a: (M, K) with amax (1,) or (M,); b: the E experts' weights stacked, E*N rows, amax (1,), (E,)
+    a: (M, K) with amax (1,) or (M,) (an NVFP4Tensor, or an NVFP4Operand of values (M, K)); b: the E experts'
+    weights stacked, E*N rows, amax (1,), (E,)
     per expert or (E*N,) per row (an NVFP4Tensor, or an NVFP4Operand of values (E, N, K)); offs: (E,)
     cumulative row ends, expert e owns rows offs[e-1]:offs[e] of a and out (offs[-1] = 0), offs[E-1] == M.
     bias: (N,) or (E, N).
@@ -164,15 +175,19 @@ def nvfp4_grouped_gemm(
     starts = [0] + ends[:-1]
     if any(e < s for s, e in zip(starts, ends)) or ends[-1] != m:
         raise ValueError(f"offs must be nondecreasing cumulative row ends with offs[-1] == M = {m}, got {ends}")
-    a_scale = compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16)
-    expanded_b = isinstance(b, NVFP4Operand)
+    expanded_a, expanded_b = isinstance(a, NVFP4Operand), isinstance(b, NVFP4Operand)
+    a_scale = None if expanded_a else compact_scales(a.rowwise_scale, a.scale_layout, m, k // 16)
     b_scale = None if expanded_b else compact_scales(b.rowwise_scale, b.scale_layout, b.m, k // 16)
-    a_amax, b_amax = a.rowwise_amax.reshape(-1), (b.amax if expanded_b else b.rowwise_amax).reshape(-1)
-    result = torch.empty(m, n, dtype=out_dtype, device=a.rowwise_data.device) if out is None else out
+    a_amax, b_amax = (a.amax if expanded_a else a.rowwise_amax).reshape(-1), (b.amax if expanded_b else b.rowwise_amax).reshape(-1)
+    result = torch.empty(m, n, dtype=out_dtype, device=a_amax.device) if out is None else out
     for e, (r0, r1) in enumerate(zip(starts, ends)):
         if r1 == r0:
             continue
-        a_e = _rows(a, a_scale, a_amax if a_amax.numel() == 1 else a_amax[r0:r1], r0, r1)
+        a_amax_e = a_amax if a_amax.numel() == 1 else a_amax[r0:r1]
+        if expanded_a:
+            a_e = NVFP4Operand(a.values[r0:r1], a_amax_e, a.config)
+        else:
+            a_e = _rows(a, a_scale, a_amax_e, r0, r1)
         if b_amax.numel() == 1:
             b_amax_e = b_amax
         elif b_amax.numel() == num_experts * n and n != 1:

@@ -341,6 +341,10 @@ def expand_split_k_kernel(
         size = tl.where(hit, hi - lo, size)
         tiles_before += tiles
     local_k = pid_k - first_tile
+    # Split sizes and offsets are multiples of 16; written as such (a hint on the loop's results is lost), code
+    # rows start on 8-byte boundaries and their masks hold over 8 bytes, so codes load as 64-bit words, not bytes.
+    start = (start // 16) * 16
+    size = (size // 16) * 16
     if pid_r < a_tiles:
         _expand_rows(a_ptr + a_rows * start // 2, a_scale_ptr + a_rows * start // 16, a_out_ptr + first_tile * BLOCK_K,
                      a_rows, size, size // 2, size // 16, 0, stride_ao, tab_lo, pid_r, local_k, False, DECODE, BLOCK_R,
