@@ -706,13 +706,15 @@ _SIDE_STREAMS: dict = {}
 def _side_stream(device: torch.device):
     """The CUDA stream on which the grouped forward casts the weights while x's cast runs on the current stream
     (one per device; the two casts are independent and, one bandwidth-bound and one instruction-bound, overlap on
-    the GPU). None off CUDA and while torch.compile traces (the casts then run in order)."""
+    the GPU), while a CUDA graph is captured: there the fork and join cost the host nothing per replay. Elsewhere
+    None (the casts run in order): eager, the fork and join cost the host more than the overlap saves on the GPU at
+    the sizes where they apply (benchmarks/RESULTS.md), and torch.compile traces one stream."""
     if device.type != "cuda" or ops.compiling():
         return None
     stream = _SIDE_STREAMS.get(device.index)
-    if stream is None:
+    if stream is None:  # made on first use, in eager warm-up steps before a capture as a rule
         stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
-    return stream
+    return stream if ops.graph_capturing(device) else None
 
 
 def _on_stream(stream):
