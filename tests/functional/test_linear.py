@@ -5,6 +5,7 @@ multiply in float64 (the reference GEMM), within the GEMM tolerance (rtol 2^-7).
 The expected side never calls the recipe's role mapping or the functional code. Stochastic rounding
 is reproduced by re-seeding before the single gradient quantization (same backend, same bits).
 """
+import contextlib
 import itertools
 
 import pytest
@@ -227,6 +228,59 @@ def test_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise)
     layer(x.clone().requires_grad_(True)).sum().backward()
     ((_, has_columnwise, cached),) = layer._quantized_weights.values()
     assert has_columnwise == (not takes) and (cached.columnwise_data is None) == takes
+
+
+@pytest.mark.parametrize("operand_casts", [False, True], ids=["packed_casts", "operand_casts"])
+def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from_rowwise, monkeypatch):
+    """In a captured graph (the side stream stood in for on the CPU) a Linear step issues first, on the side stream:
+    W's cast in the forward; W^T's and x^T's operands and the bias gradient in the backward; x's and dy's casts and
+    every GEMM stay on the current stream. Where those casts write BF16 operands (forced here) nothing forks. The
+    results are the same either way."""
+    import sys
+
+    from nvfp4lab import ops
+    from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
+
+    fl = sys.modules["nvfp4lab.functional.linear"]
+    if operand_casts:
+        monkeypatch.setattr(ops, "takes_operands_by_rule", lambda *args, **kwargs: True)
+        monkeypatch.setattr(opt_flags, "OPERAND_CAST_MIN_ELEMENTS", 0)
+    fl._clear_path_caches()
+    recipe = RECIPES["te_default"]
+    x, w, b, dy = make_inputs("cpu")
+    want = run_linear(x, w, b, dy, recipe, "triton")
+    events, inside = [], []
+
+    class Side:
+        def __enter__(self):
+            inside.append(True)
+
+        def __exit__(self, *exc):
+            inside.pop()
+
+    def record(name, fn):
+        def wrapped(*args, **kwargs):
+            events.append((name, bool(inside)))
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(fl, "fork", lambda device: events.append(("fork", False)) or "side")
+    monkeypatch.setattr(fl, "on_stream", lambda stream: Side() if stream == "side" else contextlib.nullcontext())
+    monkeypatch.setattr(fl, "join", lambda stream, *outputs: events.append(("join", bool(inside))))
+    for name in ("quantize_nvfp4", "quantize_nvfp4_operands", "nvfp4_operand", "nvfp4_gemm"):
+        monkeypatch.setattr(ops, name, record(name, getattr(ops, name)))
+    monkeypatch.setattr(torch.Tensor, "sum", record("sum", torch.Tensor.sum))
+    got = run_linear(x, w, b, dy, recipe, "triton")
+    for g, e in zip(got, want):
+        assert torch.equal(g, e)
+    if operand_casts:
+        assert ("fork", False) not in events and not any(on_side for _, on_side in events)
+        return
+    assert events == [
+        ("fork", False), ("quantize_nvfp4", True), ("quantize_nvfp4", False), ("join", False), ("nvfp4_gemm", False),  # forward
+        ("fork", False), ("nvfp4_operand", True), ("nvfp4_operand", True), ("sum", True),  # W^T, x^T, db
+        ("quantize_nvfp4", False), ("join", False), ("nvfp4_gemm", False), ("nvfp4_gemm", False),
+    ]
 
 
 @pytest.mark.gpu

@@ -592,7 +592,7 @@ def _custom_op_calls(graph, name: str) -> list:
 def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped, symbolic_tokens, monkeypatch):
     """Where the GEMMs expand their operands (forced here; the GPU's large-M paths), a compiled step takes the eager
     step's paths, with a static or a symbolic token count: W quantized rowwise only (16x16) and read transposed for
-    dgrad (dense Linear: the expansion op in backward; GroupedLinear: W's operand cast in forward and saved), x and
+    dgrad (dense Linear: the expansion op in backward, with x^T's for wgrad; GroupedLinear: W's operand cast in forward and saved), x and
     dy cast straight to BF16 operands (dense Linear, forced too; GroupedLinear: x's rows). Same results as eager, bit
     for bit."""
     monkeypatch.setattr(ops, "takes_operands_by_rule", lambda *args, **kwargs: True)
@@ -617,7 +617,9 @@ def test_torch_compile_takes_the_expanded_gemm_paths(dgrad_from_rowwise, grouped
         quantizes = _custom_op_calls(forward, "nvfp4_grouped_quantize")  # (x, offsets, seed_tensor, seed, block, ...)
         assert [(q[4], q[-1]) for q in quantizes] == [("16x16", True), ("1x16", True)]
         return
-    assert len(_custom_op_calls(backward, "nvfp4_expand_rowwise")) == 1
+    # W^T's operand (dgrad) and x^T's (wgrad), expanded ahead of dy's cast; the GEMMs expand nothing
+    expansions = _custom_op_calls(backward, "nvfp4_expand_rowwise")  # (data, scale, amax, layout, k)
+    assert [tuple(e[0].meta["val"].shape) for e in expansions] == [(48, 32), (64, 32)]
     quantizes = _custom_op_calls(forward, "nvfp4_quantize")
     weight = [q for q in quantizes if q[5] == "16x16"]  # (x, amax, columnwise_amax, seed_tensor, seed, block, rowwise, columnwise, ...)
     assert len(weight) == 1 and weight[0][6:8] == (True, False)

@@ -49,6 +49,7 @@ from ..checks import check_tensor as _check_float
 from ..config import MXFP8QuantConfig, operand_config, with_copies
 from ..layout import roundup as _roundup
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
+from ..runtime import fork, join, on_stream
 from ..tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Operand, NVFP4Tensor, cumulative_offsets
 
 QuantizedTensor = Union[NVFP4Tensor, MXFP8Tensor]
@@ -263,6 +264,7 @@ class _GemmPlan(NamedTuple):
     dy_config: object  # dy's quantize config (None without a quantized backward GEMM)
     dy_row_op: bool  # dgrad's / wgrad's dy operand straight from dy's cast
     dy_col_op: bool
+    x_col_ahead: bool  # wgrad's x^T operand expanded before dy's cast (beside it in a captured graph)
 
 
 def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: bool, need_wgrad: bool) -> _GemmPlan:
@@ -279,9 +281,10 @@ def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: 
         operands = _operands_apply(recipe, "grad", need_dgrad, need_wgrad)
         dy_row_op = operands and need_dgrad and _takes_operands(dy_rows, k, n, device, backend)
         dy_col_op = operands and need_wgrad and _takes_operands(n, k, dy_rows, device, backend)
+    x_col_ahead = x_columnwise and isinstance(recipe, NVFP4Recipe) and _takes_expanded(n, k, dy_rows, device, backend)
     return _GemmPlan(w_columnwise and not w_rowwise_t, w_rowwise_t, m_pad,
                      _tensor_config(recipe, "input", True, x_columnwise), x_operand, dy_rows, dy_config, dy_row_op,
-                     dy_col_op)
+                     dy_col_op, x_col_ahead)
 
 
 _GEMM_PLANS: dict = {}
@@ -325,13 +328,20 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     meta["w_rowwise_t"] = w_rowwise_t
     meta["m_pad"] = m_pad
     x_op = None
+    side = None
+    if qweight is None or (w_columnwise and qweight.columnwise_data is None):
+        # W's cast first: in a captured graph on the side stream, beside x's cast (a packed one: x's operand cast
+        # writes 4x the bytes, and the two then only compete for bandwidth)
+        side = None if plan.x_operand else fork(x2.device)
+        with on_stream(side):
+            qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
     if plan.x_operand:  # the fprop operand straight from the cast; the saved copy packed
         qx, x_op, _ = ops.quantize_nvfp4_operands(_pad_rows(x2, m_pad), config=plan.x_config, columnwise_operand=False,
                                                   backend=backend)
     else:
         qx = _quantize(plan.x_config, _pad_rows(x2, m_pad), backend)
-    if qweight is None or (w_columnwise and qweight.columnwise_data is None):
-        qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
+    if side is not None:
+        join(side, *_tensors(qweight))
     if x_op is not None:
         y = ops.nvfp4_gemm(x_op, qweight, out_dtype=cdtype, bias=bias, backend=backend)
     else:
@@ -350,6 +360,50 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     return y, x_saved + w_saved, meta
 
 
+def _quantized_backward(dy2, saved, meta, backend):
+    """(dx, dW, db) of one GEMM with a quantized backward GEMM."""
+    m = meta["m"]
+    need_dgrad, need_wgrad = meta["need_dgrad"], meta["need_wgrad"]
+    need_bgrad = meta["bias_dtype"] is not None
+    qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
+    plan = meta["plan"]
+    # what does not wait for dy's cast runs first: the operands of W^T (dgrad) and x^T (wgrad), then the bias
+    # gradient; in a captured graph on the side stream, beside dy's cast where that is a packed one (as the forward's)
+    w_ahead = need_dgrad and meta["w_rowwise_t"]
+    x_ahead = need_wgrad and plan.x_col_ahead
+    packed_cast = not (plan.dy_row_op or plan.dy_col_op)
+    side = fork(dy2.device) if (w_ahead or x_ahead or need_bgrad) and packed_cast else None
+    with on_stream(side):
+        w_op = ops.nvfp4_operand(qw, transposed=True, backend=backend) if w_ahead else None
+        x_op = ops.nvfp4_operand(transposed_operand(qx), backend=backend) if x_ahead else None
+        db = dy2.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) if need_bgrad else None
+    dy_rows = _pad_rows(dy2, plan.dy_rows)
+    row_op, col_op = plan.dy_row_op, plan.dy_col_op
+    if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast
+        qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(dy_rows, config=plan.dy_config, rowwise_operand=row_op,
+                                                          columnwise_operand=col_op, backend=backend)
+    else:
+        qdy = _quantize(plan.dy_config, dy_rows, backend)
+        dy_row = dy_col = None
+    if side is not None:
+        join(side, *[t for t in (w_op and w_op.values, x_op and x_op.values, db) if t is not None])
+    dx = dw = None
+    if need_dgrad:
+        if w_op is not None or dy_row is not None:  # NVFP4 operands
+            dx = ops.nvfp4_gemm(qdy if dy_row is None else dy_row, transposed_operand(qw) if w_op is None else w_op,
+                                out_dtype=meta["x_dtype"], backend=backend)[:m]
+        else:
+            dx = quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
+    if need_wgrad:
+        if dy_col is not None or x_op is not None:
+            dw = ops.nvfp4_gemm(transposed_operand(qdy) if dy_col is None else dy_col,
+                                transposed_operand(qx) if x_op is None else x_op, out_dtype=meta["w_dtype"],
+                                backend=backend)
+        else:
+            dw = quantized_gemm(qdy, "columnwise", qx, "columnwise", out_dtype=meta["w_dtype"], backend=backend)
+    return dx, dw, db
+
+
 def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
     """(dx, dW, db) of one GEMM; None where not needed."""
     m, n, k = meta["m"], meta["n"], meta["k"]
@@ -363,34 +417,12 @@ def _backward_gemm(dy2, saved, meta, recipe, cdtype, backend):
         return dx, dw, db
     if dy2.dtype != cdtype:
         dy2 = dy2.to(cdtype)
+    mode = recipe.backward
+    if mode == "quantized" and (need_dgrad or need_wgrad):
+        return _quantized_backward(dy2, saved, meta, backend)
     db = dy2.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) if need_bgrad else None
     dx = dw = None
-    mode = recipe.backward
     if mode == "quantized":
-        qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
-        if need_dgrad or need_wgrad:
-            plan = meta["plan"]
-            dy_rows = _pad_rows(dy2, plan.dy_rows)
-            row_op, col_op = plan.dy_row_op, plan.dy_col_op
-            if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast
-                qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(dy_rows, config=plan.dy_config, rowwise_operand=row_op,
-                                                                  columnwise_operand=col_op, backend=backend)
-            else:
-                qdy = _quantize(plan.dy_config, dy_rows, backend)
-                dy_row = dy_col = None
-            if need_dgrad:
-                if meta["w_rowwise_t"] or dy_row is not None:  # NVFP4 operands
-                    w_op = (ops.nvfp4_operand(qw, transposed=True, backend=backend) if meta["w_rowwise_t"]
-                            else transposed_operand(qw))
-                    dx = ops.nvfp4_gemm(qdy if dy_row is None else dy_row, w_op, out_dtype=meta["x_dtype"],
-                                        backend=backend)[:m]
-                else:
-                    dx = quantized_gemm(qdy, "rowwise", qw, "columnwise", out_dtype=meta["x_dtype"], backend=backend)[:m]
-            if need_wgrad:
-                if dy_col is not None:
-                    dw = ops.nvfp4_gemm(dy_col, transposed_operand(qx), out_dtype=meta["w_dtype"], backend=backend)
-                else:
-                    dw = quantized_gemm(qdy, "columnwise", qx, "columnwise", out_dtype=meta["w_dtype"], backend=backend)
         return dx, dw, db
     if mode == "dequantized":
         qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
@@ -641,8 +673,8 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
     w_op = None
     side = None
     if save_weight_operand and w_rowwise_t:
-        side = _side_stream(x2.device)
-        with _on_stream(side):
+        side = fork(x2.device)
+        with on_stream(side):
             if stacked is not None:
                 w_op = ops.nvfp4_operand(stacked[0], backend=backend)
             elif qweights is not None:
@@ -666,7 +698,7 @@ def _grouped_forward(x2, layout, weights, biases, qweights, stacked, recipe, cdt
                                    backend=backend)
         offs = None
     if side is not None:  # W's cast ran beside x's: the GEMM waits for it, W's operand lives on
-        _join(side, w_op.values, w_op.amax)
+        join(side, w_op.values, w_op.amax)
     bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
     y = ops.nvfp4_grouped_gemm(a, stacked[0] if w_op is None else w_op, offs, out_dtype=cdtype, bias=bias,
                                backend=backend, m_splits=list(sizes))
@@ -700,38 +732,9 @@ def _x_operand_applies(recipe, m: int, n: int, k: int, num_experts: int, device,
     return _takes_expanded(m, n, k, device, backend, num_experts)
 
 
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device: torch.device):
-    """The CUDA stream on which the grouped forward casts the weights while x's cast runs on the current stream
-    (one per device; the two casts are independent and, one bandwidth-bound and one instruction-bound, overlap on
-    the GPU), while a CUDA graph is captured: there the fork and join cost the host nothing per replay. Elsewhere
-    None (the casts run in order): eager, the fork and join cost the host more than the overlap saves on the GPU at
-    the sizes where they apply (benchmarks/RESULTS.md), and torch.compile traces one stream."""
-    if device.type != "cuda" or ops.compiling():
-        return None
-    stream = _SIDE_STREAMS.get(device.index)
-    if stream is None:  # made on first use, in eager warm-up steps before a capture as a rule
-        stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
-    return stream if ops.graph_capturing(device) else None
-
-
-def _on_stream(stream):
-    """Work issued inside runs on ``stream`` after what the current stream issued before (a no-op for None)."""
-    if stream is None:
-        return contextlib.nullcontext()
-    stream.wait_stream(torch.cuda.current_stream(stream.device))
-    return torch.cuda.stream(stream)
-
-
-def _join(stream, *outputs: torch.Tensor) -> None:
-    """The current stream waits for ``stream``, and ``outputs`` made there stay allocated until the current
-    stream's work issued so far is done with them."""
-    current = torch.cuda.current_stream(stream.device)
-    current.wait_stream(stream)
-    for t in outputs:
-        t.record_stream(current)
+def _tensors(t) -> list:
+    """The tensor fields of a quantized container (what :func:`nvfp4lab.runtime.join` keeps allocated)."""
+    return [v for v in (getattr(t, f.name) for f in dataclasses.fields(t)) if isinstance(v, torch.Tensor)]
 
 
 def _grouped_backward(dy2, saved, meta, recipe, cdtype, backend):
