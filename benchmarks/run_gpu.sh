@@ -33,7 +33,8 @@ step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --f
 # (the reference on cuda is checked by the GPU test tier: tests/test_conformance.py)
 # conformance and the test tier in worker processes: on a fresh machine Triton compiles every kernel first (CPU-bound)
 export JOBS=${JOBS:-12}
-step tests ${TESTS_LIMIT:-380} python3 -m pytest -q -m gpu -n "$JOBS" --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
+# -v: each test's outcome is in tests.log as it ends, so a run cut by its limit still names its failures
+step tests ${TESTS_LIMIT:-560} python3 -m pytest -v -m gpu -n "$JOBS" --maxfail=25 -p no:cacheprovider --durations=12 -rf tests
 # after the tests: it reuses the kernels they compiled
 step conf 200 bash -c 'for d in "$NVFP4LAB_GOLDEN" .gpu/golden_pr3045; do [ -d "$d" ] && echo "$d: $(python3 -m nvfp4lab conformance "$d" --backend triton --device cuda --jobs $JOBS | tail -n 1)"; done'
 for b in quantize dequantize mxfp8 grouped gemm linear; do
