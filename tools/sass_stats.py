@@ -2,9 +2,10 @@
 
 Prints registers, spills, instruction count per thread and per element, and an opcode histogram, for
 the cast kernel of each named recipe (``cast16_kernel``, ``cast_row_kernel`` for rowwise-only bf16 casts
-without SR, ``cast_col_kernel`` for columnwise-only RHT casts (``--side col``), ``four_over_six_1x16_kernel`` for
-1x16 4over6 (one output per launch: ``--side row`` or ``--side col``), or ``four_over_six_kernel`` for the other
-4over6 casts; ``--cast16`` for cast16_kernel instead of cast_row) as the
+(SR too; ``--side row`` for the rowwise launch of a split cast), ``cast_col_kernel`` for columnwise-only RHT casts
+(``--side col``), ``four_over_six_1x16_kernel`` for 1x16 4over6 (one output per launch: ``--side row`` or
+``--side col``), or ``four_over_six_kernel`` for the other 4over6 casts; ``--cast16`` for cast16_kernel instead of
+cast_row) as the
 launcher builds it (one launch for rowwise and columnwise, ``--side`` for one output) at its default
 tile (or ``--tile``). Instruction count per element is the one number that bounds these kernels on
 Hopper (see kernels/nvfp4_quantize.py).
@@ -87,8 +88,10 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True, ro
         meta["HW"] = True
         fn, bm, bk = cast_rowcol.cast_rowcol_kernel, 16 * meta["GROUPS"], meta["QB"] * 16
     elif allow_row and opt_flags.use_cast_row(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six,
-                                            cfg.stochastic_rounding, steps is not None, False, True, True):
+                                            cfg.stochastic_rounding, steps is not None, False, True, True,
+                                            split=side is not None, tables_shared=cfg.rht and cfg.stochastic_rounding):
         meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, cfg.per_token, cfg.e4m3_max,
+                                       cfg.stochastic_rounding, cfg.stochastic_rounding,
                                        block_m=tile[0] if tile else 0, **explicit)
         meta["HW"] = True
         fn, bm, bk = cast_row.cast_row_kernel, meta["BLOCK_M"], meta["KB"] * 16

@@ -1,5 +1,6 @@
 """Checks the kernel tests share: bit-exact float comparison, kernels that must not launch, the
-golden conformance cases run through the Triton backend, and the host copy of the SR random bytes."""
+golden conformance cases run through the Triton backend, and the host copy of the SR random bytes and of the
+values SR rounds."""
 import os
 from pathlib import Path
 
@@ -8,6 +9,8 @@ import torch
 
 from nvfp4lab.conformance import default_folder, run_folder
 from nvfp4lab.kernels.launch import Launch
+from nvfp4lab.ref import codecs
+from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
 # the tensor fields of a quantize result, in the order the tests compare them
 FIELDS = ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale", "columnwise_amax")
@@ -121,6 +124,14 @@ def host_sr_bytes(seed: int, rows: int, cols: int, stream: int) -> torch.Tensor:
     words = host_philox(seed, counter.ravel(), stream)
     w = words[np.arange(counter.size), (byte.ravel() // 4)]
     return torch.from_numpy(((w >> (8 * (byte.ravel() % 4)).astype(np.uint32)) & 0xFF).astype(np.int32).reshape(rows, cols))
+
+
+def scaled_values(mat: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, e4m3_max: float) -> torch.Tensor:
+    """x * enc of each element of mat (R, C), from the reference's own scale formulas, the (RN) scales (R, C / 16)
+    and the outer amax ((1,) or (R,)): what stochastic rounding rounds."""
+    s_enc = ref_nvfp4.global_encode_scale(amax.reshape(-1, 1), e4m3_max)
+    enc = torch.clamp(1.0 / (codecs.e4m3_decode(scale) * (1.0 / s_enc)), max=codecs.FLT_MAX)
+    return mat * enc.repeat_interleave(16, dim=1)
 
 
 # Quantize test shapes: (shape, dtype, explicit tile). 16x16 and 48x80 are smaller than / not multiples of

@@ -1,25 +1,34 @@
 """The rowwise-only per-tensor cast ``cast_row_kernel`` (kernels/nvfp4_quantize_details/cast_row.py): which
 casts take it, and its bits against the reference (masked tiles, scale layouts, special values, every
-E4M3 scale code, extreme outer amaxes), under the interpreter (its integer formulas) and, in the gpu
+E4M3 scale code, extreme outer amaxes; with stochastic rounding against the documented Philox mapping, and as
+the rowwise launch of split row+col casts), under the interpreter (its integer formulas) and, in the gpu
 tier, on the GPU (its inline PTX)."""
+import dataclasses
+
 import pytest
 import torch
 
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels.nvfp4_quantize_details import cast16 as cast16_module
+from nvfp4lab.kernels.nvfp4_quantize_details import cast_col as cast_col_module
 from nvfp4lab.kernels.nvfp4_quantize_details import cast_row as cast_row_module
+from nvfp4lab.kernels.nvfp4_quantize_details import cast_rowcol as cast_rowcol_module
 from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 from nvfp4lab.kernels.nvfp4_quantize_details import pt_scales as pt_scales_module
 from nvfp4lab.kernels.nvfp4_quantize_details.cast_row import TABLE_ENTRIES, row_factor_table_kernel
+from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
 from .kernel_checks import (
+    FIELDS,
     TILE_16X32,
     assert_field_equal,
     assert_same_bits,
+    host_sr_bytes,
     record_launches,
     scale_code_input,
+    scaled_values,
     special_input,
 )
 from .kernel_checks import normal_bf16_input as normal_input
@@ -70,7 +79,8 @@ def assert_rowwise_same(launches, x, config, context="", device=DEV, tile=None, 
     (dict(rowwise=True), torch.float32, False),
     (dict(rowwise=True, per_token=True), torch.bfloat16, True),
     (dict(rowwise=True, per_token=True, numerics="te_pr3045"), torch.bfloat16, False),
-    (dict(rowwise=True, stochastic_rounding=True), torch.bfloat16, False),
+    (dict(rowwise=True, stochastic_rounding=True), torch.bfloat16, True),
+    (dict(rowwise=True, per_token=True, stochastic_rounding=True), torch.bfloat16, True),
     (dict(rowwise=True, columnwise=True), torch.bfloat16, False),
     (dict(rowwise=True, block="16x16"), torch.bfloat16, False),
     (dict(rowwise=True, four_over_six="mae"), torch.bfloat16, False),
@@ -253,6 +263,128 @@ def test_pertoken_long_vectors(launches, monkeypatch):
     assert len(launches) == 1 and len(tables) == 1
 
 
+# ---------------------------------------------------------------------------------- stochastic rounding
+SR_ROW = NVFP4QuantConfig(rowwise=True, stochastic_rounding=True)
+SR_SEED = 0x1234_5678_9ABC
+
+
+def assert_sr_rows(launches, x, config, context="", device=DEV, tile=None, amax=None, seed=SR_SEED):
+    """With stochastic rounding, one ``cast_row_kernel`` launch (outputs poisoned first): the scales and amax are
+    the reference's round-to-nearest ones; the codes are its rule (``stochastic_round_e2m1``) on x * enc with the
+    bytes of the documented Philox mapping (stream 0, units of 2 rows x 8 columns: ``host_sr_bytes``), bit for bit."""
+    before = len(launches)
+    got = kq.quantize(x.to(device), config, poison=True, seed=seed, amax=None if amax is None else amax.to(device),
+                      **(tile or {}))
+    assert len(launches) == before + 1, f"{context}: cast_row_kernel did not run"
+    rn = ref_nvfp4.quantize(x.cpu(), dataclasses.replace(config, stochastic_rounding=False), amax=amax)
+    for field in ("rowwise_scale", "rowwise_amax"):
+        assert_field_equal(getattr(got, field).cpu(), getattr(rn, field), f"{context} {field}")
+    compact = ref_nvfp4.quantize(x.cpu(), dataclasses.replace(config, stochastic_rounding=False,
+                                                                 scale_layout="compact"), amax=amax)
+    scaled = scaled_values(x.float().cpu(), compact.rowwise_scale, compact.rowwise_amax, config.e4m3_max)
+    want = codecs.pack_fp4(ref_nvfp4.stochastic_round_e2m1(scaled, host_sr_bytes(seed, *x.shape, 0)))
+    assert_same_bits(got.rowwise_data.cpu(), want)
+    return got
+
+
+@pytest.mark.parametrize("shape,tile", [
+    ((48, 96), {}),
+    ((37, 80), TILE_16X32),  # masked rows (an odd last row without its pair) and blocks
+    ((7, 272), dict(block_m=2, block_k=256, num_warps=2)),  # pairs of rows, the last column and row masked
+    ((8, 512), dict(block_m=2, block_k=256, num_warps=2)),  # tiles covering x exactly: no masks
+    ((1, 64), {}),
+])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_sr_bits_match_host_philox(shape, tile, layout, launches):
+    config = dataclasses.replace(SR_ROW, scale_layout=layout)
+    x = normal_input(shape, seed=shape[0] * shape[1])
+    assert_sr_rows(launches, x, config, f"{shape} {tile} {layout}", tile=tile)
+
+
+def test_sr_tile_takes_rows_in_pairs():
+    """A one-row tile (x of one row, or an explicit one) becomes two rows with SR: the kernel splits its rows into
+    even and odd ones."""
+    assert opt_flags.cast_row_meta(1, 64, "compact", False, 448.0)["BLOCK_M"] == 1
+    assert opt_flags.cast_row_meta(1, 64, "compact", False, 448.0, True, False)["BLOCK_M"] == 2
+    assert opt_flags.cast_row_meta(64, 512, "compact", False, 448.0, True, False, block_m=1)["BLOCK_M"] == 2
+
+
+def test_sr_special_values_and_extreme_amaxes(launches):
+    assert_sr_rows(launches, special_input(), SR_ROW, "special")
+    x = special_input(nan=True)  # NaN blocks: factor NaN, SR's +6 where round to nearest writes 0
+    got = kq.quantize(x.to(DEV), SR_ROW, poison=True, seed=SR_SEED, amax=torch.tensor([1e4], device=DEV))
+    scaled = scaled_values(x.float(), got.rowwise_scale.cpu() & 0x7F, torch.tensor([1e4]), 448.0)
+    want = codecs.pack_fp4(ref_nvfp4.stochastic_round_e2m1(scaled, host_sr_bytes(SR_SEED, *x.shape, 0)))
+    assert torch.isnan(scaled).any()
+    assert_same_bits(got.rowwise_data.cpu(), want)
+    for amax in (0.0, float("inf"), 3e-41, 1e35):
+        assert_sr_rows(launches, normal_input((32, 64), seed=11), SR_ROW, f"amax {amax}", amax=torch.tensor([amax]))
+
+
+def test_sr_per_token(launches):
+    config = dataclasses.replace(PT_ROW, stochastic_rounding=True)
+    assert_sr_rows(launches, normal_input((37, 96), seed=12), config, "per token", tile=TILE_16X32)
+    assert_sr_rows(launches, pertoken_extreme_input(), config, "per token extremes")
+
+
+def test_sr_seed_from_a_device_tensor(launches):
+    """The seed read by the kernel from an int64 tensor (graph capture, torch.compile) gives the bits of the same
+    seed passed as an int; another seed gives other codes."""
+    x = normal_input((32, 64), seed=13).to(DEV)
+    amax = x.abs().amax().float().reshape(1)
+
+    def cast(seed_tensor, seed):
+        return kq.cast_outputs(x, amax, None, seed_tensor, seed, True, False, False, False, -1, 0, 448.0, True,
+                               "compact", poison=True)
+
+    from_int = cast(None, 77)
+    from_tensor = cast(torch.tensor([77], dtype=torch.int64, device=DEV), 0)
+    other = cast(torch.tensor([78], dtype=torch.int64, device=DEV), 0)
+    assert len(launches) == 3
+    assert torch.equal(from_int[0], from_tensor[0]) and torch.equal(from_int[1], from_tensor[1])
+    assert not torch.equal(from_int[0], other[0])
+
+
+@pytest.mark.parametrize("kwargs,launches_want", [
+    # RHT + SR: one launch makes both factor tables (cast_col_kernel reads one with SR), so cast_row_kernel adds none
+    (dict(rht=True, stochastic_rounding=True),
+     {"factor_tables_kernel": 1, "cast_row_kernel": 1, "cast_col_kernel": 1}),
+    # the others' columnwise launch reads no table: the rowwise one stays on cast16_kernel (no table launch)
+    (dict(rht=True), {"cast16_kernel": 1, "cast_col_kernel": 1}),
+    (dict(stochastic_rounding=True), {"cast16_kernel": 2}),
+])
+def test_split_casts_take_cast_row(kwargs, launches_want, monkeypatch, plan_flags):
+    """The rowwise launch of a split row+col cast runs cast_row_kernel from CAST_ROW_SPLIT_MIN_ELEMENTS on where its
+    factor table comes with the columnwise launch's; every output equals the one-launch cast's."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, **kwargs)
+    x = normal_input((64, 96), seed=14).to(DEV)
+    plan_flags(SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(("rht", "rht_sr", "sr"), 1 << 40))
+    one = kq.quantize(x, config, poison=True, seed=SR_SEED)
+    plan_flags(SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(("rht", "rht_sr", "sr"), 0), CAST_COL_MIN_ELEMENTS=0,
+               CAST_ROW_SPLIT_MIN_ELEMENTS=0)
+    modules = dict(cast_row_kernel=cast_row_module, cast_col_kernel=cast_col_module, cast16_kernel=cast16_module,
+                   factor_tables_kernel=cast_rowcol_module, row_factor_table_kernel=cast_row_module)
+    runs = {name: record_launches(monkeypatch, module, name) for name, module in modules.items()}
+    split = kq.quantize(x, config, poison=True, seed=SR_SEED)
+    assert {name: len(r) for name, r in runs.items() if r} == launches_want
+    for field in FIELDS:
+        assert_same_bits(getattr(split, field), getattr(one, field))
+
+
+def test_split_sr_cast_below_the_threshold_keeps_cast16(monkeypatch, plan_flags):
+    """Below CAST_ROW_SPLIT_MIN_ELEMENTS the rowwise launch of a split RHT + SR cast stays on cast16_kernel, and
+    cast_col_kernel's factor table has its own launch."""
+    plan_flags(SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(("rht", "rht_sr", "sr"), 0), CAST_COL_MIN_ELEMENTS=0,
+               CAST_ROW_SPLIT_MIN_ELEMENTS=64 * 96 + 16)
+    runs = {name: record_launches(monkeypatch, module, name) for name, module in
+            dict(cast16_kernel=cast16_module, cast_col_kernel=cast_col_module,
+                 row_factor_table_kernel=cast_row_module, cast_row_kernel=cast_row_module).items()}
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True)
+    kq.quantize(normal_input((64, 96), seed=15).to(DEV), config, poison=True, seed=SR_SEED)
+    assert {name: len(r) for name, r in runs.items() if r} == {"cast16_kernel": 1, "cast_col_kernel": 1,
+                                                               "row_factor_table_kernel": 1}
+
+
 # ---------------------------------------------------------------------------------- GPU (inline PTX)
 @pytest.mark.gpu
 def test_gpu_inline_ptx_matches_reference(launches):
@@ -274,3 +406,9 @@ def test_gpu_inline_ptx_matches_reference(launches):
         config = NVFP4QuantConfig(rowwise=True, scale_layout=layout)
         assert_rowwise_same(launches, normal_input((1000, 4096), seed=6), config, f"gpu random {layout}", device="cuda")
         assert_rowwise_same(launches, normal_input((37, 80), seed=7), config, f"gpu masked {layout}", device="cuda", tile=TILE_16X32)
+    # stochastic rounding: the same scales, the codes of the host Philox bytes
+    assert_sr_rows(launches, special_input(), SR_ROW, "gpu sr special", device="cuda")
+    assert_sr_rows(launches, normal_input((1000, 4096), seed=9), SR_ROW, "gpu sr random", device="cuda")
+    assert_sr_rows(launches, normal_input((37, 80), seed=10), SR_ROW, "gpu sr masked", device="cuda", tile=TILE_16X32)
+    assert_sr_rows(launches, pertoken_extreme_input(), dataclasses.replace(PT_ROW, stochastic_rounding=True),
+                   "gpu sr per token extremes", device="cuda")

@@ -34,7 +34,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details.stochastic_rounding import sr_e2m1
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import FIELDS, QUANTIZE_CASES, TILE_16X32, forbid_launches, record_launches
+from .kernel_checks import FIELDS, QUANTIZE_CASES, TILE_16X32, forbid_launches, record_launches, scaled_values
 from .kernel_checks import host_sr_bytes as _host_sr_bytes
 
 # the interpreter evaluates x/0 with numpy, which warns; the results are the IEEE ones
@@ -371,13 +371,6 @@ def _rn_config(kwargs):
     return NVFP4QuantConfig(**{k: v for k, v in kwargs.items() if k != "stochastic_rounding"})
 
 
-def _scaled_values(mat, scale, amax, e4m3_max):
-    """x * enc of each element, from the reference's own scale formulas and the (RN) scales."""
-    s_enc = ref_nvfp4.global_encode_scale(amax.reshape(-1, 1), e4m3_max)
-    enc = torch.clamp(1.0 / (codecs.e4m3_decode(scale) * (1.0 / s_enc)), max=codecs.FLT_MAX)
-    return mat * enc.repeat_interleave(16, dim=1)
-
-
 def _assert_neighbours(codes_packed, scaled, context):
     """Every SR value is one of the two E2M1 grid values around |x*enc| (6 above 6), with x's sign."""
     q = codecs.e2m1_decode(codecs.unpack_fp4(codes_packed.cpu()))
@@ -403,8 +396,8 @@ def test_sr_rounds_to_a_neighbour_and_keeps_scales(name):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{name} {field} differs from round-to-nearest"
     xf = x.float()
     col_mat = ref_nvfp4.apply_rht(x.t(), kwargs.get("rht_sign_mask", 0xD7E8)).float() if kwargs.get("rht") else xf.t()
-    _assert_neighbours(got.rowwise_data, _scaled_values(xf, rn.rowwise_scale, rn.rowwise_amax, 448.0), f"{name} rowwise")
-    _assert_neighbours(got.columnwise_data, _scaled_values(col_mat, rn.columnwise_scale, rn.columnwise_amax, 448.0), f"{name} columnwise")
+    _assert_neighbours(got.rowwise_data, scaled_values(xf, rn.rowwise_scale, rn.rowwise_amax, 448.0), f"{name} rowwise")
+    _assert_neighbours(got.columnwise_data, scaled_values(col_mat, rn.columnwise_scale, rn.columnwise_amax, 448.0), f"{name} columnwise")
     assert not torch.equal(got.rowwise_data, rn.rowwise_data), "SR gave exactly the RN codes"
 
 
@@ -437,7 +430,7 @@ def test_sr_bits_match_host_philox(name):
         scale, amax = getattr(rn, f"{which}_scale").cpu(), getattr(rn, f"{which}_amax").cpu()
         if name == "16x16":  # compact (R/16 rows of) 2D scales -> one per 1x16 block
             scale = scale.repeat_interleave(16, dim=0)[: mat.shape[0]] if scale.shape[0] != mat.shape[0] else scale
-        scaled = _scaled_values(mat, scale, amax, 448.0)
+        scaled = scaled_values(mat, scale, amax, 448.0)
         rbytes = _host_sr_bytes(0x1234_5678_9ABC, mat.shape[0], mat.shape[1], stream)
         want = codecs.pack_fp4(ref_nvfp4.stochastic_round_e2m1(scaled, rbytes))
         assert torch.equal(getattr(got, f"{which}_data").cpu(), want), f"{name} {which}"
@@ -1140,8 +1133,8 @@ def test_gpu_sr(name):
     got = quantize(x, NVFP4QuantConfig(**kwargs), seed=99)
     assert torch.equal(got.rowwise_scale, rn.rowwise_scale) and torch.equal(got.columnwise_scale, rn.columnwise_scale)
     col_mat = ref_nvfp4.apply_rht(x.t(), 0xD7E8).float() if kwargs.get("rht") else xf.t()
-    _assert_neighbours(got.rowwise_data, _scaled_values(xf, rn.rowwise_scale, rn.rowwise_amax, 448.0).cpu(), "rowwise")
-    _assert_neighbours(got.columnwise_data, _scaled_values(col_mat, rn.columnwise_scale, rn.columnwise_amax, 448.0).cpu(), "columnwise")
+    _assert_neighbours(got.rowwise_data, scaled_values(xf, rn.rowwise_scale, rn.rowwise_amax, 448.0).cpu(), "rowwise")
+    _assert_neighbours(got.columnwise_data, scaled_values(col_mat, rn.columnwise_scale, rn.columnwise_amax, 448.0).cpu(), "columnwise")
     draws = [quantize(x, NVFP4QuantConfig(**kwargs)) for _ in range(50)]  # seeds from torch's CUDA generator
     for which in ("rowwise", "columnwise"):
         rn_err = (ref_nvfp4.dequantize(rn, torch.float32, which) - xf).pow(2).mean().sqrt()

@@ -18,7 +18,8 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
      thread; a row+col cast reads x twice.
    * ``four_over_six_kernel`` (the other 4over6 casts, which take neither RHT nor SR): ``cast16_kernel``'s tiles
      and thread layout, each block's two candidates and their index-order errors in registers.
-   * ``cast_row_kernel`` (rowwise-only per-tensor 1x16 bf16 casts without SR): whole blocks per thread,
+   * ``cast_row_kernel`` (rowwise-only 1x16 bf16 casts, SR or not, and the rowwise launch of split row+col
+     casts, ``opt_flags.use_cast_row``): whole blocks per lane pair, SR rows in pairs (one Philox block per unit),
      the encode factors of the 128 E4M3 scale codes from a per-tensor table (``row_factor_table_kernel``,
      fp64 divisions, so no EXACT path), the block scale by the GPU's E4M3 convert (``cast_row``).
    * ``cast_rowcol_kernel`` (row+col per-tensor 1x16 bf16 casts without RHT and SR, from 2^24 elements): both
@@ -31,7 +32,8 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
      factors divided in the kernel (with SR: ``cast_row``'s factor table), the RHT butterflies in
      registers (``cast_col``).
    Large row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch; inside a CUDA-graph
-   capture, where a replay pays no host time per launch, smaller RHT casts too (``opt_flags.split_cast``).
+   capture, where a replay pays no host time per launch, smaller RHT casts too (``opt_flags.split_cast``). With
+   SR and RHT both launches read factor tables, made by one ``factor_tables_kernel`` launch.
    :func:`quantize_operands` runs the same plan with either side of ``cast16_kernel`` writing the exact BF16
    GEMM operand q * s ((M, K) rowwise, (K, M) columnwise) instead of codes and scales.
 

@@ -8,7 +8,7 @@ module per kernel, each exporting public names:
   butterflies in registers) and their launcher;
 * ``pt_scales``: ``pt_scales_kernel`` (per-token global-scale tables) and its launcher;
 * ``cast16``: ``cast16_kernel``, the cast of every recipe without 4over6, and its launcher;
-* ``cast_row``: ``cast_row_kernel``, the rowwise-only per-tensor 1x16 bf16 cast without SR, its
+* ``cast_row``: ``cast_row_kernel``, the rowwise-only 1x16 bf16 cast (SR or not; split casts' rowwise launch), its
   per-tensor factor table ``row_factor_table_kernel`` and their launcher;
 * ``cast_rowcol``: ``cast_rowcol_kernel``, the per-tensor 1x16 bf16 row+col cast without RHT and SR, the
   launch of its two factor tables ``factor_tables_kernel`` and ``col_scales_kernel``, which writes its columnwise

@@ -14,7 +14,7 @@ from ..swizzle import swizzle_launch
 from . import opt_flags
 from .cast16 import cast16_kernel
 from .cast_col import cast_col_grid, cast_col_kernel
-from .cast_row import cast_row_grid, cast_row_kernel, row_factor_table, row_factor_table_kernel
+from .cast_row import TABLE_ENTRIES, cast_row_grid, cast_row_kernel, row_factor_table, row_factor_table_kernel
 from .cast_rowcol import (
     cast_rowcol_grid,
     cast_rowcol_kernel,
@@ -121,7 +121,9 @@ def check_cast_args(rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
 class CastStep(NamedTuple):
     """One launch of a cast: the cast kernel, preceded for per-token casts by the launch that fills the
     (3, n) global-scale tables of its row (n_row) and / or column (n_col) amaxes (for the per-tensor
-    ``cast_row_kernel``: the launch of its factor table, n_row = 0); for ``cast_rowcol_kernel``, ``finish`` holds
+    ``cast_row_kernel``: the launch of its factor table, n_row = 0, or of both launches' tables,
+    ``factor_tables_kernel``, whose columnwise one the next step's ``cast_col_kernel`` reads: it then has no
+    launch of its own); for ``cast_rowcol_kernel``, ``finish`` holds
     the launches after it (``cast_rowcol.launch_rowcol``: its columnwise scales, the swizzle of its rowwise ones or
     None)."""
     cast: Launch
@@ -137,9 +139,10 @@ class CastStep(NamedTuple):
 def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, four_over_six, e4m3_max,
               stochastic_rounding, seed_from_ptr, scale_layout, num_splits, split_steps, block_m, block_k, num_warps,
               pr3045, spec, operands: tuple = (False, False), graphed: bool = False) -> tuple:
-    """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts of
-    ``opt_flags.use_cast_row`` (its factor table or per-token tables first), ``cast_rowcol_kernel`` for the row+col
-    casts of ``opt_flags.use_cast_rowcol`` (its two factor tables first, ``col_scales_kernel`` after it),
+    """The launches (:class:`CastStep`) of a cast: ``cast_row_kernel`` for the rowwise-only casts and split casts'
+    rowwise launches of ``opt_flags.use_cast_row`` (its factor table or per-token tables first),
+    ``cast_rowcol_kernel`` for the row+col casts of ``opt_flags.use_cast_rowcol`` (its two factor tables first,
+    ``col_scales_kernel`` after it),
     ``cast16_kernel`` (per-token tables first) or ``four_over_six_kernel``, in one or two launches
     (``opt_flags.split_cast``). ``split_steps`` None: the single cast; else the grouped cast of ``num_splits``
     splits. ``spec``: the specialization of the caller's tensors and ints (part of the cache key only, see
@@ -158,17 +161,6 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
         sides = ((True, False), (False, True))
     else:
         sides = ((rowwise, columnwise),)
-    steps = []
-    if not operands[0] and opt_flags.use_cast_row(m, k, rowwise, columnwise, block_2d, per_token, four_over_six,
-                                                  stochastic_rounding, grouped, pr3045, spec[1] == torch.bfloat16, spec[2]):
-        meta = opt_flags.cast_row_meta(m, k, scale_layout, per_token, e4m3_max, block_m=block_m, **tile)
-        if per_token:  # the per-row tables (n_row = m marks them)
-            tables_meta = opt_flags.pt_scales_meta(meta["E6"])
-            table = Launch(pt_scales_kernel, pt_scales_grid(m, 0, tables_meta), tables_meta)
-        else:
-            table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
-        return (CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False,
-                         m if per_token else 0, 0),)
     if opt_flags.use_cast_rowcol(m, k, rowwise, columnwise, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
                                  stochastic_rounding, grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands):
         swizzle_rows = scale_layout == "swizzled"  # rowwise scales written compact, then swizzled
@@ -179,13 +171,34 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
                   swizzle_launch(m, k // 16) if swizzle_rows else None)
         return (CastStep(Launch(cast_rowcol_kernel, cast_rowcol_grid(m, k, meta), meta), tables, True, True, 0, 0,
                          finish),)
+    steps = []
+    split = len(sides) == 2
+    # a split SR cast's columnwise launch on cast_col_kernel reads a factor table: the rowwise one's comes with it
+    tables_shared = split and stochastic_rounding and opt_flags.use_cast_col(
+        m, k, False, True, block_2d, per_token, four_over_six, rht_sign_mask >= 0, grouped, pr3045,
+        spec[1] == torch.bfloat16, spec[2], operands[1])
     for row_side, col_side in sides:
-        if opt_flags.use_cast_col(m, k, row_side, col_side, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
+        if (row_side and not col_side and not operands[0]
+                and opt_flags.use_cast_row(m, k, True, False, block_2d, per_token, four_over_six, stochastic_rounding,
+                                           grouped, pr3045, spec[1] == torch.bfloat16, spec[2], split, tables_shared)):
+            meta = opt_flags.cast_row_meta(m, k, scale_layout, per_token, e4m3_max, stochastic_rounding, seed_from_ptr,
+                                           block_m=block_m, **tile)
+            if per_token:  # the per-row tables (n_row = m marks them)
+                tables_meta = opt_flags.pt_scales_meta(meta["E6"])
+                table = Launch(pt_scales_kernel, pt_scales_grid(m, 0, tables_meta), tables_meta)
+            elif tables_shared:  # both launches' factor tables in one launch
+                table = Launch(factor_tables_kernel, (2,), opt_flags.row_factor_table_meta(e4m3_max))
+            else:
+                table = Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
+            steps.append(CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False,
+                                  m if per_token else 0, 0))
+        elif opt_flags.use_cast_col(m, k, row_side, col_side, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
                                   grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands[1]):
             meta = opt_flags.cast_col_meta(m, k, scale_layout, rht_sign_mask, e4m3_max, stochastic_rounding,
                                            seed_from_ptr, block_m=block_m, **tile)
-            table = (Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max)) if meta["TABLE"]
-                     else None)
+            shared = bool(steps) and steps[0].cast.kernel is cast_row_kernel and tables_shared
+            table = (Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
+                     if meta["TABLE"] and not shared else None)
             steps.append(CastStep(Launch(cast_col_kernel, cast_col_grid(m, k, meta), meta), table, False, True, 0, 0))
         elif opt_flags.use_cast16(four_over_six):
             meta = opt_flags.cast16_meta(m, k, row_side, col_side, block_2d, per_token, rht_sign_mask, e4m3_max,
@@ -238,20 +251,28 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
     """Launch the cast ``steps`` (from :func:`cast_steps`) into ``outputs``; arguments as :func:`launch_cast`'s."""
     m, k = x.shape
     any_out = next(o for o in outputs if o is not None)
+    col_table = None  # the columnwise launch's factor table, made with the rowwise one's
     for step in steps:
         if step.cast.kernel is cast_row_kernel:  # x and the data as int32 words, the tables from the amax
-            if not step.n_row:
-                table = row_factor_table(step.tables, row_amax)
-            else:
+            if step.n_row:
                 table = row_amax if tables else pt_scales_tables(step.tables, row_amax, step.n_row, None, 0)[0]
-            step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table, m, k)
+            elif step.tables.kernel is factor_tables_kernel:
+                table = factor_tables(step.tables, row_amax, col_amax)
+                col_table = table[TABLE_ENTRIES:]
+            else:
+                table = row_factor_table(step.tables, row_amax)
+            step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table,
+                      seed_tensor if seed_tensor is not None else x, seed, m, k)
             continue
         if step.cast.kernel is cast_rowcol_kernel:  # x and the data as words, both tables from the amaxes
             launch_rowcol(step.cast, *step.finish, x.view(torch.int32), outputs[0].view(torch.int16), outputs[1],
                           outputs[2].view(torch.int32), outputs[3], factor_tables(step.tables, row_amax, col_amax), m, k)
             continue
         if step.cast.kernel is cast_col_kernel:  # x and the data as int32 words, from the column amax
-            table = row_factor_table(step.tables, col_amax) if step.tables is not None else col_amax
+            if step.tables is not None:
+                table = row_factor_table(step.tables, col_amax)
+            else:
+                table = col_table if col_table is not None else col_amax
             step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], table, col_amax,
                       seed_tensor if seed_tensor is not None else x, seed, m, k, m // 8)
             continue

@@ -1,6 +1,7 @@
-"""The rowwise-only NVFP4 cast of 1x16 bf16 recipes without stochastic rounding: ``cast_row_kernel``,
+"""The rowwise-only NVFP4 cast of 1x16 bf16 recipes, stochastically rounded or not: ``cast_row_kernel``,
 fed by ``row_factor_table_kernel``'s 128-entry table of encode factors (per tensor) or by the per-row
-tables of ``pt_scales_kernel`` (per token, TE main's numerics).
+tables of ``pt_scales_kernel`` (per token, TE main's numerics). It also runs the rowwise launch of split
+row+col casts (``opt_flags.use_cast_row``).
 
 On Hopper (no E2M1 convert) the rowwise cast is bound by how its loads use the L1 and by instructions per
 element; this kernel reads x in coalesced 16-byte pieces and does the per-block work in a few instructions:
@@ -30,7 +31,15 @@ block (16 elements) instead of the table read, and tiles with a row amax outside
 recompute S_enc, S_dec and the factor in fp64 from the amax, as ``cast16_kernel``.
 
 Blocks whose factor is NaN (a NaN element, or a NaN outer amax) get code 0 everywhere, as the
-reference (x * NaN encodes as 0).
+reference (x * NaN encodes as 0); with stochastic rounding they get ``sr_e2m1``'s code of NaN (+6), as the
+reference's rule.
+
+Stochastic rounding (SR): the codes of ``sr_e2m1`` on fl(x * enc) with the random bytes of the documented
+Philox mapping (``stochastic_rounding``: one Philox block per 2 rows x 8 columns, stream 0), the bits of
+``cast16_kernel``'s SR. The program takes its even and its odd rows as two sets of BLOCK_M / 2 rows with the same
+layout, so each lane holds both rows of each of its half blocks and draws each Philox block once: words 0 and 1
+feed the even row's half, words 2 and 3 the odd row's, byte c % 4 of word c // 4 element c (no per-element
+selection). The codes are packed by one multiply-add per code (acc * 16 + code).
 
 Layout: x (M, K) bf16 contiguous, K % 16 == 0, read as (M, K / 2) int32; rowwise data (M, K / 2)
 uint8 written as (M, K / 8) int32; scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``).
@@ -51,6 +60,7 @@ from ...layout import cdiv
 from ..formats import e4m3_decode, e4m3_encode_fast
 from .common import ONE_SIXTH, encode_factor, global_scales, scale_offsets
 from .pt_scales import pt_table_load
+from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 
 TABLE_ENTRIES = 132  # 128 encode factors, fl(S_enc * fl(1/6)), padding to 16 bytes
 
@@ -165,23 +175,39 @@ def _pack8(w, enc, HW: tl.constexpr):
 
 
 @triton.jit
-def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
-                    LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
-                    PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0, EVEN: tl.constexpr = False):
-    """Rowwise codes and scales of BLOCK_M rows x KB 16-column blocks (see the module docstring).
-    x_ptr: x as int32 words; data_ptr: the rowwise data as int32 words; table_ptr: the
-    ``row_factor_table_kernel`` table, or with PER_TOKEN the (3, M) per-row tables of
-    ``pt_scales_kernel`` (then one correctly rounded division per block, and tiles with a row amax
-    outside the normal range recompute in fp64 from the amax, as ``cast16_kernel``); HW: inline PTX
-    (GPU) instead of the integer formulas; EVEN: M % BLOCK_M == 0 and (K / 16) % KB == 0 (no masks)."""
+def _push_sr(acc, x, enc, r):
+    """acc << 4 with the stochastically rounded E2M1 code of fl(x * enc) (``sr_e2m1``, random byte r) below."""
+    return acc * 16 + sr_e2m1(x * enc, r)
+
+
+@triton.jit
+def _push_word_sr(acc, w, enc, rw, SHIFT: tl.constexpr):
+    """``_push_word`` with stochastic rounding: the two bf16 of word w take bytes SHIFT / 8 + 1 (high element) and
+    SHIFT / 8 (low) of the random word rw."""
+    acc = _push_sr(acc, (w & -65536).to(tl.float32, bitcast=True), enc, (rw >> (SHIFT + 8)) & 0xFF)
+    return _push_sr(acc, (w << 16).to(tl.float32, bitcast=True), enc, (rw >> SHIFT) & 0xFF)
+
+
+@triton.jit
+def _pack8_sr(w, enc, r_lo, r_hi):
+    """``_pack8`` with stochastic rounding: element c of the 8 takes byte c % 4 of r_lo (c < 4) or r_hi."""
+    w0, w1, w2, w3 = _split4(w)
+    acc = _push_word_sr(tl.zeros_like(w0), w3, enc, r_hi, 16)
+    acc = _push_word_sr(acc, w2, enc, r_hi, 0)
+    acc = _push_word_sr(acc, w1, enc, r_lo, 16)
+    return _push_word_sr(acc, w0, enc, r_lo, 0)
+
+
+@triton.jit
+def _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, rows, pid_k, M, k_blocks, r_lo, r_hi,
+               LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
+               PER_TOKEN: tl.constexpr, E6: tl.constexpr, EVEN: tl.constexpr, SR: tl.constexpr):
+    """Codes and scales of ``rows`` (BLOCK_M int64 rows) x this program's KB blocks; with SR, r_lo / r_hi
+    ([BLOCK_M, 2 KB] int32) hold the random bytes of each half block's elements 0..3 / 4..7."""
     HALVES: tl.constexpr = 2 * KB
-    pid = tl.program_id(0)
-    k_blocks = K // 16
-    n_k = tl.cdiv(k_blocks, KB)
-    rows = ((pid // n_k) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    blks = (pid % n_k) * KB + tl.arange(0, KB)
-    halves = (pid % n_k) * HALVES + tl.arange(0, HALVES)  # 8-element half blocks
-    cols = (pid % n_k) * (HALVES * 4) + tl.arange(0, HALVES * 4)  # int32 words
+    blks = pid_k * KB + tl.arange(0, KB)
+    halves = pid_k * HALVES + tl.arange(0, HALVES)  # 8-element half blocks
+    cols = pid_k * (HALVES * 4) + tl.arange(0, HALVES * 4)  # int32 words
     if EVEN:  # the tiles cover x exactly: no masks
         ok = None
         half_ok = None
@@ -227,13 +253,54 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, M, K,
         idx = tl.reshape(_per_half(scale if HW else scale & 0x7F, BLOCK_M, KB), [BLOCK_M * HALVES])
         enc = tl.reshape(tl.load(table_ptr + idx), [BLOCK_M, HALVES])
 
-    codes = _pack8(w, enc, HW)
-    codes = tl.where(enc != enc, 0, codes)  # NaN factor: code 0 (the reference's x * NaN)
+    if SR:  # a NaN factor's codes are sr_e2m1's of NaN, as the reference's
+        codes = _pack8_sr(w, enc, r_lo, r_hi)
+    else:
+        codes = _pack8(w, enc, HW)
+        codes = tl.where(enc != enc, 0, codes)  # NaN factor: code 0 (the reference's x * NaN)
     # one word per lane, as computed: unit alignment keeps the store in the halves' layout (a wider vector per thread
     # would take a layout conversion through shared memory)
     out = tl.multiple_of(rows[:, None] * (k_blocks * 2) + halves[None, :], [1, 1])
     tl.store(data_ptr + out, codes, mask=half_ok)
     tl.store(scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), scale.to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, seed_ptr, seed_value, M, K,
+                    LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
+                    PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0, EVEN: tl.constexpr = False,
+                    SR: tl.constexpr = False, SEED_FROM_PTR: tl.constexpr = False):
+    """Rowwise codes and scales of BLOCK_M rows x KB 16-column blocks (see the module docstring).
+    x_ptr: x as int32 words; data_ptr: the rowwise data as int32 words; table_ptr: the
+    ``row_factor_table_kernel`` table, or with PER_TOKEN the (3, M) per-row tables of
+    ``pt_scales_kernel`` (then one correctly rounded division per block, and tiles with a row amax
+    outside the normal range recompute in fp64 from the amax, as ``cast16_kernel``); HW: inline PTX
+    (GPU) instead of the integer formulas; EVEN: M % BLOCK_M == 0 and (K / 16) % KB == 0 (no masks).
+    SR (BLOCK_M even): stochastic rounding with the seed at seed_ptr (SEED_FROM_PTR) or seed_value; the program
+    takes its even and its odd rows as two sets of BLOCK_M / 2, so that each lane holds both rows of each of its
+    Philox units (2 rows x 8 columns, ``stochastic_rounding``) and draws each block once."""
+    pid = tl.program_id(0)
+    k_blocks = K // 16
+    n_k = tl.cdiv(k_blocks, KB)
+    pid_m = pid // n_k
+    pid_k = pid % n_k
+    if SR:
+        seed = sr_seed(seed_ptr, seed_value, SR, SEED_FROM_PTR)
+        pairs = (pid_m * (BLOCK_M // 2) + tl.arange(0, BLOCK_M // 2)).to(tl.int64)
+        halves = pid_k * (2 * KB) + tl.arange(0, 2 * KB)
+        w0, w1, w2, w3 = philox_words(seed, pairs[:, None] * (k_blocks * 2) + halves[None, :], 0)
+        w0 = w0.to(tl.int32, bitcast=True)
+        w1 = w1.to(tl.int32, bitcast=True)
+        w2 = w2.to(tl.int32, bitcast=True)
+        w3 = w3.to(tl.int32, bitcast=True)
+        _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, pairs * 2, pid_k, M, k_blocks, w0, w1, LAYOUT, BLOCK_M // 2,
+                   KB, HW, PER_TOKEN, E6, EVEN, True)
+        _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, pairs * 2 + 1, pid_k, M, k_blocks, w2, w3, LAYOUT,
+                   BLOCK_M // 2, KB, HW, PER_TOKEN, E6, EVEN, True)
+    else:
+        rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, rows, pid_k, M, k_blocks, 0, 0, LAYOUT, BLOCK_M, KB, HW,
+                   PER_TOKEN, E6, EVEN, False)
 
 
 @triton.jit

@@ -49,8 +49,15 @@ PT_SCALES_BLOCK, PT_SCALES_WARPS = 1024, 4
 # factor-table launch costs more host time than the kernel saves on the GPU. Per tensor 16 half blocks per lane (more
 # bytes in flight); per token, whose per-block divisions need registers, 8
 CAST_ROW_TILE, CAST_ROW_PER_TOKEN_TILE, CAST_ROW_WARPS = (8192, 2048), (4096, 4096), 2
+# with stochastic rounding (per tensor or per token) 8 half blocks per lane: its Philox rounds and rounding rule
+# take more registers and latency per element (benchmarks/RESULTS.md)
+CAST_ROW_SR_TILE = (4096, 2048)
 CAST_ROW_MASKED_BLOCK_K = 512
 CAST_ROW_MIN_ELEMENTS = 1 << 24
+# the rowwise launch of a split RHT + SR row+col cast (``split_cast``) takes cast_row_kernel from this size on: its
+# factor table is made in the launch that makes the columnwise one's, so it adds no launch (the split casts whose
+# columnwise launch takes no table would add one: eager calls pay host time for it, benchmarks/RESULTS.md)
+CAST_ROW_SPLIT_MIN_ELEMENTS = 1 << 23
 # cast_col_kernel: (16-row groups per program, num_warps; one word column of two bf16 per thread); taken from
 # CAST_COL_MIN_ELEMENTS elements on (the smallest size timed against cast16_kernel)
 CAST_COL_TILE = (2, 4)
@@ -199,7 +206,8 @@ def operand_cast_pays(m: int, k: int) -> bool:
 def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, rht: bool,
                stochastic_rounding: bool, four_over_six, grouped: bool, graphed: bool = False) -> bool:
     """Whether a row+col cast runs as two launches (rowwise only, then columnwise only: ``cast16_kernel``,
-    or ``cast_col_kernel`` where ``use_cast_col`` takes the columnwise one) instead of one. Same bits either
+    or ``cast_row_kernel`` / ``cast_col_kernel`` where ``use_cast_row`` / ``use_cast_col`` take that side) instead
+    of one. Same bits either
     way (each output's codes and random bytes depend only on its own position); with SR or RHT the two
     lighter kernels (fewer registers each) are faster on the GPU than the one that does both, from
     ``SPLIT_CAST_MIN_ELEMENTS[recipe]`` elements on (``graphed``: a launch captured into a CUDA graph,
@@ -338,34 +346,47 @@ def four_over_six_1x16_grid(m: int, k: int, meta: dict) -> tuple[int]:
 
 
 def use_cast_row(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
-                 stochastic_rounding: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool) -> bool:
-    """Whether a cast runs ``cast_row_kernel`` (cast_row.py): the rowwise-only 1x16 cast (per tensor from
-    ``CAST_ROW_MIN_ELEMENTS`` elements on, or per token with TE main's numerics) of bf16 input without SR
-    (RHT only touches columnwise outputs), x 16-byte aligned (read as int32 words), K % 16 == 0.
+                 stochastic_rounding: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool,
+                 split: bool = False, tables_shared: bool = False) -> bool:
+    """Whether a rowwise-only cast runs ``cast_row_kernel`` (cast_row.py): the 1x16 cast of bf16 input with TE main's
+    numerics, stochastically rounded or not (RHT only touches columnwise outputs), x 16-byte aligned (read as int32
+    words), K % 16 == 0; from ``CAST_ROW_MIN_ELEMENTS`` elements on; per token without SR at any size (its tables
+    launch either way); the rowwise launch of a split row+col cast (``split``) only where its factor table comes
+    with the columnwise launch's (``tables_shared``: RHT + SR), from ``CAST_ROW_SPLIT_MIN_ELEMENTS`` elements on.
     Everything else runs ``cast16_kernel`` / ``four_over_six_kernel``."""
-    return (rowwise and not columnwise and not block_2d and not four_over_six
-            and not stochastic_rounding and not grouped and not pr3045 and dtype_bf16 and x_aligned and k % 16 == 0
-            and (per_token or m * k >= CAST_ROW_MIN_ELEMENTS))
+    if not (rowwise and not columnwise and not block_2d and not four_over_six and not grouped and not pr3045
+            and dtype_bf16 and x_aligned and k % 16 == 0):
+        return False
+    if split:
+        return tables_shared and m * k >= CAST_ROW_SPLIT_MIN_ELEMENTS
+    return (per_token and not stochastic_rounding) or m * k >= CAST_ROW_MIN_ELEMENTS
 
 
-def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: float, *, block_m: int = 0,
+def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: float,
+                  stochastic_rounding: bool = False, seed_from_ptr: bool = False, *, block_m: int = 0,
                   block_k: int = 0, num_warps: int = 0) -> dict:
     """Constexprs and num_warps of ``cast_row_kernel`` (block_k: the tile's columns, KB = block_k / 16; any of
-    them 0: ``cast_row_tile``'s)."""
-    bm, bk, warps = cast_row_tile(m, k, per_token)
+    them 0: ``cast_row_tile``'s). With stochastic rounding BLOCK_M is at least 2 (the kernel takes rows in pairs)."""
+    bm, bk, warps = cast_row_tile(m, k, per_token, stochastic_rounding)
     bm, bk, warps = block_m or bm, block_k or bk, num_warps or warps
     bm, bk = min(bm, next_power_of_2(max(m, 1))), max(16, min(bk, next_power_of_2(max(k, 1))))
+    if stochastic_rounding:
+        bm = max(bm, 2)
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, KB=bk // 16, HW=not interpreting(), PER_TOKEN=per_token,
-                E6=6.0 * e4m3_max, EVEN=m % bm == 0 and (k // 16) % (bk // 16) == 0, num_warps=warps, enable_fp_fusion=False)
+                E6=6.0 * e4m3_max, EVEN=m % bm == 0 and (k // 16) % (bk // 16) == 0, SR=stochastic_rounding,
+                SEED_FROM_PTR=seed_from_ptr, num_warps=warps, enable_fp_fusion=False)
 
 
-def cast_row_tile(m: int, k: int, per_token: bool) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_K, num_warps) of ``cast_row_kernel``: a fixed number of elements per program, in as few rows
-    as the columns allow (a lane's loads and stores along one row differ by constant offsets, where rows apart
-    need their own address each). BLOCK_K is the largest power of 2 that divides K, up to the recipe's widest, when
-    it is at least ``CAST_ROW_MASKED_BLOCK_K`` (no column masks), else at most that (the last tile masked, little of
-    it idle)."""
-    elements, widest = CAST_ROW_PER_TOKEN_TILE if per_token else CAST_ROW_TILE
+def cast_row_tile(m: int, k: int, per_token: bool, stochastic_rounding: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_K, num_warps) of ``cast_row_kernel``: a fixed number of elements per program (the recipe's:
+    per tensor, per token, stochastic rounding), in as few rows as the columns allow (a lane's loads and stores
+    along one row differ by constant offsets, where rows apart need their own address each). BLOCK_K is the largest
+    power of 2 that divides K, up to the recipe's widest, when it is at least ``CAST_ROW_MASKED_BLOCK_K`` (no column
+    masks), else at most that (the last tile masked, little of it idle)."""
+    if stochastic_rounding:
+        elements, widest = CAST_ROW_SR_TILE
+    else:
+        elements, widest = CAST_ROW_PER_TOKEN_TILE if per_token else CAST_ROW_TILE
     bk = min(k & -k, widest) if k > 0 else 16
     if bk < CAST_ROW_MASKED_BLOCK_K:
         bk = min(next_power_of_2(max(k, 16)), CAST_ROW_MASKED_BLOCK_K)
