@@ -126,6 +126,17 @@ def host_sr_bytes(seed: int, rows: int, cols: int, stream: int) -> torch.Tensor:
     return torch.from_numpy(((w >> (8 * (byte.ravel() % 4)).astype(np.uint32)) & 0xFF).astype(np.int32).reshape(rows, cols))
 
 
+def assert_seed_read_from_device(cast, data: int, device) -> None:
+    """A cast's SR seed read by the kernel from an int64 device tensor (graph capture, torch.compile) gives the bits
+    of the same seed passed as an int, and another seed gives other codes: ``cast(seed_tensor, seed)`` returns the
+    cast's outputs, its data at index ``data`` and its scales next."""
+    from_int = cast(None, 77)
+    from_tensor = cast(torch.tensor([77], dtype=torch.int64, device=device), 0)
+    other = cast(torch.tensor([78], dtype=torch.int64, device=device), 0)
+    assert torch.equal(from_int[data], from_tensor[data]) and torch.equal(from_int[data + 1], from_tensor[data + 1])
+    assert not torch.equal(from_int[data], other[data])
+
+
 def scaled_values(mat: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, e4m3_max: float) -> torch.Tensor:
     """x * enc of each element of mat (R, C), from the reference's own scale formulas, the (RN) scales (R, C / 16)
     and the outer amax ((1,) or (R,)): what stochastic rounding rounds."""

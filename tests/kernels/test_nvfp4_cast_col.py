@@ -14,7 +14,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import host_sr_bytes, record_launches, rht_exact_input, set_plan_flags
+from .kernel_checks import assert_seed_read_from_device, host_sr_bytes, record_launches, rht_exact_input, set_plan_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
@@ -271,21 +271,12 @@ def test_sr_bits_match_host_philox(shape, tile, launches, device=DEV):
 
 
 def test_sr_seed_from_a_device_tensor(launches):
-    """The seed read by the kernel from an int64 tensor (graph capture, torch.compile) gives the bits of the same
-    seed passed as an int; another seed gives other codes."""
     x = rht_exact_input(64, 96, seed=25).to(DEV)
     amax = ref_nvfp4.quantize(x.cpu(), COL_RHT).columnwise_amax.to(DEV)
-
-    def cast(seed_tensor, seed):
-        return kq.cast_outputs(x, None, amax, seed_tensor, seed, False, True, False, False, COL_RHT.rht_sign_mask, 0,
-                               448.0, True, "compact", poison=True)
-
-    from_int = cast(None, 77)
-    from_tensor = cast(torch.tensor([77], dtype=torch.int64, device=DEV), 0)
-    other = cast(torch.tensor([78], dtype=torch.int64, device=DEV), 0)
+    assert_seed_read_from_device(
+        lambda seed_tensor, seed: kq.cast_outputs(x, None, amax, seed_tensor, seed, False, True, False, False,
+                                                  COL_RHT.rht_sign_mask, 0, 448.0, True, "compact", poison=True), 2, DEV)
     assert len(launches) == 3
-    assert torch.equal(from_int[2], from_tensor[2]) and torch.equal(from_int[3], from_tensor[3])
-    assert not torch.equal(from_int[2], other[2])
 
 
 def test_empty_input(launches):

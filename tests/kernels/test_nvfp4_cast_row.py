@@ -25,6 +25,7 @@ from .kernel_checks import (
     TILE_16X32,
     assert_field_equal,
     assert_same_bits,
+    assert_seed_read_from_device,
     host_sr_bytes,
     record_launches,
     scale_code_input,
@@ -328,21 +329,12 @@ def test_sr_per_token(launches):
 
 
 def test_sr_seed_from_a_device_tensor(launches):
-    """The seed read by the kernel from an int64 tensor (graph capture, torch.compile) gives the bits of the same
-    seed passed as an int; another seed gives other codes."""
     x = normal_input((32, 64), seed=13).to(DEV)
     amax = x.abs().amax().float().reshape(1)
-
-    def cast(seed_tensor, seed):
-        return kq.cast_outputs(x, amax, None, seed_tensor, seed, True, False, False, False, -1, 0, 448.0, True,
-                               "compact", poison=True)
-
-    from_int = cast(None, 77)
-    from_tensor = cast(torch.tensor([77], dtype=torch.int64, device=DEV), 0)
-    other = cast(torch.tensor([78], dtype=torch.int64, device=DEV), 0)
+    assert_seed_read_from_device(
+        lambda seed_tensor, seed: kq.cast_outputs(x, amax, None, seed_tensor, seed, True, False, False, False, -1, 0,
+                                                  448.0, True, "compact", poison=True), 0, DEV)
     assert len(launches) == 3
-    assert torch.equal(from_int[0], from_tensor[0]) and torch.equal(from_int[1], from_tensor[1])
-    assert not torch.equal(from_int[0], other[0])
 
 
 @pytest.mark.parametrize("kwargs,launches_want", [
