@@ -14,7 +14,14 @@ from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
-from .kernel_checks import assert_seed_read_from_device, host_sr_bytes, record_launches, rht_exact_input, set_plan_flags
+from .kernel_checks import (
+    assert_seed_read_from_device,
+    host_sr_bytes,
+    record_launches,
+    rht_exact_input,
+    scaled_values,
+    set_plan_flags,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's x/0 under the interpreter
 
@@ -248,9 +255,7 @@ def test_encode_factor_across_the_normal_range(launches):
 def _scaled_columnwise(x, rn):
     """RHT(x^T) * enc of each element, from the reference's scale formulas and its (RN) scales."""
     mat = ref_nvfp4.apply_rht(x.t(), COL_RHT.rht_sign_mask).float()
-    s_enc = ref_nvfp4.global_encode_scale(rn.columnwise_amax.reshape(-1, 1), 448.0)
-    enc = torch.clamp(1.0 / (codecs.e4m3_decode(rn.columnwise_scale) * (1.0 / s_enc)), max=codecs.FLT_MAX)
-    return mat * enc.repeat_interleave(16, dim=1)
+    return scaled_values(mat, rn.columnwise_scale, rn.columnwise_amax, 448.0)
 
 
 @pytest.mark.parametrize("shape,tile", [((48, 96), {}), ((64, 80), dict(block_m=64, block_k=32, num_warps=1))])
