@@ -66,6 +66,7 @@ from .decode_common import (
 )
 from .formats import e2m1_decode, e4m3_decode
 from .launch import Launch, aligned, custom_op
+from .pdl import wait_prior_grid
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
@@ -105,8 +106,9 @@ def _nvfp4_dequantize_kernel(
     LOCAL_I64: tl.constexpr,
     SOFT_BF16: tl.constexpr,
     EVEN: tl.constexpr,
-    OUT_MAX: tl.constexpr,  # the output dtype's largest finite value
+    OUT_MAX: tl.constexpr, PDL: tl.constexpr = False,  # the output dtype's largest finite value
 ):
+    wait_prior_grid(PDL)
     BLOCKS: tl.constexpr = BLOCK_COLS // 16
     pid = tl.program_id(0)
     col_tiles = tl.cdiv(cols, BLOCK_COLS)
@@ -265,7 +267,7 @@ def _nvfp4_dequantize_t_kernel(
     EVEN_ROWS: tl.constexpr,  # rows % (GR * GROUPS) == 0
     EVEN_WORDS: tl.constexpr,  # (cols // 8) % WORDS == 0
     GR: tl.constexpr,  # Q rows per group: 8, or 4 (fp32 output): one 16-byte store per output row
-    OUT_MAX: tl.constexpr,  # the output dtype's largest finite value
+    OUT_MAX: tl.constexpr, PDL: tl.constexpr = False,  # the output dtype's largest finite value
 ):
     # A slot is one 16-code scale block of GR consecutive Q rows = 16 output rows x GR contiguous
     # outputs (group fastest). Each of the slot's 16 output rows is decoded and stored on its own as an
@@ -273,6 +275,7 @@ def _nvfp4_dequantize_t_kernel(
     # coalescing pass picks: no layout conversion (joining all 16 x GR values into one [S, 16, GR] store
     # would go through shared memory), and only the words and factors (2 * GR + GR registers per slot)
     # stay live, not 16 * GR decoded values.
+    wait_prior_grid(PDL)
     SLOTS: tl.constexpr = GROUPS * WORDS // 2
     pid = tl.program_id(0)
     row_words = cols // 8

@@ -64,6 +64,7 @@ from .nvfp4_quantize_details.common import (
     word_column_program,
 )
 from .nvfp4_quantize_details.rht import finish16_bits, rht_rows_fp32, rht_tile
+from .pdl import wait_prior_grid
 
 # amax modes: 0 none, 1 per split, 2 per row / per (split, column), 3 per split of the bf16 RHT output,
 # 4 per (split, column) of PR 3045's fp32 RHT output
@@ -112,7 +113,7 @@ def _grouped_amax_kernel(
     x_ptr, row_amax_ptr, col_amax_ptr, offsets_ptr, group_split_ptr, num_splits, M, K,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, SPLIT_STEPS: tl.constexpr,
-    STEPS_M: tl.constexpr, SOFT_BF16: tl.constexpr = False,
+    STEPS_M: tl.constexpr, SOFT_BF16: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Folds the maxima of STEPS_M tiles (consecutive along M) into the amax buffers, and (programs of
     the first column tile) writes group_split[g] = split of row 16 g, which the cast pass reads instead
@@ -123,6 +124,7 @@ def _grouped_amax_kernel(
     across the tiles and folded once, as in the single pass; otherwise each tile takes the row maxima's
     running max per split (a segmented scan) and issues one atomic per split it covers.
     """
+    wait_prior_grid(PDL)
     pid_m, pid_k, cols, col_ok = program_columns(K, BLOCK_K)
     first_row = (pid_m * STEPS_M * BLOCK_M).to(tl.int64)
     last_row = tl.minimum(first_row + STEPS_M * BLOCK_M, M) - 1
@@ -195,13 +197,14 @@ def _grouped_amax_kernel(
 def _grouped_amax_rht_col_kernel(
     x_ptr, row_amax_ptr, col_amax_ptr, offsets_ptr, group_split_ptr, num_splits, M, K,
     ROW_MODE: tl.constexpr, RHT_MASK: tl.constexpr, BLOCK_C: tl.constexpr, STEPS: tl.constexpr,
-    SPLIT_STEPS: tl.constexpr, HW: tl.constexpr,
+    SPLIT_STEPS: tl.constexpr, HW: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """``amax_rht_col_kernel`` per split (``G_SPLIT_RHT``, with ``G_SPLIT`` row amaxes or none): bf16 x (M, K) read
     as (M, K / 2) int32 words, BLOCK_C word columns x STEPS 16-row groups per program, M % 16 == 0 (columnwise
     splits are multiples of 16 rows, so each group lies in one split: the split of its first row). A program whose
     groups share one split carries its maxima across them and issues one atomic per output; one whose groups
     straddle splits issues them per group. Writes group_split as ``_grouped_amax_kernel`` does."""
+    wait_prior_grid(PDL)
     wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, STEPS)
     n_groups = M // 16
     s_lo = split_of(g0 * 16, offsets_ptr, num_splits, SPLIT_STEPS)

@@ -29,6 +29,8 @@ from typing import Callable, Iterable
 import torch
 from triton.runtime.jit import JITFunction
 
+from .pdl import pdl_meta
+
 try:  # Triton >= 3.4
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover - older Triton: hooks live on CompiledKernel
@@ -134,6 +136,17 @@ def _hooks():
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_CAPABILITY: dict = {}
+
+
+def _capability(device: int):
+    """The compute capability of CUDA device ``device`` (an index), or None under the interpreter."""
+    if _INTERPRETING:
+        return None
+    capability = _CAPABILITY.get(device)
+    if capability is None:
+        capability = _CAPABILITY[device] = torch.cuda.get_device_capability(device)
+    return capability
 
 
 def _hook_active(hook) -> bool:
@@ -165,8 +178,9 @@ class Launch:
     it many times with arguments of one specialization: they keep the Launch in a cache whose key
     holds everything Triton specializes on (:func:`arg_key` of each argument) and the grid's inputs.
 
-    The first call goes through ``kernel[grid](*args, **meta)``; later calls run the compiled kernel's
-    launcher directly on the current device and stream. ``verify = True`` (the GPU test tier) checks
+    The first call goes through ``kernel[grid](*args, **meta)`` (with PDL on where the device has it,
+    :func:`~nvfp4lab.kernels.pdl.pdl_meta`); later calls run the compiled kernel's launcher directly on the current
+    device and stream. ``verify = True`` (the GPU test tier) checks
     on every call that the arguments still have the first call's specialization."""
 
     verify = False
@@ -190,7 +204,7 @@ class Launch:
         enter, leave = _hooks()
         device = _current_device()  # CUDA is initialized: the first launch went through Triton
         if _hook_active(enter) or _hook_active(leave) or device != self.device or self.tail is None:
-            kernel[self.grid](*args, **self.meta)
+            kernel[self.grid](*args, **pdl_meta(kernel, self.meta, _capability(device)))
             return
         if Launch.verify and tuple(map(arg_key, args)) != self.spec:
             raise RuntimeError(f"{kernel.__name__}: arguments of another specialization than the first call's "
@@ -202,11 +216,16 @@ class Launch:
 
     def _first(self, args) -> None:
         kernel = self.kernel
-        handle = kernel[self.grid](*args, **self.meta)
-        if type(kernel) is JITFunction and self.handle is None:
+        if type(kernel) is not JITFunction:  # the interpreter
+            kernel[self.grid](*args, **self.meta)
+            return
+        device = _current_device()
+        meta = pdl_meta(kernel, self.meta, _capability(device))
+        handle = kernel[self.grid](*args, **meta)
+        if self.handle is None:
             self.handle = handle
-            self.device = torch.cuda.current_device()
-            self.tail = _constexpr_tail(kernel, len(args), self.meta)
+            self.device = device
+            self.tail = _constexpr_tail(kernel, len(args), meta)
             self.spec = tuple(map(arg_key, args))
 
 

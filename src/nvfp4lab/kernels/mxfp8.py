@@ -59,6 +59,7 @@ from .decode_common import (
     soft_bf16_cast,
 )
 from .launch import custom_op, interpreting, launch
+from .pdl import wait_prior_grid
 from .swizzle import swizzle_offset
 
 _INT32_LIMIT = 2**31
@@ -239,7 +240,9 @@ def _mxfp8_quantize_kernel(
     HW_CAST: tl.constexpr,
     PACK: tl.constexpr,  # store the data as uint32 words of 4 codes (EVEN tiles, K % 4 == 0)
     SOFT_BF16: tl.constexpr = False,  # bf16 x converted by bits (the interpreter: ``formats.to_f32``)
+    PDL: tl.constexpr = False,
 ):
+    wait_prior_grid(PDL)
     RB: tl.constexpr = BLOCK_ROWS // 32
     pid = tl.program_id(0)
     col_tiles = tl.cdiv(cols, BLOCK_COLS)
@@ -305,8 +308,9 @@ def _mxfp8_dequantize_kernel(
     LOCAL_I64: tl.constexpr,
     SOFT_BF16: tl.constexpr,
     EVEN: tl.constexpr,
-    OUT_MAX: tl.constexpr,  # the output dtype's largest finite value
+    OUT_MAX: tl.constexpr, PDL: tl.constexpr = False,  # the output dtype's largest finite value
 ):
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     col_tiles = tl.cdiv(cols, BLOCK_COLS)
     row0 = (pid // col_tiles).to(tl.int64) * BLOCK_ROWS

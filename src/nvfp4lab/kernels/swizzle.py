@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..layout import cdiv, next_power_of_2, roundup
 from .launch import Launch, custom_op, launch
+from .pdl import wait_prior_grid
 
 _INT32_LIMIT = 2**31
 
@@ -38,7 +39,8 @@ def swizzle_offset(row, col, col_tiles):
 
 
 @triton.jit
-def _swizzle_kernel(src_ptr, dst_ptr, rows, cols, col_tiles, BLOCK_COLS: tl.constexpr):
+def _swizzle_kernel(src_ptr, dst_ptr, rows, cols, col_tiles, BLOCK_COLS: tl.constexpr, PDL: tl.constexpr = False):
+    wait_prior_grid(PDL)
     band = tl.program_id(0)
     col0 = tl.program_id(1) * BLOCK_COLS
     r = tl.arange(0, 128)
@@ -53,7 +55,8 @@ def _swizzle_kernel(src_ptr, dst_ptr, rows, cols, col_tiles, BLOCK_COLS: tl.cons
 
 
 @triton.jit
-def _unswizzle_kernel(src_ptr, dst_ptr, rows, cols, col_tiles, BLOCK_COLS: tl.constexpr):
+def _unswizzle_kernel(src_ptr, dst_ptr, rows, cols, col_tiles, BLOCK_COLS: tl.constexpr, PDL: tl.constexpr = False):
+    wait_prior_grid(PDL)
     band = tl.program_id(0)
     col0 = tl.program_id(1) * BLOCK_COLS
     r = tl.arange(0, 128)

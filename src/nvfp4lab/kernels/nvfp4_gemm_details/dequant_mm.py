@@ -37,6 +37,7 @@ import triton.language as tl
 from ...layout import cdiv, roundup
 from ..formats import soft_bf16_loads, to_f32
 from ..launch import Launch, aligned
+from ..pdl import wait_prior_grid
 from . import cublaslt, opt_flags
 from .common import epilogue, finish, store_alphas
 from .fused import expand, expand_split_k
@@ -48,9 +49,10 @@ def epilogue_kernel(
     M, N, stride_om, stride_on, inv_e,
     A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
     ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFT_BF16: tl.constexpr = False, EPI_PR3045: tl.constexpr = False,
+    SOFT_BF16: tl.constexpr = False, EPI_PR3045: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """The epilogue over an fp32 product (M, N), row stride N."""
+    wait_prior_grid(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
@@ -72,13 +74,14 @@ def grouped_epilogue_kernel(
     A_AMAX_ROWS: tl.constexpr, B_AMAX_MODE: tl.constexpr, BIAS_MODE: tl.constexpr,
     ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SOFT_BF16: tl.constexpr = False, EPI_PR3045: tl.constexpr = False, A_AMAX_EXPERT: tl.constexpr = False,
-    EXPERT_ROWS: tl.constexpr = 0,
+    EXPERT_ROWS: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """The epilogue over the fp32 product (M, N) of every expert at once: row r belongs to the expert
     e with offs[e-1] <= r < offs[e] (``offs``: the E cumulative row ends), or e = r // EXPERT_ROWS when
     EXPERT_ROWS > 0 (``offs`` unused), whose amax (B_AMAX_MODE 1: per expert, 2: per row of B (E*N,);
     A_AMAX_EXPERT: A's per expert) and bias (BIAS_MODE 2: (E, N)) it takes. Per element the
     arithmetic of the dense epilogue with that expert's operands."""
+    wait_prior_grid(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
@@ -118,9 +121,10 @@ def grouped_epilogue_kernel(
 
 @triton.jit
 def alpha_kernel(a_amax_ptr, b_amax_ptr, alpha_ptr, num, inv_e, A_PER_EXPERT: tl.constexpr,
-                 B_PER_EXPERT: tl.constexpr, BLOCK: tl.constexpr):
+                 B_PER_EXPERT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """cuBLAS' alphas (:func:`.common.store_alphas`) where no expansion launch writes them (both operands given
     expanded)."""
+    wait_prior_grid(PDL)
     store_alphas(a_amax_ptr, b_amax_ptr, alpha_ptr, num, inv_e, A_PER_EXPERT, B_PER_EXPERT, BLOCK)
 
 

@@ -39,6 +39,7 @@ import triton.language as tl
 from ...layout import cdiv, next_power_of_2, roundup
 from ..formats import e4m3_decode
 from ..launch import Launch, aligned
+from ..pdl import wait_prior_grid
 from . import opt_flags
 from .common import epilogue, scale_offsets, store_alphas
 
@@ -157,7 +158,9 @@ def nvfp4_gemm_kernel(
     SOFT_BF16: tl.constexpr = False,  # bf16 bias / out_old loaded by bits (the interpreter)
     EPI_PR3045: tl.constexpr = False,  # PR 3045's epilogue order (common.epilogue)
     A_AMAX_EXPERT: tl.constexpr = False,  # grouped: A amax per expert (E,)
+    PDL: tl.constexpr = False,
 ):
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     if GROUPED:
@@ -292,6 +295,7 @@ def expand_kernel(
     A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr, NATURAL: tl.constexpr = False, ALPHA: tl.constexpr = False,
     A_PER_EXPERT: tl.constexpr = False, B_PER_EXPERT: tl.constexpr = False, ALPHA_BLOCK: tl.constexpr = 2,
+    PDL: tl.constexpr = False,
 ):
     """Operands (rows, K) codes + scales -> q * s (rows, roundup(K, BLOCK_K)) in the output pointers' type (FP16
     or BF16), each BLOCK_K tile in the decoder's permuted order (as the GEMM decodes A with the same BLOCK_K;
@@ -299,6 +303,7 @@ def expand_kernel(
     one launch). ALPHA: the first program also writes the alpha vector of the product that consumes the
     expansion (:func:`.common.store_alphas` of alpha_num experts), so that product needs no launch of its own
     for it."""
+    wait_prior_grid(PDL)
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     if ALPHA:
@@ -318,13 +323,14 @@ def expand_split_k_kernel(
     a_ptr, a_scale_ptr, a_out_ptr, a_rows, stride_ao,
     b_ptr, b_scale_ptr, b_out_ptr, b_rows, stride_bo,
     offs_ptr, num_splits, a_tiles, tab_lo,
-    DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    DECODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Two bulk copies split along their contraction dim (split e of an operand with R rows: the (R, m_e)
     matrix of codes at R * offs[e] / 2 bytes and compact scales at R * offs[e] / 16; ``offs``: the
     (E + 1,) cumulative split offsets, each m_e a multiple of 16) -> FP16 / BF16 (R, sum_e roundup(m_e, BLOCK_K)):
     split e's :func:`expand_kernel` tiles in the columns after those of the splits before it. Column
     tile ``pid_k`` finds its split by walking the offsets (A's row tiles first, then B's)."""
+    wait_prior_grid(PDL)
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_before = tl.zeros((), dtype=tl.int64)

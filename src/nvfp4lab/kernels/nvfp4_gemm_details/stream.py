@@ -25,6 +25,7 @@ import triton.language as tl
 from ...layout import cdiv, roundup
 from ..formats import e4m3_decode
 from ..launch import keep_buffers, launch
+from ..pdl import wait_prior_grid
 from ..swizzle import swizzle_offset
 from . import opt_flags
 from .common import epilogue, words
@@ -181,6 +182,7 @@ def stream_kernel(
     A_PRE: tl.constexpr,  # a_ptr: A already decoded by stream_expand_kernel, FP16 (BLOCK_M, roundup(K, 128 V))
     SPLIT: tl.constexpr, SOFT_BF16: tl.constexpr = False,
     EPI_PR3045: tl.constexpr = False,  # PR 3045's epilogue order (common.epilogue)
+    PDL: tl.constexpr = False,
 ):
     """Dense GEMM for few rows of A (M <= 64): a weight stream (see the module docstring).
 
@@ -190,6 +192,7 @@ def stream_kernel(
     shared memory. With SPLIT, the fp32 partials go to ws_ptr and the last program of an output tile to
     arrive (a counter per tile) sums them in split order (deterministic), finishes the epilogue and sets
     the counter back to 0 for the next launch on the stream."""
+    wait_prior_grid(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BK: tl.constexpr = 128 * V
@@ -257,9 +260,11 @@ def stream_kernel(
 
 @triton.jit
 def stream_expand_kernel(a_ptr, a_scale_ptr, out_ptr, M, K, stride_a, stride_as, a_cols4, stride_o,
-                          A_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, ROWS: tl.constexpr):
+                          A_SWIZZLED: tl.constexpr, DECODE: tl.constexpr, ROWS: tl.constexpr,
+                          PDL: tl.constexpr = False):
     """A (M rows) -> FP16 q * s * 2^-14 (grid rows x grid sub-tiles of 128) in stream_decode's order per
     sub-tile; rows past M and columns past K are zeros (the stream kernel reads whole tiles)."""
+    wait_prior_grid(PDL)
     pid_r = tl.program_id(0)
     kk = tl.program_id(1)
     offs = pid_r * ROWS + tl.arange(0, ROWS)

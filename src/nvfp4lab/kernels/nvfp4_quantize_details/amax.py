@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..launch import keep_buffers
+from ..pdl import wait_prior_grid
 from .common import (
     ONE_SIXTH,
     abs_bits,
@@ -82,7 +83,7 @@ def amax_kernel(
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, STEPS_M: tl.constexpr = 1,
     FINAL_BLOCK: tl.constexpr = 1024, TABLE_E6: tl.constexpr = 0.0, SOFT_BF16: tl.constexpr = False,
-    DIRECT: tl.constexpr = False,
+    DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Folds max |x| of STEPS_M tiles (consecutive along M) into the scratch accumulators, then
     ``finalize_amax`` (TABLE_E6 > 0: per-token outputs as (3, N) tables for the cast). Per-tensor and
@@ -90,6 +91,7 @@ def amax_kernel(
     output (same-address atomics serialize in L2). DIRECT (per-token modes only): the outputs, zeroed
     by the caller and passed as int32, are the accumulators; no scratch, no finalize (whose serial copy
     of N_ROW + N_COL values would be the pass's tail for long vectors)."""
+    wait_prior_grid(PDL)
     if DIRECT:
         row_amax_ptr = row_out_ptr
         col_amax_ptr = col_out_ptr
@@ -201,11 +203,12 @@ def halves_max_bits(t_row):
 @triton.jit
 def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL, ROW_MODE: tl.constexpr,
                         RHT_MASK: tl.constexpr, BLOCK_C: tl.constexpr, STEPS: tl.constexpr, HW: tl.constexpr,
-                        FINAL_BLOCK: tl.constexpr = 1024):
+                        FINAL_BLOCK: tl.constexpr = 1024, PDL: tl.constexpr = False):
     """The per-tensor amax of bf16(RHT(x^T)) (``AMAX_TENSOR_RHT``) and, with ROW_MODE 1, the per-tensor amax of x,
     of bf16 x (M, K) read as (M, K / 2) int32 words: BLOCK_C word columns (a word column per thread or more) x
     STEPS 16-row groups per program; M % 16 == 0. The maxima of the raw sums are finished once (``finish16_bits``),
     as in ``amax_kernel``; HW: the packed 16-bit max (GPU) for x's own amax."""
+    wait_prior_grid(PDL)
     wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, STEPS)
     n_groups = M // 16
     t_rht = tl.zeros([BLOCK_C], tl.int32)

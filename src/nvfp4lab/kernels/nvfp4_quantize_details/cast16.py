@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..formats import e2m1_decode, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, to_f32
+from ..pdl import wait_prior_grid
 from .cast_col import word8
 from .cast_row import e4m3_code
 from .common import (
@@ -158,7 +159,7 @@ def cast16_kernel(
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, RHT: tl.constexpr = False, RHT_MASK: tl.constexpr = 0,
     REUSE_2D: tl.constexpr = False, PR3045: tl.constexpr = False, SOFT_BF16: tl.constexpr = False,
     GROUPS: tl.constexpr = 1, ROW_OPERAND: tl.constexpr = False, COL_OPERAND: tl.constexpr = False,
-    HW: tl.constexpr = False,
+    HW: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise blocks (recipes without
     4over6; RHT only on the columnwise side, 1x16 blocks: ``rht16_cast16``).
@@ -186,6 +187,7 @@ def cast16_kernel(
     row_data_ptr, columnwise (K, M) at col_data_ptr, no scales (their pointers are not written).
     HW: Hopper's instructions by inline PTX (GPU launches), else integer formulas with the same bits.
     """
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
     g0 = (pid // n_k).to(tl.int64) * GROUPS  # first 16-row group = columnwise block index along M

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from ...layout import cdiv
 from ..formats import e4m3_decode, e4m3_encode_fast
+from ..pdl import wait_prior_grid
 from .cast_row import code_top, push_code
 from .common import (
     ONE_SIXTH,
@@ -279,13 +280,14 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed
 def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, seed_value, M, K, M_WORDS,
                     LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr,
                     RHT_MASK: tl.constexpr, E6: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr = False,
-                    SEED_FROM_PTR: tl.constexpr = False):
+                    SEED_FROM_PTR: tl.constexpr = False, PDL: tl.constexpr = False):
     """Columnwise codes and scales of GROUPS 16-row groups x BLOCK_C word columns (module docstring).
     x_ptr: x as int32 words; data_ptr: the columnwise data as int32 words; amax_ptr: the (1,) columnwise
     outer amax (post-RHT); TABLE: encode factors from table_ptr, ``row_factor_table_kernel``'s table of
     that amax, else divided here (E6: 6 * the E4M3 maximum); HW: inline PTX (GPU) instead of the integer
     formulas. Blocks of bf16(RHT(x^T)) with the sign mask RHT_MASK; SR with the seed (SEED_FROM_PTR: read
     from seed_ptr)."""
+    wait_prior_grid(PDL)
     wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, GROUPS)
     m_blocks = M // 16
     outer = tl.load(amax_ptr + tl.zeros([1], tl.int32))

@@ -58,6 +58,7 @@ import triton.language as tl
 
 from ...layout import cdiv
 from ..formats import e4m3_decode, e4m3_encode_fast
+from ..pdl import wait_prior_grid
 from .common import ONE_SIXTH, encode_factor, global_scales, scale_offsets
 from .pt_scales import pt_table_load
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
@@ -66,10 +67,11 @@ TABLE_ENTRIES = 132  # 128 encode factors, fl(S_enc * fl(1/6)), padding to 16 by
 
 
 @triton.jit
-def row_factor_table_kernel(amax_ptr, table_ptr, E6: tl.constexpr):
+def row_factor_table_kernel(amax_ptr, table_ptr, E6: tl.constexpr, PDL: tl.constexpr = False):
     """table[c] = min(fl(1 / fl(e4m3(c) * S_dec)), FLT_MAX) for E4M3 codes c = 0..127 (NaN for 0x7F),
     table[128] = fl(S_enc * fl(1/6)), of the per-tensor amax at amax_ptr (spec 3.1); fp64 divisions
     rounded once (correctly rounded for every amax). One program."""
+    wait_prior_grid(PDL)
     factor_table(tl.load(amax_ptr + tl.zeros([128], tl.int32)), table_ptr, E6)
 
 
@@ -269,7 +271,7 @@ def _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, rows, pid_k, M, k_blocks, 
 def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, seed_ptr, seed_value, M, K,
                     LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
                     PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0, EVEN: tl.constexpr = False,
-                    SR: tl.constexpr = False, SEED_FROM_PTR: tl.constexpr = False):
+                    SR: tl.constexpr = False, SEED_FROM_PTR: tl.constexpr = False, PDL: tl.constexpr = False):
     """Rowwise codes and scales of BLOCK_M rows x KB 16-column blocks (see the module docstring).
     x_ptr: x as int32 words; data_ptr: the rowwise data as int32 words; table_ptr: the
     ``row_factor_table_kernel`` table, or with PER_TOKEN the (3, M) per-row tables of
@@ -279,6 +281,7 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, seed_ptr, seed_value,
     SR (BLOCK_M even): stochastic rounding with the seed at seed_ptr (SEED_FROM_PTR) or seed_value; the program
     takes its even and its odd rows as two sets of BLOCK_M / 2, so that each lane holds both rows of each of its
     Philox units (2 rows x 8 columns, ``stochastic_rounding``) and draws each block once."""
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     k_blocks = K // 16
     n_k = tl.cdiv(k_blocks, KB)

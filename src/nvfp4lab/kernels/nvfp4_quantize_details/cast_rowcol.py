@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
+from ..pdl import wait_prior_grid
 from .cast_col import word8
 from .cast_row import TABLE_ENTRIES, absmax16x2, absmax16x2_hw, absmax16x2_sw, code_top, e4m3_code, factor_table, push_code
 from .common import banded_order, scale_offsets
@@ -57,9 +58,10 @@ _COL_TABLE = tl.constexpr(TABLE_ENTRIES)  # the columnwise table's offset in fac
 
 
 @triton.jit
-def factor_tables_kernel(row_amax_ptr, col_amax_ptr, table_ptr, E6: tl.constexpr):
+def factor_tables_kernel(row_amax_ptr, col_amax_ptr, table_ptr, E6: tl.constexpr, PDL: tl.constexpr = False):
     """``row_factor_table_kernel``'s table of the rowwise outer amax at table_ptr (program 0) and of the
     columnwise one at table_ptr + TABLE_ENTRIES (program 1)."""
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     lanes = tl.zeros([128], tl.int32)
     if pid == 0:
@@ -259,13 +261,14 @@ def _stage_scales(stage_ptr, g, stage_at, c_ok, K, s0, s1, s2, s3):
 @triton.jit
 def cast_rowcol_kernel(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, stage_ptr, table_ptr, M, K, M_WORDS,
                        LAYOUT: tl.constexpr, QB: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr,
-                       EVEN: tl.constexpr = False, ROW_BAND: tl.constexpr = 1):
+                       EVEN: tl.constexpr = False, ROW_BAND: tl.constexpr = 1, PDL: tl.constexpr = False):
     """Rowwise and columnwise codes and scales of GROUPS 16-row groups x 16 QB columns (module docstring).
     x_ptr: x as int32 words; row_data_ptr: the rowwise data as int16; col_data_ptr: the columnwise data as int32
     words; stage_ptr: the columnwise scales' (M / 16, K / 4) int32 staging buffer; table_ptr:
     ``factor_tables_kernel``'s two tables; M_WORDS = M / 8 (an argument, so that its divisibility is known); HW:
     inline PTX (GPU) instead of the integer formulas; EVEN: (K / 16) % QB == 0 (no masks); ROW_BAND: the program
     order (``banded_order``)."""
+    wait_prior_grid(PDL)
     k_blocks = K // 16
     kw = K // 2
     n_q = tl.cdiv(k_blocks, QB)
@@ -336,10 +339,11 @@ def cast_rowcol_kernel(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, stage_p
 
 @triton.jit
 def col_scales_kernel(stage_ptr, col_scale_ptr, m_blocks, K, LAYOUT: tl.constexpr, BLOCK_G: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
+                      BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """The columnwise scales (K, M / 16) in their layout (compact / padded / swizzled: ``scale_offsets``) from
     ``cast_rowcol_kernel``'s (M / 16, K) staging buffer: a [BLOCK_G, BLOCK_C] tile read along the columns,
     transposed in the program, written along the groups."""
+    wait_prior_grid(PDL)
     g = (tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)).to(tl.int64)
     c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
     codes = tl.load(stage_ptr + g[:, None] * K + c[None, :], mask=(g[:, None] < m_blocks) & (c[None, :] < K))

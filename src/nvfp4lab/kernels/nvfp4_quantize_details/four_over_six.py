@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..formats import e2m1_decode, e2m1_encode_fast, e4m3_decode, e4m3_encode, to_f32
+from ..pdl import wait_prior_grid
 from .cast_row import e4m3_code, push_code
 from .common import (
     E4M3_MAX,
@@ -362,6 +363,7 @@ def four_over_six_kernel(
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_2D: tl.constexpr, PER_TOKEN: tl.constexpr,
     FOUR_OVER_SIX: tl.constexpr, E6: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUPED: tl.constexpr = False, SPLIT_STEPS: tl.constexpr = 0, SOFT_BF16: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """One 16-row group x BLOCK_K columns -> its rowwise and columnwise 4over6 blocks (FOUR_OVER_SIX:
     1 MAE, 2 MSE).
@@ -379,6 +381,7 @@ def four_over_six_kernel(
     column c = 16 kb + 8 half + cc, x5 = [j, h, kb, half, cc]; rowwise blocks are its permutation
     [h, kb, half, cc, j] (slices j), columnwise blocks [kb, half, h, j, cc] (slices cc).
     """
+    wait_prior_grid(PDL)
     KB: tl.constexpr = BLOCK_K // 16
     pid = tl.program_id(0)
     n_k = tl.cdiv(K, BLOCK_K)
@@ -624,7 +627,7 @@ def _col_groups(x_ptr, g0, wc, c_ok, kw, m_blocks, outer, FOUR_OVER_SIX: tl.cons
 def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K, M_WORDS,
                               COLUMNWISE: tl.constexpr, PER_TOKEN: tl.constexpr, FOUR_OVER_SIX: tl.constexpr,
                               E6: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
-                              HW: tl.constexpr, GROUPS: tl.constexpr = 1):
+                              HW: tl.constexpr, GROUPS: tl.constexpr = 1, PDL: tl.constexpr = False):
     """One output (rowwise, or with COLUMNWISE columnwise) of a 1x16 4over6 cast of bf16 x, each block's 16 values
     in one thread: its maximum, both candidates, their index-order error sums and the pick stay in the thread (no
     exchange between threads, no per-block work done twice), unlike ``four_over_six_kernel`` whose blocks span a
@@ -648,6 +651,7 @@ def four_over_six_1x16_kernel(x_ptr, data_ptr, scale_ptr, amax_ptr, M, K, M_WORD
     Numerics: ``four_over_six_kernel``'s, op for op (the same helpers; normal-range tiles and EXACT ones), the codes'
     sign from x on normal-range tiles whose outer amaxes are ``x_sign_safe`` (``tile_path``; the same bits).
     """
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     kw = K // 2
     if COLUMNWISE:

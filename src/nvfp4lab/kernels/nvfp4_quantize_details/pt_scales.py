@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
+from ..pdl import wait_prior_grid
 from .common import ONE_SIXTH, global_encode_pr3045, global_scales, in_normal_range, pr3045_floor
 
 
@@ -35,7 +36,7 @@ def pt_table_load(table_ptr, idx, n, ok):
 
 @triton.jit
 def pt_scales_kernel(row_amax_ptr, row_table_ptr, N_ROW, col_amax_ptr, col_table_ptr, N_COL, E6: tl.constexpr,
-                     BLOCK: tl.constexpr, PR3045: tl.constexpr = False):
+                     BLOCK: tl.constexpr, PR3045: tl.constexpr = False, PDL: tl.constexpr = False):
     """Per-token global scales, once per row or column instead of once per block (``cast16_kernel``
     with PER_TOKEN), of two amax vectors in one launch (programs past the row vector's take the column
     vector): amax (N,) -> table (3, N) = [amax, fl(S_enc * fl(1/6)), S_dec], with S_dec replaced by -1
@@ -43,6 +44,7 @@ def pt_scales_kernel(row_amax_ptr, row_table_ptr, N_ROW, col_amax_ptr, col_table
     as the tile's EXACT flag. S_enc and S_dec are those of ``_scale_and_factor_fast``: the same
     ``global_scales`` (div_rn) and product, op for op, hence the same bits; EXACT tiles recompute
     theirs in fp64 from the amax (plane 0), so their out-of-range values here are never read."""
+    wait_prior_grid(PDL)
     pid = tl.program_id(0).to(tl.int64)
     row_programs = tl.cdiv(N_ROW, BLOCK)
     if pid < row_programs:
