@@ -180,8 +180,8 @@ class Launch:
 
     The first call goes through ``kernel[grid](*args, **meta)`` (with PDL on where the device has it,
     :func:`~nvfp4lab.kernels.pdl.pdl_meta`); later calls run the compiled kernel's launcher directly on the current
-    device and stream. ``verify = True`` (the GPU test tier) checks
-    on every call that the arguments still have the first call's specialization."""
+    device and stream. ``verify = True`` (the GPU test tier) checks on every call that the arguments still have the
+    first call's specialization."""
 
     verify = False
     __slots__ = ("kernel", "grid", "meta", "handle", "tail", "device", "spec")
