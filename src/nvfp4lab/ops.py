@@ -322,9 +322,9 @@ def takes_expanded_by_rule(m, n, k, rule: Optional[tuple], num_experts: int = 0)
     return gemm_kernels.takes_expanded_by_rule(m, n, k, rule, num_experts)
 
 
-def takes_operands_by_rule(m, n, k, rule: Optional[tuple]) -> bool:
+def takes_operands_by_rule(m, n, k, rule: Optional[tuple], fprop: bool = False) -> bool:
     """:func:`gemm_takes_operands` under ``rule`` (:func:`gemm_expand_rule`): comparisons only."""
-    return takes_expanded_by_rule(m, n, k, rule) and operand_cast_pays(m, k)
+    return takes_expanded_by_rule(m, n, k, rule) and operand_cast_pays(m, k, fprop)
 
 
 def grouped_gemm_takes_expanded(m: int, n: int, k: int, num_experts: int, device, backend: Optional[str] = None) -> bool:
@@ -694,19 +694,22 @@ def nvfp4_gemm(
     return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
 
 
-def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] = None) -> bool:
+def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] = None, *, fprop: bool = False) -> bool:
     """Whether the A operand (m, k) of an (m, n, k) :func:`nvfp4_gemm` on ``device`` is best cast as an
     :class:`NVFP4Operand` (:func:`quantize_nvfp4_operands`): the GEMM expands its operands to BF16 anyway (the
     Triton backend's large-M path on a GPU), and A is large enough for the operand cast, which writes 4x the bytes
-    of a packed one, to beat the packed cast plus that expansion. False on the reference backend and the CPU."""
-    return takes_operands_by_rule(m, n, k, gemm_expand_rule(device, backend))
+    of a packed one, to beat the packed cast plus that expansion (``fprop``: A is a Linear forward's input, cast
+    while the weight's cast runs beside it, which pays from a smaller size). False on the reference backend and the
+    CPU."""
+    return takes_operands_by_rule(m, n, k, gemm_expand_rule(device, backend), fprop)
 
 
-def operand_cast_pays(m: int, k: int) -> bool:
+def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
     """Whether casting an (m, k) GEMM operand as BF16 values (:func:`quantize_nvfp4_operands`,
     :func:`quantize_nvfp4_grouped_operands`) is expected to beat the packed cast plus the GEMM's expansion of it, for
-    a GEMM that expands its operands (:func:`gemm_takes_expanded`). False without the Triton backend."""
-    return triton_available() and nvfp4_quantize.operand_cast_pays(m, k)
+    a GEMM that expands its operands (:func:`gemm_takes_expanded`); ``fprop``: a Linear forward's input (see
+    :func:`gemm_takes_operands`). False without the Triton backend."""
+    return triton_available() and nvfp4_quantize.operand_cast_pays(m, k, fprop)
 
 
 def _check_offs_values(ends: list, m: int, m_splits) -> None:

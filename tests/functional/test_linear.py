@@ -230,21 +230,24 @@ def test_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise)
     assert has_columnwise == (not takes) and (cached.columnwise_data is None) == takes
 
 
-@pytest.mark.parametrize("operand_casts", [False, True], ids=["packed_casts", "operand_casts"])
+@pytest.mark.parametrize("operand_casts", ["packed", "operands", "fprop_operand"])
 def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from_rowwise, monkeypatch):
     """In a captured graph (the side stream stood in for on the CPU) a Linear step issues first, on the side stream:
     W's cast in the forward; W^T's and x^T's operands and the bias gradient in the backward; x's and dy's casts and
-    every GEMM stay on the current stream. Where those casts write BF16 operands (forced here) nothing forks. The
-    results are the same either way."""
+    every GEMM stay on the current stream. Where those casts write BF16 operands (forced here) nothing forks; where
+    only x's fprop operand comes from its cast, below the general operand size ("fprop_operand"), W's cast still
+    runs beside it. The results are the same either way."""
     import sys
 
     from nvfp4lab import ops
     from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 
     fl = sys.modules["nvfp4lab.functional.linear"]
-    if operand_casts:
+    if operand_casts == "operands":
         monkeypatch.setattr(ops, "takes_operands_by_rule", lambda *args, **kwargs: True)
         monkeypatch.setattr(opt_flags, "OPERAND_CAST_MIN_ELEMENTS", 0)
+    if operand_casts == "fprop_operand":
+        monkeypatch.setattr(opt_flags, "FPROP_OPERAND_CAST_MIN_ELEMENTS", 0)
     fl._clear_path_caches()
     recipe = RECIPES["te_default"]
     x, w, b, dy = make_inputs("cpu")
@@ -273,11 +276,12 @@ def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from
     got = run_linear(x, w, b, dy, recipe, "triton")
     for g, e in zip(got, want):
         assert torch.equal(g, e)
-    if operand_casts:
+    if operand_casts == "operands":
         assert ("fork", False) not in events and not any(on_side for _, on_side in events)
         return
+    x_cast = "quantize_nvfp4_operands" if operand_casts == "fprop_operand" else "quantize_nvfp4"
     assert events == [
-        ("fork", False), ("quantize_nvfp4", True), ("quantize_nvfp4", False), ("join", False), ("nvfp4_gemm", False),  # forward
+        ("fork", False), ("quantize_nvfp4", True), (x_cast, False), ("join", False), ("nvfp4_gemm", False),  # forward
         ("fork", False), ("nvfp4_operand", True), ("nvfp4_operand", True), ("sum", True),  # W^T, x^T, db
         ("quantize_nvfp4", False), ("join", False), ("nvfp4_gemm", False), ("nvfp4_gemm", False),
     ]

@@ -164,8 +164,8 @@ def _expand_rule_cached(device, backend) -> Optional[tuple]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _takes_operands_cached(m: int, n: int, k: int, device, backend) -> bool:
-    return ops.gemm_takes_operands(m, n, k, device, backend)
+def _takes_operands_cached(m: int, n: int, k: int, device, backend, fprop: bool) -> bool:
+    return ops.gemm_takes_operands(m, n, k, device, backend, fprop=fprop)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -175,11 +175,11 @@ def _takes_expanded_cached(m: int, n: int, k: int, device, backend, num_experts:
     return ops.gemm_takes_expanded(m, n, k, device, backend)
 
 
-def _takes_operands(m: int, n: int, k: int, device, backend) -> bool:
+def _takes_operands(m: int, n: int, k: int, device, backend, fprop: bool = False) -> bool:
     """:func:`nvfp4lab.ops.gemm_takes_operands` of one problem."""
     if ops.compiling():
-        return ops.takes_operands_by_rule(m, n, k, _expand_rule(device, backend))
-    return _takes_operands_cached(m, n, k, device, backend)
+        return ops.takes_operands_by_rule(m, n, k, _expand_rule(device, backend), fprop)
+    return _takes_operands_cached(m, n, k, device, backend, fprop)
 
 
 def _takes_expanded(m: int, n: int, k: int, device, backend, num_experts: int = 0) -> bool:
@@ -260,6 +260,7 @@ class _GemmPlan(NamedTuple):
     m_pad: int  # x's rows as quantized: m, or padded to the block multiple for a columnwise copy
     x_config: object  # x's quantize config (rowwise, and columnwise for wgrad)
     x_operand: bool  # the fprop operand straight from x's cast (the saved copy packed)
+    w_beside: bool  # W's cast on the side stream of a captured graph, beside x's
     dy_rows: int  # dy's rows as quantized
     dy_config: object  # dy's quantize config (None without a quantized backward GEMM)
     dy_row_op: bool  # dgrad's / wgrad's dy operand straight from dy's cast
@@ -273,7 +274,11 @@ def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: 
     w_columnwise = quantized and need_dgrad
     w_rowwise_t = w_columnwise and dgrad_reads_rowwise(recipe, m, n, k, device, backend)
     m_pad = _roundup(m, block_multiple(recipe)) if x_columnwise else m
-    x_operand = _operands_apply(recipe, "input", True, x_columnwise) and _takes_operands(m_pad, n, k, device, backend)
+    x_operand = (_operands_apply(recipe, "input", True, x_columnwise)
+                 and _takes_operands(m_pad, n, k, device, backend, fprop=True))
+    # beside a packed cast of x, or an operand cast (4x the bytes) below the general operand size, where the two
+    # still gain from running together rather than only competing for bandwidth
+    w_beside = not (x_operand and _takes_operands(m_pad, n, k, device, backend))
     dy_rows = m_pad if need_wgrad else m
     dy_config, dy_row_op, dy_col_op = None, False, False
     if quantized and (need_dgrad or need_wgrad):
@@ -283,8 +288,8 @@ def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: 
         dy_col_op = operands and need_wgrad and _takes_operands(n, k, dy_rows, device, backend)
     x_col_ahead = x_columnwise and isinstance(recipe, NVFP4Recipe) and _takes_expanded(n, k, dy_rows, device, backend)
     return _GemmPlan(w_columnwise and not w_rowwise_t, w_rowwise_t, m_pad,
-                     _tensor_config(recipe, "input", True, x_columnwise), x_operand, dy_rows, dy_config, dy_row_op,
-                     dy_col_op, x_col_ahead)
+                     _tensor_config(recipe, "input", True, x_columnwise), x_operand, w_beside, dy_rows, dy_config,
+                     dy_row_op, dy_col_op, x_col_ahead)
 
 
 _GEMM_PLANS: dict = {}
@@ -330,9 +335,8 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     x_op = None
     side = None
     if qweight is None or (w_columnwise and qweight.columnwise_data is None):
-        # W's cast first: in a captured graph on the side stream, beside x's cast (a packed one: x's operand cast
-        # writes 4x the bytes, and the two then only compete for bandwidth)
-        side = None if plan.x_operand else fork(x2.device)
+        # W's cast first: in a captured graph on the side stream, beside x's cast (plan.w_beside)
+        side = fork(x2.device) if plan.w_beside else None
         with on_stream(side):
             qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
     if plan.x_operand:  # the fprop operand straight from the cast; the saved copy packed

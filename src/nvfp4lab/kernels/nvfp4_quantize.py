@@ -485,10 +485,11 @@ def quantize(
     return NVFP4Tensor(x2d.shape, x2d.dtype, config, row_data, row_scale, row_amax, col_data, col_scale, col_amax)
 
 
-def operand_cast_pays(m: int, k: int) -> bool:
+def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
     """Whether a cast with a BF16 operand output (:func:`quantize_operands`) of an (m, k) GEMM operand is expected
-    to beat the packed cast plus the GEMM's expansion (``opt_flags.operand_cast_pays``)."""
-    return opt_flags.operand_cast_pays(m, k)
+    to beat the packed cast plus the GEMM's expansion (``opt_flags.operand_cast_pays``; ``fprop``: a Linear forward's
+    x)."""
+    return opt_flags.operand_cast_pays(m, k, fprop)
 
 
 def quantize_operands(

@@ -196,11 +196,15 @@ SPLIT_CAST_MIN_ELEMENTS_GRAPHED = {"rht": 1 << 19, "rht_sr": 1 << 21, "sr": 1 <<
 # ``COL_OPERAND``) is used in place of a packed cast plus the GEMM's expansion: it writes 4x the bytes of a
 # packed one and saves one expansion pass, which pays only on large tensors (benchmarks/RESULTS.md).
 OPERAND_CAST_MIN_ELEMENTS = 1 << 26
+# The same for a Linear forward's x (the fprop GEMM's A), whose cast runs beside W's on the side stream of a captured
+# graph below OPERAND_CAST_MIN_ELEMENTS (functional.linear): it pays from here on (benchmarks/RESULTS.md)
+FPROP_OPERAND_CAST_MIN_ELEMENTS = 1 << 25
 
 
-def operand_cast_pays(m: int, k: int) -> bool:
-    """Whether casting an (m, k) GEMM operand as BF16 values beats a packed cast plus its expansion."""
-    return m * k >= OPERAND_CAST_MIN_ELEMENTS
+def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
+    """Whether casting an (m, k) GEMM operand as BF16 values beats a packed cast plus its expansion (``fprop``: x's
+    operand for a Linear forward, W's cast beside it)."""
+    return m * k >= (FPROP_OPERAND_CAST_MIN_ELEMENTS if fprop else OPERAND_CAST_MIN_ELEMENTS)
 
 
 def split_cast(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, rht: bool,
