@@ -277,3 +277,13 @@ def test_linear_step_host_path_dgrad_from_the_rowwise_weight(count, dgrad_from_r
     assert Counter(launches)["expand_kernel"] == 4 and Counter(launches)["alpha_kernel"] == 0, Counter(launches)
     assert len(launches) <= 11, Counter(launches)
     assert _total(torch_ops) <= 39, torch_ops  # the CPU twin of cuBLASLt's product adds 5 each (casts, mm, scale, copy)
+
+
+def test_launch_rejects_meta_names_the_kernel_does_not_take():
+    """Triton's interpreter ignores a keyword the kernel does not take, a GPU compile fails on it: a Launch refuses
+    such a meta on the CPU too, and takes the kernel's constexprs and Triton's launch options."""
+    from nvfp4lab.kernels.nvfp4_quantize_details.amax import zero_kernel
+
+    with pytest.raises(ValueError, match=r"zero_kernel: meta names \['DIRECT'\]"):
+        launch.Launch(zero_kernel, (1,), dict(BLOCK=16, DIRECT=True))
+    launch.Launch(zero_kernel, (1,), dict(BLOCK=16, PDL=False, num_warps=1, enable_fp_fusion=False))

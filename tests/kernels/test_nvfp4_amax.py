@@ -133,3 +133,83 @@ def test_gpu_matches_reference(launches):
         for tile in ({}, dict(block_m=128, num_warps=8), dict(block_m=48, block_k=96, num_warps=1)):
             for row_mode in (kq.AMAX_NONE, kq.AMAX_TENSOR):
                 assert_amaxes(launches, x, DEFAULT_RHT_SIGN_MASK, row_mode, f"gpu odd={odd} {tile}", tile)
+
+
+# ------------------------------------------------------------ DIRECT passes where a call zeroes a scratch of its own
+FRESH_CASES = {
+    "te_x (row + RHT col)": (dict(rowwise=True, columnwise=True, rht=True), "amax_rht_col_kernel"),
+    "te_dy (SR, RHT col alone)": (dict(rowwise=False, columnwise=True, rht=True, stochastic_rounding=True),
+                                  "amax_rht_col_kernel"),
+    "row+col, one shared amax": (dict(rowwise=True, columnwise=True), "amax_kernel"),
+    "16x16 weight": (dict(block="16x16", rowwise=True, columnwise=True), "amax_kernel"),
+    "rowwise": (dict(), "amax_kernel"),
+}
+
+
+@pytest.mark.parametrize("special", ["randn", "inf-and-nan", "negative-zeros"])
+@pytest.mark.parametrize("case", list(FRESH_CASES))
+def test_direct_pass_where_the_call_would_zero_a_scratch(case, special, monkeypatch):
+    """Where a call may keep no scratch between calls (stream capture, a compiled graph's call: ``keep_buffers``
+    False, stood in for here), a per-tensor amax pass accumulates straight into its outputs, zeroed by one launch,
+    with no ticket and no scratch: the same bits as the ticketed pass of an eager call."""
+    kwargs, kernel = FRESH_CASES[case]
+    config = NVFP4QuantConfig(**kwargs)
+    x = rht_exact_input(64, 64, seed=5) if special == "randn" else SPECIAL[special]
+    x = x.to(DEV)
+    monkeypatch.setattr(kq, "_EAGER_PLANS", {})
+    want = kq.quantize(x, config, poison=True, seed=9)
+    metas = record_launches(monkeypatch, amax_module, kernel)
+    monkeypatch.setattr(kq, "keep_buffers", lambda device: False)
+    monkeypatch.setattr(amax_module, "scratch_buffer", lambda *args: pytest.fail("a DIRECT pass took a scratch"))
+    got = kq.quantize(x, config, poison=True, seed=9)
+    assert [meta["DIRECT"] for meta in metas] == [True]
+    for field in ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale",
+                  "columnwise_amax"):
+        g, w = getattr(got, field), getattr(want, field)
+        assert (g is None) == (w is None), field
+        if g is not None and g.dtype == torch.float32:
+            assert_same_bits(g.cpu(), w.cpu(), nan_equal=True)
+        elif g is not None:
+            assert torch.equal(g.cpu(), w.cpu()), field
+
+
+def test_zero_kernel_zeroes_its_ranges_only():
+    a = torch.full((2100,), -1, dtype=torch.int32, device=DEV)
+    b = torch.full((40,), -1, dtype=torch.int32, device=DEV)
+    amax_module._zero_launch(2051)(a, 2051, b, 37)
+    assert torch.equal(a[:2051].cpu(), torch.zeros(2051, dtype=torch.int32))
+    assert torch.equal(a[2051:].cpu(), torch.full((49,), -1, dtype=torch.int32))
+    assert torch.equal(b.cpu(), torch.tensor([0] * 37 + [-1] * 3, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("n_row,n_col", [(5, 3), (0, 7), (6, 0), (0, 0)])
+def test_zeroed_amaxes(n_row, n_col):
+    row, col = amax_module.zeroed_amaxes(torch.device(DEV), n_row, n_col)
+    for got, n in ((row, n_row), (col, n_col)):
+        assert got is None if not n else (got.shape == (n,) and got.dtype == torch.float32 and not got.any())
+    if row is not None and col is not None:
+        assert row.untyped_storage().data_ptr() != col.untyped_storage().data_ptr()  # outputs of an op: no alias
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(FRESH_CASES))
+def test_gpu_direct_pass_gives_the_ticketed_bits(case, monkeypatch):
+    """On the GPU (``zero_kernel`` and the DIRECT atomics, launched with programmatic dependent launch): the bits of
+    the eager call's ticketed pass, on a large tensor with and without inf / NaN."""
+    config = NVFP4QuantConfig(**FRESH_CASES[case][0])
+    torch.manual_seed(3)
+    for special in (None, float("inf"), float("nan")):
+        x = (torch.randn(2048, 4096, device="cuda") * 3).to(torch.bfloat16)
+        if special is not None:
+            x[1000, 77] = special
+        monkeypatch.setattr(kq, "keep_buffers", amax_module.keep_buffers)
+        want = kq.quantize(x, config, poison=True, seed=9)
+        monkeypatch.setattr(kq, "keep_buffers", lambda device: False)
+        got = kq.quantize(x, config, poison=True, seed=9)
+        for field in ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale",
+                      "columnwise_amax"):
+            g, w = getattr(got, field), getattr(want, field)
+            assert (g is None) == (w is None), field
+            if g is not None:
+                assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) or (
+                    g.dtype == torch.float32 and torch.isnan(g).all() and torch.isnan(w).all()), (field, special)

@@ -286,6 +286,7 @@ def _amax_launch(m: int, k: int, n: int, row_mode: int, col_mode: int, rht_sign_
                                            dtype == torch.bfloat16, x_aligned)):
         meta = opt_flags.amax_rht_col_meta(m, k, 1 if row_mode == G_SPLIT else 0, rht_sign_mask, block_m=block_m,
                                            block_k=block_k, num_warps=num_warps)
+        del meta["DIRECT"]  # its per-split accumulators are the outputs, always zeroed by the caller
         meta["SPLIT_STEPS"] = split_steps_of(n)
         return Launch(_grouped_amax_rht_col_kernel, opt_flags.amax_rht_col_grid(m, k, meta), meta)
     meta = _amax_meta(m, k, n, row_mode, col_mode, rht_sign_mask, block_m, block_k, num_warps, device)

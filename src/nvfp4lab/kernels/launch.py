@@ -173,6 +173,10 @@ def aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() & 15 == 0
 
 
+# Triton's launch options a Launch's meta may hold beside the kernel's constexprs
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl")
+
+
 class Launch:
     """One kernel with a fixed grid, constexprs and launch options (``meta``), for callers that launch
     it many times with arguments of one specialization: they keep the Launch in a cache whose key
@@ -187,6 +191,10 @@ class Launch:
     __slots__ = ("kernel", "grid", "meta", "handle", "tail", "device", "spec")
 
     def __init__(self, kernel, grid: tuple, meta: dict):
+        unknown = set(meta).difference(kernel.arg_names, LAUNCH_OPTIONS)
+        if unknown:  # Triton's interpreter would ignore them; a GPU compile fails
+            raise ValueError(f"{kernel.__name__}: meta names {sorted(unknown)} that are neither its parameters nor "
+                             f"launch options {LAUNCH_OPTIONS}")
         self.kernel = kernel
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.meta = meta

@@ -74,7 +74,7 @@ from ..config import NVFP4QuantConfig, operand_config, with_copies
 from ..ref.nvfp4 import broadcast_amax
 from ..tensors import NVFP4Operand, NVFP4Tensor
 from .formats import soft_bf16_loads
-from .launch import Launch, aligned, arg_key, custom_op, tracing
+from .launch import Launch, aligned, arg_key, custom_op, keep_buffers, tracing
 from .nvfp4_quantize_details import opt_flags
 from .nvfp4_quantize_details.amax import (
     AMAX_NONE,
@@ -85,6 +85,7 @@ from .nvfp4_quantize_details.amax import (
     amax_kernel,
     amax_rht_col_kernel,
     launch_amax,
+    zeroed_amaxes,
 )
 from .nvfp4_quantize_details.cast import (
     FOUR_OVER_SIX_CODES,
@@ -112,13 +113,13 @@ def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]
 
 @functools.lru_cache(maxsize=4096)
 def _amax_launch(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, table_e6: float, block_m: int,
-                 block_k: int, num_warps: int, spec) -> Launch:
+                 block_k: int, num_warps: int, spec, fresh_scratch: bool = False) -> Launch:
     if opt_flags.use_amax_rht_col(m, k, row_mode, col_mode, spec[1] == torch.bfloat16, spec[2]):
         meta = opt_flags.amax_rht_col_meta(m, k, row_mode, rht_sign_mask, block_m=block_m, block_k=block_k,
-                                           num_warps=num_warps)
+                                           num_warps=num_warps, fresh_scratch=fresh_scratch)
         return Launch(amax_rht_col_kernel, opt_flags.amax_rht_col_grid(m, k, meta), meta)
     meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, table_e6=table_e6, block_m=block_m,
-                               block_k=block_k, num_warps=num_warps)
+                               block_k=block_k, num_warps=num_warps, fresh_scratch=fresh_scratch)
     meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
     return Launch(amax_kernel, opt_flags.amax_grid(m, k, meta), meta)
 
@@ -216,7 +217,8 @@ class _EagerPlan:
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
                  "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
-                 "graph_sensitive", "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_make")
+                 "graph_sensitive", "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_launch_fresh",
+                 "amax_sizes")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
                  col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool,
@@ -237,12 +239,18 @@ class _EagerPlan:
         self.n_col = col_size if col_mode != AMAX_NONE else 0
         self.empty = m * k == 0
         # the amax of nothing is 0; per-token passes accumulate into their zeroed outputs
-        self.zeroed_amax = self.empty or opt_flags.amax_direct(row_mode, col_mode, 6.0 if self.tables else 0.0)
-        self.amax_launch = None
+        table_e6 = 6.0 if self.tables else 0.0
+        self.zeroed_amax = self.empty or opt_flags.amax_direct(row_mode, col_mode, table_e6)
+        self.amax_sizes = (row_size if row_mode != AMAX_NONE else 0, col_size if col_mode != AMAX_NONE else 0)
+        self.amax_launch = self.amax_launch_fresh = None
         if not self.empty and self.n_row + self.n_col:
-            self.amax_launch = _amax_launch(m, k, row_mode, col_mode, config.rht_sign_mask if config.rht else 0,
-                                            6.0 * config.e4m3_max if self.tables else 0.0, block_m, block_k,
-                                            num_warps, (device, dtype, x_aligned))
+            amax_args = (m, k, row_mode, col_mode, config.rht_sign_mask if config.rht else 0,
+                         6.0 * config.e4m3_max if self.tables else 0.0, block_m, block_k, num_warps,
+                         (device, dtype, x_aligned))
+            self.amax_launch = _amax_launch(*amax_args)
+            # where the call would zero a scratch of its own (keep_buffers), the per-tensor passes go DIRECT too
+            if not self.zeroed_amax and opt_flags.amax_direct(row_mode, col_mode, table_e6, True):
+                self.amax_launch_fresh = _amax_launch(*amax_args, True)
         self.config, self.m, self.k = config, m, k
         self.rowwise, self.columnwise = config.rowwise, config.columnwise
         self.args = (config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
@@ -279,7 +287,6 @@ class _EagerPlan:
             else:
                 allocs.append(functools.partial(torch.empty, shape, dtype=dtype))
         self.allocs = tuple(allocs)
-        self.amax_make = torch.zeros if self.zeroed_amax else torch.empty
 
     def _steps(self, x, seed_tensor, seed, block_m, block_k, num_warps):
         graphed = self.graph_sensitive and torch.cuda.is_current_stream_capturing()
@@ -297,14 +304,21 @@ class _EagerPlan:
         config asks for no such copy; with :attr:`shared` the column amax is the row amax tensor.
         ``seed_tensor`` / ``seed``: the SR seed as :func:`draw_seed` gives it."""
         dev = x.device
-        make = self.amax_make
-        row_computed = col_computed = None
-        if self.row_amax_shape is not None:
-            row_computed = make(self.row_amax_shape, dtype=torch.float32, device=dev)
-        if self.col_amax_shape is not None:
-            col_computed = make(self.col_amax_shape, dtype=torch.float32, device=dev)
-        if self.amax_launch is not None:
-            launch_amax(self.amax_launch, x, row_computed, col_computed, self.n_row, self.n_col)
+        amax_launch = self.amax_launch
+        zeroed = self.zeroed_amax
+        if self.amax_launch_fresh is not None and not keep_buffers(dev):
+            amax_launch, zeroed = self.amax_launch_fresh, True
+        if zeroed and not self.tables:  # the zeroed outputs of a DIRECT pass, in one launch
+            row_computed, col_computed = zeroed_amaxes(dev, *self.amax_sizes)
+        else:  # tables are zeroed only for empty x, where nothing is launched
+            make = torch.zeros if zeroed else torch.empty
+            row_computed = col_computed = None
+            if self.row_amax_shape is not None:
+                row_computed = make(self.row_amax_shape, dtype=torch.float32, device=dev)
+            if self.col_amax_shape is not None:
+                col_computed = make(self.col_amax_shape, dtype=torch.float32, device=dev)
+        if amax_launch is not None:
+            launch_amax(amax_launch, x, row_computed, col_computed, self.n_row, self.n_col)
         if amax is None and columnwise_amax is None:  # the amax pass's (what _output_amaxes returns then)
             row_amax = row_computed if self.rowwise else None
             col_amax = (row_computed if self.shared else col_computed) if self.columnwise else None

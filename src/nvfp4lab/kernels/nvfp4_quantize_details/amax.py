@@ -14,19 +14,24 @@ the per-token pass issues one per row and column); each program orders them befo
 barrier and the ticket's acq_rel, so the last program reads every maximum.
 
 Scratch layout (int32, on the launch's device and stream, zero at rest): [ticket, row accumulators
-(N_ROW), column accumulators (N_COL)] (``scratch_buffer``).
+(N_ROW), column accumulators (N_COL)] (``scratch_buffer``). Where a launch would get a zeroed scratch of its own
+(stream capture, a compiled graph's call: ``keep_buffers``), per-tensor passes accumulate straight into their outputs
+too (DIRECT), their outputs zeroed (as the per-token ones) by one launch of ``zero_kernel`` (``zeroed_amaxes``): the
+same zeroing as the scratch's, and no ticket or finalize at the pass's end.
 
 ``amax_rht_col_kernel``: the per-tensor post-RHT amax (with the per-tensor amax of x, or alone) of bf16 x,
 M a multiple of 16, K even: a word column (two bf16 columns) per thread, each column's 16-row blocks
 transformed by ``rht16_sums``' butterflies in the thread (``amax_kernel`` takes the tile through a
 block-diagonal ``tl.dot``, whose operand layouts go through shared memory), STEPS 16-row groups per
-program, then the same atomics, ticket and finalize.
+program, then the same atomics, ticket and finalize (or DIRECT ones).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ..launch import keep_buffers
+from ..launch import Launch, keep_buffers
 from ..pdl import wait_prior_grid
 from .common import (
     ONE_SIXTH,
@@ -203,12 +208,19 @@ def halves_max_bits(t_row):
 @triton.jit
 def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL, ROW_MODE: tl.constexpr,
                         RHT_MASK: tl.constexpr, BLOCK_C: tl.constexpr, STEPS: tl.constexpr, HW: tl.constexpr,
-                        FINAL_BLOCK: tl.constexpr = 1024, PDL: tl.constexpr = False):
+                        FINAL_BLOCK: tl.constexpr = 1024, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False):
     """The per-tensor amax of bf16(RHT(x^T)) (``AMAX_TENSOR_RHT``) and, with ROW_MODE 1, the per-tensor amax of x,
     of bf16 x (M, K) read as (M, K / 2) int32 words: BLOCK_C word columns (a word column per thread or more) x
     STEPS 16-row groups per program; M % 16 == 0. The maxima of the raw sums are finished once (``finish16_bits``),
-    as in ``amax_kernel``; HW: the packed 16-bit max (GPU) for x's own amax."""
+    as in ``amax_kernel``; HW: the packed 16-bit max (GPU) for x's own amax. DIRECT: the outputs, zeroed by the
+    caller and passed as int32, are the accumulators (no scratch, no finalize)."""
     wait_prior_grid(PDL)
+    if DIRECT:
+        row_acc_ptr = row_out_ptr
+        col_acc_ptr = col_out_ptr
+    else:
+        row_acc_ptr = scratch_ptr + 1
+        col_acc_ptr = scratch_ptr + 1 + N_ROW
     wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, STEPS)
     n_groups = M // 16
     t_rht = tl.zeros([BLOCK_C], tl.int32)
@@ -221,10 +233,45 @@ def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_RO
                                      ROW_MODE == 1, RHT_MASK, HW)
     if ROW_MODE == 1:
         tt = halves_max_bits(t_row)
-        tl.atomic_max(scratch_ptr + 1, tl.where(tt > 0x7F800000, 0x7FC00000, tt), sem="relaxed")
+        tl.atomic_max(row_acc_ptr, tl.where(tt > 0x7F800000, 0x7FC00000, tt), sem="relaxed")
     tr = finish16_bits(tl.max(t_rht, axis=0))
-    tl.atomic_max(scratch_ptr + 1 + N_ROW, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")
-    finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK)
+    tl.atomic_max(col_acc_ptr, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")
+    if not DIRECT:
+        finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK)
+
+
+@triton.jit
+def zero_kernel(a_ptr, n_a, b_ptr, n_b, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """a[:n_a] = 0 and b[:n_b] = 0 (int32): the accumulators of DIRECT amax passes (``zeroed_amaxes``)."""
+    wait_prior_grid(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    zeros = tl.zeros([BLOCK], tl.int32)
+    tl.store(a_ptr + offs, zeros, mask=offs < n_a)
+    tl.store(b_ptr + offs, zeros, mask=offs < n_b)
+
+
+ZERO_BLOCK = 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _zero_launch(n: int) -> Launch:
+    """The launch of ``zero_kernel`` for vectors of up to n entries."""
+    return Launch(zero_kernel, (triton.cdiv(n, ZERO_BLOCK),), dict(BLOCK=ZERO_BLOCK, num_warps=4))
+
+
+def zeroed_amaxes(device: torch.device, n_row: int, n_col: int) -> tuple:
+    """Zeroed fp32 vectors of n_row and n_col entries (0: None) for DIRECT amax passes: two tensors (a custom op's
+    outputs may not alias), zeroed by one launch of ``zero_kernel`` on a GPU (whose memset then takes part in
+    programmatic dependent launch, as the amax pass after it), by ``torch.zeros`` elsewhere."""
+    if device.type != "cuda":
+        return tuple(torch.zeros(n, dtype=torch.float32, device=device) if n else None for n in (n_row, n_col))
+    row = torch.empty(n_row, dtype=torch.float32, device=device) if n_row else None
+    col = torch.empty(n_col, dtype=torch.float32, device=device) if n_col else None
+    if n_row or n_col:
+        a = (row if row is not None else col).view(torch.int32)
+        b = (col if col is not None else row).view(torch.int32)
+        _zero_launch(max(n_row, n_col))(a, n_row if row is not None else n_col, b, n_col if col is not None else n_row)
+    return row, col
 
 
 _SCRATCH: dict = {}
@@ -252,6 +299,8 @@ def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int) -> Non
     this shape and modes): x (M, K), the fp32 outputs (an absent one: None) of n_row / n_col amaxes
     ((3, n) tables with TABLE_E6)."""
     m, k = x.shape
+    if amax_launch.kernel is amax_rht_col_kernel:  # bf16 pairs as int32 words
+        x = x.view(torch.int32)
     if amax_launch.meta.get("DIRECT"):  # the zeroed outputs are the accumulators (int32 views)
         row_bits = row_out.view(torch.int32) if n_row else None
         col_bits = col_out.view(torch.int32) if n_col else None
@@ -259,6 +308,4 @@ def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int) -> Non
         amax_launch(x, any_bits, row_bits if n_row else any_bits, col_bits if n_col else any_bits, m, k, n_row, n_col)
         return
     scratch = scratch_buffer(x.device, 1 + n_row + n_col)
-    if amax_launch.kernel is amax_rht_col_kernel:  # bf16 pairs as int32 words
-        x = x.view(torch.int32)
     amax_launch(x, scratch, row_out if n_row else col_out, col_out if n_col else row_out, m, k, n_row, n_col)

@@ -110,15 +110,19 @@ def amax_steps(m: int, block_m: int, *, per_token: bool) -> int:
     return max(1, min(1 if per_token else 4, cdiv(m, block_m)))
 
 
-def amax_direct(row_mode: int, col_mode: int, table_e6: float) -> bool:
-    """Whether the amax pass accumulates straight into its (zeroed) outputs: every output it computes is
-    per token and not written as tables (the scratch's finalize copy would be a serial tail)."""
-    return (not table_e6 and row_mode in (AMAX_NONE, AMAX_PER_TOKEN)
-            and col_mode in (AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT) and (row_mode, col_mode) != (AMAX_NONE,) * 2)
+def amax_direct(row_mode: int, col_mode: int, table_e6: float, fresh_scratch: bool = False) -> bool:
+    """Whether the amax pass accumulates straight into its (zeroed) outputs, which are not written as tables: where
+    every output it computes is per token (the scratch's finalize copy would be a serial tail), or where the launch
+    would zero a scratch of its own anyway (``fresh_scratch``: stream capture, a compiled graph's call), so zeroing
+    the outputs instead costs the same and saves the ticket and finalize at the pass's end."""
+    if table_e6 or (row_mode, col_mode) == (AMAX_NONE,) * 2:
+        return False
+    return fresh_scratch or (row_mode in (AMAX_NONE, AMAX_PER_TOKEN)
+                             and col_mode in (AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT))
 
 
 def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, *, table_e6: float = 0.0,
-              block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
+              block_m: int = 0, block_k: int = 0, num_warps: int = 0, fresh_scratch: bool = False) -> dict:
     """Constexprs and num_warps of ``amax_kernel`` for the amax modes of the two outputs (table_e6 > 0:
     per-token outputs written as the cast's (3, N) tables, for E = table_e6 / 6; DIRECT: see
     :func:`amax_direct`)."""
@@ -129,7 +133,8 @@ def amax_meta(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, 
     return dict(ROW_MODE=row_mode, COL_MODE=col_mode, TENSOR_AMAX=AMAX_TENSOR in (row_mode, col_mode),
                 RHT_MASK=rht_sign_mask, BLOCK_M=bm, BLOCK_K=bk, DOT_BF16=not interpreting(),
                 STEPS_M=amax_steps(m, bm, per_token=per_token), TABLE_E6=table_e6,
-                DIRECT=amax_direct(row_mode, col_mode, table_e6), num_warps=warps, enable_fp_fusion=False)
+                DIRECT=amax_direct(row_mode, col_mode, table_e6, fresh_scratch), num_warps=warps,
+                enable_fp_fusion=False)
 
 
 # Per-token tables written by the amax pass's last program (TABLE_E6) instead of a launch of
@@ -156,9 +161,10 @@ def use_amax_rht_col(m: int, k: int, row_mode: int, col_mode: int, dtype_bf16: b
 
 
 def amax_rht_col_meta(m: int, k: int, row_mode: int, rht_sign_mask: int, *, block_m: int = 0, block_k: int = 0,
-                      num_warps: int = 0) -> dict:
+                      num_warps: int = 0, fresh_scratch: bool = False) -> dict:
     """Constexprs and num_warps of ``amax_rht_col_kernel`` (block_m: 16 * the row groups per program; block_k: the
-    tile's columns, BLOCK_C = block_k / 2 words; by default one word column per thread)."""
+    tile's columns, BLOCK_C = block_k / 2 words; by default one word column per thread; DIRECT: see
+    :func:`amax_direct`)."""
     warps = num_warps or AMAX_RHT_COL_TILE[1]
     block_c = next_power_of_2(block_k // 2) if block_k else 32 * warps
     block_c = max(8, min(block_c, next_power_of_2(max(k // 2, 1))))
@@ -171,7 +177,8 @@ def amax_rht_col_meta(m: int, k: int, row_mode: int, rht_sign_mask: int, *, bloc
             steps //= 2
     steps = max(1, min(steps, groups))
     return dict(ROW_MODE=row_mode, RHT_MASK=rht_sign_mask, BLOCK_C=block_c, STEPS=steps, HW=not interpreting(),
-                num_warps=warps, enable_fp_fusion=False)
+                DIRECT=amax_direct(row_mode, AMAX_TENSOR_RHT, 0.0, fresh_scratch), num_warps=warps,
+                enable_fp_fusion=False)
 
 
 def amax_rht_col_grid(m: int, k: int, meta: dict) -> tuple[int]:
