@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nvfp4lab import NVFP4QuantConfig
+from nvfp4lab.kernels import launch
 from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels.nvfp4_quantize_details import amax as amax_module
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
@@ -176,7 +177,7 @@ def test_direct_pass_where_the_call_would_zero_a_scratch(case, special, monkeypa
 def test_zero_kernel_zeroes_its_ranges_only():
     a = torch.full((2100,), -1, dtype=torch.int32, device=DEV)
     b = torch.full((40,), -1, dtype=torch.int32, device=DEV)
-    amax_module._zero_launch(2051)(a, 2051, b, 37)
+    amax_module._zero_launch(2051, (launch.arg_key(2051), launch.arg_key(37)))(a, 2051, b, 37)
     assert torch.equal(a[:2051].cpu(), torch.zeros(2051, dtype=torch.int32))
     assert torch.equal(a[2051:].cpu(), torch.full((49,), -1, dtype=torch.int32))
     assert torch.equal(b.cpu(), torch.tensor([0] * 37 + [-1] * 3, dtype=torch.int32))
@@ -189,6 +190,18 @@ def test_zeroed_amaxes(n_row, n_col):
         assert got is None if not n else (got.shape == (n,) and got.dtype == torch.float32 and not got.any())
     if row is not None and col is not None:
         assert row.untyped_storage().data_ptr() != col.untyped_storage().data_ptr()  # outputs of an op: no alias
+
+
+@pytest.mark.gpu
+def test_gpu_zeroed_amaxes_of_one_length_and_other_specializations():
+    """Lengths that share their launch's grid but not what Triton specializes on (the value 1, 16-divisibility) take
+    launches of their own (``Launch.verify``, on in the GPU tier, refuses another specialization), and every entry is
+    zeroed over memory the allocator hands back dirty."""
+    for n_row, n_col in ((1, 32), (2, 32), (17, 32), (32, 32), (32, 1), (48, 0)):
+        torch.full((4096,), -1.0, device="cuda")  # freed: the next allocations may reuse its block
+        row, col = amax_module.zeroed_amaxes(torch.device("cuda"), n_row, n_col)
+        for got, n in ((row, n_row), (col, n_col)):
+            assert got is None if not n else not got.any(), (n_row, n_col)
 
 
 @pytest.mark.gpu

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import Launch, keep_buffers
+from ..launch import Launch, arg_key, keep_buffers
 from ..pdl import wait_prior_grid
 from .common import (
     ONE_SIXTH,
@@ -254,8 +254,9 @@ ZERO_BLOCK = 1024
 
 
 @functools.lru_cache(maxsize=256)
-def _zero_launch(n: int) -> Launch:
-    """The launch of ``zero_kernel`` for vectors of up to n entries."""
+def _zero_launch(n: int, spec: tuple = ()) -> Launch:
+    """The launch of ``zero_kernel`` for vectors of up to n entries; ``spec``: the :func:`arg_key` of its two lengths
+    (what Triton specializes the launch on: each length's 16-divisibility, and the value 1)."""
     return Launch(zero_kernel, (triton.cdiv(n, ZERO_BLOCK),), dict(BLOCK=ZERO_BLOCK, num_warps=4))
 
 
@@ -270,7 +271,8 @@ def zeroed_amaxes(device: torch.device, n_row: int, n_col: int) -> tuple:
     if n_row or n_col:
         a = (row if row is not None else col).view(torch.int32)
         b = (col if col is not None else row).view(torch.int32)
-        _zero_launch(max(n_row, n_col))(a, n_row if row is not None else n_col, b, n_col if col is not None else n_row)
+        n_a, n_b = (n_row, n_col) if row is not None and col is not None else (n_row or n_col,) * 2
+        _zero_launch(max(n_a, n_b), (arg_key(n_a), arg_key(n_b)))(a, n_a, b, n_b)
     return row, col
 
 
