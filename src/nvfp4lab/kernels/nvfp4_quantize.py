@@ -217,8 +217,7 @@ class _EagerPlan:
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
                  "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
-                 "graph_sensitive", "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_launch_fresh",
-                 "amax_sizes")
+                 "graph_sensitive", "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_launch_fresh")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
                  col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool,
@@ -241,7 +240,6 @@ class _EagerPlan:
         # the amax of nothing is 0; per-token passes accumulate into their zeroed outputs
         table_e6 = 6.0 if self.tables else 0.0
         self.zeroed_amax = self.empty or opt_flags.amax_direct(row_mode, col_mode, table_e6)
-        self.amax_sizes = (row_size if row_mode != AMAX_NONE else 0, col_size if col_mode != AMAX_NONE else 0)
         self.amax_launch = self.amax_launch_fresh = None
         if not self.empty and self.n_row + self.n_col:
             amax_args = (m, k, row_mode, col_mode, config.rht_sign_mask if config.rht else 0,
@@ -309,7 +307,7 @@ class _EagerPlan:
         if self.amax_launch_fresh is not None and not keep_buffers(dev):
             amax_launch, zeroed = self.amax_launch_fresh, True
         if zeroed and not self.tables:  # the zeroed outputs of a DIRECT pass, in one launch
-            row_computed, col_computed = zeroed_amaxes(dev, *self.amax_sizes)
+            row_computed, col_computed = zeroed_amaxes(dev, self.n_row, self.n_col)
         else:  # tables are zeroed only for empty x, where nothing is launched
             make = torch.zeros if zeroed else torch.empty
             row_computed = col_computed = None

@@ -11,7 +11,7 @@ smaller per-thread footprints win for every kernel that produces columnwise bloc
 from __future__ import annotations
 
 from ...layout import cdiv, next_power_of_2
-from ..launch import interpreting
+from ..launch import LAUNCH_OPTIONS, interpreting
 from .amax import AMAX_NONE, AMAX_PER_TOKEN, AMAX_PER_TOKEN_RHT, AMAX_TENSOR, AMAX_TENSOR_RHT
 
 # (BLOCK_M, BLOCK_K, num_warps) of the amax passes: per tensor, with a per-token output, post-RHT
@@ -73,13 +73,11 @@ CAST_ROWCOL_MIN_ELEMENTS = 1 << 24
 COL_SCALES_TILE = (32, 128, 4)
 COL_SCALES_SWIZZLED_TILE = (16, 256, 4)
 LAYOUT_CODES = {"compact": 0, "padded": 1, "swizzled": 2}
-# keys of a meta dict that are launch options, not constexprs
-LAUNCH_OPTIONS = ("num_warps", "maxnreg", "enable_fp_fusion")
 
 
 
 def constexprs(meta: dict) -> dict:
-    """The constexpr arguments of a meta dict (without its launch options)."""
+    """The constexpr arguments of a meta dict (without its launch options, ``launch.LAUNCH_OPTIONS``)."""
     return {key: value for key, value in meta.items() if key not in LAUNCH_OPTIONS}
 
 
