@@ -147,6 +147,19 @@ FRESH_CASES = {
 }
 
 
+def assert_same_quantized(got, want, context):
+    """Every copy of two NVFP4Tensors: the same presence, codes and scales byte for byte, amaxes bit for bit (any NaN
+    matching any NaN)."""
+    for field in ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale",
+                  "columnwise_amax"):
+        g, w = getattr(got, field), getattr(want, field)
+        assert (g is None) == (w is None), (field, context)
+        if g is not None and g.dtype == torch.float32:
+            assert_same_bits(g.cpu(), w.cpu(), nan_equal=True)
+        elif g is not None:
+            assert torch.equal(g.cpu(), w.cpu()), (field, context)
+
+
 @pytest.mark.parametrize("special", ["randn", "inf-and-nan", "negative-zeros"])
 @pytest.mark.parametrize("case", list(FRESH_CASES))
 def test_direct_pass_where_the_call_would_zero_a_scratch(case, special, monkeypatch):
@@ -164,14 +177,7 @@ def test_direct_pass_where_the_call_would_zero_a_scratch(case, special, monkeypa
     monkeypatch.setattr(amax_module, "scratch_buffer", lambda *args: pytest.fail("a DIRECT pass took a scratch"))
     got = kq.quantize(x, config, poison=True, seed=9)
     assert [meta["DIRECT"] for meta in metas] == [True]
-    for field in ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale",
-                  "columnwise_amax"):
-        g, w = getattr(got, field), getattr(want, field)
-        assert (g is None) == (w is None), field
-        if g is not None and g.dtype == torch.float32:
-            assert_same_bits(g.cpu(), w.cpu(), nan_equal=True)
-        elif g is not None:
-            assert torch.equal(g.cpu(), w.cpu()), field
+    assert_same_quantized(got, want, case)
 
 
 def test_zero_kernel_zeroes_its_ranges_only():
@@ -219,10 +225,4 @@ def test_gpu_direct_pass_gives_the_ticketed_bits(case, monkeypatch):
         want = kq.quantize(x, config, poison=True, seed=9)
         monkeypatch.setattr(kq, "keep_buffers", lambda device: False)
         got = kq.quantize(x, config, poison=True, seed=9)
-        for field in ("rowwise_data", "rowwise_scale", "rowwise_amax", "columnwise_data", "columnwise_scale",
-                      "columnwise_amax"):
-            g, w = getattr(got, field), getattr(want, field)
-            assert (g is None) == (w is None), field
-            if g is not None:
-                assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) or (
-                    g.dtype == torch.float32 and torch.isnan(g).all() and torch.isnan(w).all()), (field, special)
+        assert_same_quantized(got, want, f"{case} {special}")
