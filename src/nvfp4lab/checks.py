@@ -59,12 +59,23 @@ def check_int(name: str, value, low=None, high=None) -> None:
         raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
 
 
-def check_seed(seed) -> None:
-    """An SR seed: None or an int that torch.Generator.manual_seed takes, [-2^63, 2^64)."""
+def check_seed(seed, device: torch.device, generator=None) -> None:
+    """An SR seed: None, an int that torch.Generator.manual_seed takes, [-2^63, 2^64), or an int64 tensor of one
+    element on ``device`` (the input's), read by the kernel: a seed drawn on the device, which no host sync reads.
+    Not together with a ``generator``."""
     if seed is None:
         return
+    if generator is not None:
+        raise ValueError("seed and generator: pass one of them, not both")
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64 or seed.numel() != 1:
+            raise ValueError(f"seed as a tensor must be int64 with one element, got {str(seed.dtype).replace('torch.', '')} "
+                             f"of shape {tuple(seed.shape)}")
+        if seed.device != device:
+            raise ValueError(f"seed as a tensor must be on the input's device {device}, got {seed.device}")
+        return
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+        raise TypeError(f"seed must be an int, an int64 tensor or None, got {type(seed).__name__} {seed!r}")
     if not -(1 << 63) <= seed < (1 << 64):
         raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator.manual_seed's range), got {seed}")
 

@@ -153,22 +153,19 @@ def _nvfp4_config(**options) -> NVFP4QuantConfig:
     return config
 
 
-def _check_nvfp4_shape_and_seed(config: NVFP4QuantConfig, m: int, k: int, seed, generator, k_name: str,
+def _check_nvfp4_shape_and_seed(config: NVFP4QuantConfig, m: int, k: int, seed, generator, device, k_name: str,
                                 m_name: str) -> None:
     """The shape rules of an NVFP4 quantize of (M, K) with ``config`` and the SR seed arguments."""
     if k % 16:
         _check_multiple(k_name, k, 16, "NVFP4 blocks hold 16 elements along K")
     if m % 16 and (config.columnwise or config.block == "16x16"):
         _check_multiple(m_name, m, 16, "columnwise and 16x16 outputs block 16 rows")
-    if seed is not None:
-        check_seed(seed)
-        if generator is not None:
-            raise ValueError("seed and generator: pass one of them, not both")
+    check_seed(seed, device, generator)
 
 
 def _ref_generator(config: NVFP4QuantConfig, seed, generator, device: torch.device):
-    """The reference backend's SR generator: the caller's, else one seeded with ``seed`` (None on the meta device,
-    which holds no values to round)."""
+    """The reference backend's SR generator: the caller's, else one seeded with ``seed`` (an int, or a tensor's value:
+    one host sync; None on the meta device, which holds no values to round)."""
     if config.stochastic_rounding and generator is None and seed is not None and device.type != "meta":
         return torch.Generator(device=device).manual_seed(int(seed))
     return generator
@@ -186,7 +183,7 @@ def quantize_nvfp4(
     four_over_six: Optional[str] = None,
     e4m3_max: Optional[float] = None,
     stochastic_rounding: bool = False,
-    seed: Optional[int] = None,
+    seed: Union[int, torch.Tensor, None] = None,
     generator: Optional[torch.Generator] = None,
     amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
@@ -200,8 +197,10 @@ def quantize_nvfp4(
     Leading dims flatten into M; K (and M when a columnwise or 16x16 output is asked) must be
     multiples of 16. ``config`` replaces the individual option arguments when given (they must keep
     their defaults then: ValueError otherwise). ``amax`` / ``columnwise_amax``: >= 0 and not NaN
-    (checked for host tensors). Stochastic rounding takes ``seed`` (an int in [-2**63, 2**64)) or
-    ``generator``; the same seed repeats the same bits on the same backend and device.
+    (checked for host tensors). Stochastic rounding takes ``seed`` (an int in [-2**63, 2**64), or an int64
+    one-element tensor on x's device: its value, read by the kernel without a host sync, is the int seed; drawn on the
+    device inside a CUDA graph, each replay draws anew) or ``generator``; the same seed repeats the same bits on the
+    same backend and device.
     """
     _check_tensor("x", x)
     if config is None:
@@ -215,7 +214,8 @@ def quantize_nvfp4(
                            stochastic_rounding, scale_layout))
     x2 = flatten_2d("x", x)
     m, k = x2.shape
-    _check_nvfp4_shape_and_seed(config, m, k, seed, generator, "x.shape[-1] (K)", "M (product of x's leading dims)")
+    _check_nvfp4_shape_and_seed(config, m, k, seed, generator, x.device, "x.shape[-1] (K)",
+                                "M (product of x's leading dims)")
     if amax is not None or columnwise_amax is not None:
         per_vector = config.per_token and not config.broadcast_2d  # PR 3045's 2D weight takes the tensor's scalar
         amax = _check_amax("amax", amax, (m,) if per_vector else (1,), x.device)
@@ -237,7 +237,7 @@ def quantize_nvfp4_operands(
     config: NVFP4QuantConfig,
     rowwise_operand: bool = True,
     columnwise_operand: bool = True,
-    seed: Optional[int] = None,
+    seed: Union[int, torch.Tensor, None] = None,
     generator: Optional[torch.Generator] = None,
     backend: Optional[str] = None,
 ) -> tuple:
@@ -260,7 +260,7 @@ def quantize_nvfp4_operands(
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
     m, k = x.shape
-    _check_nvfp4_shape_and_seed(config, m, k, seed, generator, "x.shape[1] (K)", "x.shape[0] (M)")
+    _check_nvfp4_shape_and_seed(config, m, k, seed, generator, x.device, "x.shape[1] (K)", "x.shape[0] (M)")
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
         x2 = x if x.is_contiguous() else x.contiguous()
@@ -390,7 +390,7 @@ def quantize_nvfp4_grouped_bulk(
     *,
     split_offsets: Optional[torch.Tensor] = None,
     config: Optional[NVFP4QuantConfig] = None,
-    seed: Optional[int] = None,
+    seed: Union[int, torch.Tensor, None] = None,
     generator: Optional[torch.Generator] = None,
     backend: Optional[str] = None,
     **options,
@@ -424,7 +424,7 @@ def quantize_nvfp4_grouped_operands(
     *,
     split_offsets: Optional[torch.Tensor] = None,
     config: NVFP4QuantConfig,
-    seed: Optional[int] = None,
+    seed: Union[int, torch.Tensor, None] = None,
     generator: Optional[torch.Generator] = None,
     backend: Optional[str] = None,
 ) -> tuple:
@@ -479,9 +479,7 @@ def _grouped_inputs(x, split_sections, split_offsets, config, seed, generator, b
         if bad:
             raise ValueError(f"split_sections must be multiples of 16 when a columnwise or 16x16 output is asked "
                              f"(16-row blocks), got {bad}")
-    check_seed(seed)
-    if seed is not None and generator is not None:
-        raise ValueError("seed and generator: pass one of them, not both")
+    check_seed(seed, x.device, generator)
     return config, x2, offsets, backend
 
 

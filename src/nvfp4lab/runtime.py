@@ -1,5 +1,6 @@
 """Execution context helpers shared by every layer: torch.compile tracing, CUDA graph capture, side
-streams inside a capture, and small host->device integer copies that stay capturable."""
+streams inside a capture, small host->device integer copies that stay capturable, and SR seeds drawn on
+the device."""
 from __future__ import annotations
 
 import contextlib
@@ -36,6 +37,16 @@ def host_ints_on_device(values: Sequence[int], device, dtype: torch.dtype = torc
             out[i].fill_(v)
         return out
     return torch.tensor(values, dtype=dtype, device=device)
+
+
+SEED_BOUND = 2**62  # stochastic-rounding seeds are drawn in [0, SEED_BOUND)
+
+
+def device_seed(device, generator=None) -> torch.Tensor:
+    """A stochastic-rounding seed drawn on ``device`` (from ``generator``, else the device's default one): the int64
+    (1,) tensor that a quantize call takes as its ``seed`` and its kernels read. Drawn inside a CUDA-graph capture,
+    each replay draws anew."""
+    return torch.randint(0, SEED_BOUND, (1,), dtype=torch.int64, device=device, generator=generator)
 
 
 # ------------------------------------------------------------------------------------------ side streams

@@ -233,10 +233,11 @@ def test_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise)
 @pytest.mark.parametrize("operand_casts", ["packed", "operands", "fprop_operand"])
 def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from_rowwise, monkeypatch):
     """In a captured graph (the side stream stood in for on the CPU) a Linear step issues first, on the side stream:
-    W's cast in the forward; W^T's and x^T's operands and the bias gradient in the backward; x's and dy's casts and
-    every GEMM stay on the current stream. Where those casts write BF16 operands (forced here) nothing forks; where
-    only x's fprop operand comes from its cast, below the general operand size ("fprop_operand"), W's cast still
-    runs beside it. The results are the same either way."""
+    dy's SR seed and W's cast in the forward; W^T's and x^T's operands and the bias gradient in the backward; x's and
+    dy's casts and every GEMM stay on the current stream. Where those casts write BF16 operands (forced here) only
+    the seed goes to the side stream; where only x's fprop operand comes from its cast, below the general operand size
+    ("fprop_operand"), W's cast still runs beside it. The results are the same either way (the seed drawn ahead is
+    the first draw from the same generator state, as the backward's own)."""
     import sys
 
     from nvfp4lab import ops
@@ -251,7 +252,7 @@ def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from
     fl._clear_path_caches()
     recipe = RECIPES["te_default"]
     x, w, b, dy = make_inputs("cpu")
-    want = run_linear(x, w, b, dy, recipe, "triton")
+    want = run_linear(x, w, b, dy, recipe, "triton")  # dy's seed drawn after torch.manual_seed(1234)
     events, inside = [], []
 
     class Side:
@@ -273,15 +274,18 @@ def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from
     for name in ("quantize_nvfp4", "quantize_nvfp4_operands", "nvfp4_operand", "nvfp4_gemm"):
         monkeypatch.setattr(ops, name, record(name, getattr(ops, name)))
     monkeypatch.setattr(torch.Tensor, "sum", record("sum", torch.Tensor.sum))
+    monkeypatch.setattr(fl, "device_seed", record("device_seed", fl.device_seed))
+    torch.manual_seed(1234)  # the forward draws dy's seed
     got = run_linear(x, w, b, dy, recipe, "triton")
     for g, e in zip(got, want):
         assert torch.equal(g, e)
     if operand_casts == "operands":
-        assert ("fork", False) not in events and not any(on_side for _, on_side in events)
+        assert [event for event in events if event[1] or event[0] == "fork"] == [("fork", False), ("device_seed", True)]
         return
     x_cast = "quantize_nvfp4_operands" if operand_casts == "fprop_operand" else "quantize_nvfp4"
     assert events == [
-        ("fork", False), ("quantize_nvfp4", True), (x_cast, False), ("join", False), ("nvfp4_gemm", False),  # forward
+        ("fork", False), ("device_seed", True), ("quantize_nvfp4", True), (x_cast, False), ("join", False),  # forward
+        ("nvfp4_gemm", False),
         ("fork", False), ("nvfp4_operand", True), ("nvfp4_operand", True), ("sum", True),  # W^T, x^T, db
         ("quantize_nvfp4", False), ("join", False), ("nvfp4_gemm", False), ("nvfp4_gemm", False),
     ]

@@ -813,6 +813,30 @@ def test_make_graphed_callables_gives_the_eager_bits(preset, tokens, k, n):
                     p.grad = None
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,k,n", [(512, 256, 128), (4096, 2048, 1024)])
+def test_a_captured_forward_draws_the_gradients_sr_seed(tokens, k, n):
+    """In a captured layer (make_graphed_callables), dy's stochastic-rounding seed is drawn by the forward graph, off
+    the backward's critical path: two backward replays after one forward replay give the same dx and dW bit for bit,
+    and the next forward replay draws a new seed (new bits for the same x and dy)."""
+    torch.manual_seed(0)
+    layer = Linear(k, n, recipe=NVFP4Recipe.te_default()).to("cuda", torch.bfloat16)
+    sample = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(layer, (sample,))
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+
+    def backward(y):
+        return [g.clone() for g in torch.autograd.grad(y, (x, layer.weight), dy, retain_graph=True)]
+
+    y = graphed(x)
+    first, again = backward(y), backward(y)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    fresh = backward(graphed(x))
+    assert not torch.equal(fresh[1], first[1]) and not torch.equal(fresh[0], first[0])
+
+
 # MoE: an empty expert, and splits that need token padding for the columnwise copies (sum 256)
 GRAPH_SPLITS = [40, 0, 72, 24, 120]
 GRAPH_PRESETS = {  # stochastic rounding off: replays and eager steps then run the same bits

@@ -126,3 +126,29 @@ def test_grouped_wgrad_rejects_bad_inputs():
     q8 = nvfp4lab.quantize_nvfp4_grouped_bulk(torch.randn(16, 32), [8, 8], backend="ref")
     with pytest.raises(ValueError, match="columnwise"):
         nvfp4lab.nvfp4_grouped_wgrad(q8, q8, [8, 8])
+
+
+BACKENDS = ["ref", pytest.param("triton", marks=pytest.mark.skipif(not nvfp4lab.ops.triton_available(), reason="triton"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_seed_tensor_rounds_as_the_int_seed_of_its_value(backend):
+    """An int64 one-element seed tensor on x's device (drawn on the device by a captured layer, read without a host
+    sync) gives the SR bits of the int seed of its value: quantize_nvfp4, its operand cast and the grouped cast."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    config = nvfp4lab.NVFP4QuantConfig(columnwise=True, rht=True, stochastic_rounding=True)
+    for value in (5, 2**62 - 3):
+        by_int = nvfp4lab.quantize_nvfp4(x, config=config, seed=value, backend=backend)
+        for seed in (torch.tensor([value]), torch.tensor(value)):
+            got = nvfp4lab.quantize_nvfp4(x, config=config, seed=seed, backend=backend)
+            for field in ("rowwise_data", "columnwise_data"):
+                assert torch.equal(getattr(got, field), getattr(by_int, field)), (value, field)
+        _, row_int, col_int = nvfp4lab.quantize_nvfp4_operands(x, config=config, seed=value, backend=backend)
+        _, row, col = nvfp4lab.quantize_nvfp4_operands(x, config=config, seed=torch.tensor([value]), backend=backend)
+        assert torch.equal(row.values, row_int.values) and torch.equal(col.values, col_int.values), value
+        grouped_int = nvfp4lab.quantize_nvfp4_grouped_bulk(x, [16, 16], config=config, seed=value, backend=backend)
+        grouped = nvfp4lab.quantize_nvfp4_grouped_bulk(x, [16, 16], config=config, seed=torch.tensor([value]),
+                                                       backend=backend)
+        assert torch.equal(grouped.rowwise_data, grouped_int.rowwise_data), value
+    other = nvfp4lab.quantize_nvfp4(x, config=config, seed=torch.tensor([6]), backend=backend)
+    assert not torch.equal(other.rowwise_data, by_int.rowwise_data)

@@ -49,7 +49,7 @@ from ..checks import check_tensor as _check_float
 from ..config import MXFP8QuantConfig, operand_config, with_copies
 from ..layout import roundup as _roundup
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
-from ..runtime import fork, join, on_stream
+from ..runtime import device_seed, fork, join, on_stream
 from ..tensors import GroupedNVFP4Tensor, MXFP8Tensor, NVFP4Operand, NVFP4Tensor, cumulative_offsets
 
 QuantizedTensor = Union[NVFP4Tensor, MXFP8Tensor]
@@ -119,11 +119,12 @@ def quantize_tensor(recipe, tensor: str, x2: torch.Tensor, *, rowwise: bool, col
     return _quantize(_tensor_config(recipe, tensor, rowwise, columnwise), x2, backend)
 
 
-def _quantize(config, x2: torch.Tensor, backend) -> QuantizedTensor:
-    """``x2`` quantized with a config of :func:`_tensor_config` (NVFP4 or MXFP8)."""
+def _quantize(config, x2: torch.Tensor, backend, seed: Optional[torch.Tensor] = None) -> QuantizedTensor:
+    """``x2`` quantized with a config of :func:`_tensor_config` (NVFP4 or MXFP8; ``seed``: an NVFP4 SR seed drawn on
+    the device, else the cast draws its own)."""
     if isinstance(config, MXFP8QuantConfig):
         return ops.quantize_mxfp8(x2, config=config, backend=backend)
-    return ops.quantize_nvfp4(x2, config=config, backend=backend)
+    return ops.quantize_nvfp4(x2, config=config, seed=seed, backend=backend)
 
 
 def _dequantize(t: QuantizedTensor, which: str, dtype: torch.dtype, backend) -> torch.Tensor:
@@ -266,6 +267,7 @@ class _GemmPlan(NamedTuple):
     dy_row_op: bool  # dgrad's / wgrad's dy operand straight from dy's cast
     dy_col_op: bool
     x_col_ahead: bool  # wgrad's x^T operand expanded before dy's cast (beside it in a captured graph)
+    dy_seed_ahead: bool  # dy's SR seed drawn by the forward on the side stream of a captured graph
 
 
 def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: bool, need_wgrad: bool) -> _GemmPlan:
@@ -287,9 +289,12 @@ def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: 
         dy_row_op = operands and need_dgrad and _takes_operands(dy_rows, k, n, device, backend)
         dy_col_op = operands and need_wgrad and _takes_operands(n, k, dy_rows, device, backend)
     x_col_ahead = x_columnwise and isinstance(recipe, NVFP4Recipe) and _takes_expanded(n, k, dy_rows, device, backend)
+    # a seed the backward's capture would draw first, on its critical path (the Triton casts read device seeds)
+    dy_seed_ahead = (isinstance(recipe, NVFP4Recipe) and dy_config is not None and dy_config.stochastic_rounding
+                     and ops.resolve_backend(backend, device) == "triton")
     return _GemmPlan(w_columnwise and not w_rowwise_t, w_rowwise_t, m_pad,
                      _tensor_config(recipe, "input", True, x_columnwise), x_operand, w_beside, dy_rows, dy_config,
-                     dy_row_op, dy_col_op, x_col_ahead)
+                     dy_row_op, dy_col_op, x_col_ahead, dy_seed_ahead)
 
 
 _GEMM_PLANS: dict = {}
@@ -333,11 +338,14 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     meta["w_rowwise_t"] = w_rowwise_t
     meta["m_pad"] = m_pad
     x_op = None
-    side = None
-    if qweight is None or (w_columnwise and qweight.columnwise_data is None):
-        # W's cast first: in a captured graph on the side stream, beside x's cast (plan.w_beside)
-        side = fork(x2.device) if plan.w_beside else None
+    w_cast = qweight is None or (w_columnwise and qweight.columnwise_data is None)
+    # in a captured graph, the side stream first draws dy's SR seed, then casts W beside x's cast (plan.w_beside)
+    side = fork(x2.device) if plan.dy_seed_ahead or (w_cast and plan.w_beside) else None
+    if side is not None and plan.dy_seed_ahead:
         with on_stream(side):
+            meta["dy_seed"] = device_seed(x2.device)
+    if w_cast:
+        with on_stream(side if plan.w_beside else None):
             qweight = quantize_weight(weight, recipe, columnwise=w_columnwise, backend=backend)
     if plan.x_operand:  # the fprop operand straight from the cast; the saved copy packed
         qx, x_op, _ = ops.quantize_nvfp4_operands(_pad_rows(x2, m_pad), config=plan.x_config, columnwise_operand=False,
@@ -345,7 +353,7 @@ def _forward_gemm(x2, weight, bias, qweight, recipe, cdtype, need_dgrad, need_wg
     else:
         qx = _quantize(plan.x_config, _pad_rows(x2, m_pad), backend)
     if side is not None:
-        join(side, *_tensors(qweight))
+        join(side, *_tensors(qweight), *([meta["dy_seed"]] if "dy_seed" in meta else []))
     if x_op is not None:
         y = ops.nvfp4_gemm(x_op, qweight, out_dtype=cdtype, bias=bias, backend=backend)
     else:
@@ -383,11 +391,12 @@ def _quantized_backward(dy2, saved, meta, backend):
         db = dy2.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) if need_bgrad else None
     dy_rows = _pad_rows(dy2, plan.dy_rows)
     row_op, col_op = plan.dy_row_op, plan.dy_col_op
+    seed = meta.get("dy_seed")  # drawn by a captured forward (plan.dy_seed_ahead), else by the cast
     if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast
         qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(dy_rows, config=plan.dy_config, rowwise_operand=row_op,
-                                                          columnwise_operand=col_op, backend=backend)
+                                                          columnwise_operand=col_op, seed=seed, backend=backend)
     else:
-        qdy = _quantize(plan.dy_config, dy_rows, backend)
+        qdy = _quantize(plan.dy_config, dy_rows, backend, seed)
         dy_row = dy_col = None
     if side is not None:
         join(side, *[t for t in (w_op and w_op.values, x_op and x_op.values, db) if t is not None])

@@ -483,7 +483,7 @@ def quantize_grouped(
     split_offsets: torch.Tensor,
     config: NVFP4QuantConfig,
     *,
-    seed: Optional[int] = None,
+    seed=None,
     generator: Optional[torch.Generator] = None,
     block_m: int = 0,
     block_k: int = 0,
@@ -494,7 +494,8 @@ def quantize_grouped(
 
     split_offsets: int64 (n + 1,) on x2d's device, nondecreasing from 0 to M (not checked: no host
     sync). Each split must be a multiple of 16 rows when a columnwise or 16x16 output is asked.
-    Compact scales. Stochastic rounding: ``seed`` (int) or a seed drawn from ``generator``
+    Compact scales. Stochastic rounding: ``seed`` (an int or an int64 one-element tensor on x2d's device) or a seed
+    drawn from ``generator``
     (``nvfp4_quantize_details.cast.seed_args``). block_m, block_k, num_warps: the tile of every kernel of this
     call (0: opt_flags' choice); poison: fill the outputs with 0xFF before the kernels write them (tests).
     """
@@ -514,7 +515,7 @@ def quantize_grouped_operand(
     split_offsets: torch.Tensor,
     config: NVFP4QuantConfig,
     *,
-    seed: Optional[int] = None,
+    seed=None,
     generator: Optional[torch.Generator] = None,
     poison: bool = False,
 ) -> tuple:

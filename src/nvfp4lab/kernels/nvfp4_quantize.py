@@ -460,7 +460,7 @@ def quantize(
     *,
     amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
-    seed: Optional[int] = None,
+    seed=None,
     generator: Optional[torch.Generator] = None,
     block_m: int = 0,
     block_k: int = 0,
@@ -469,7 +469,8 @@ def quantize(
 ) -> NVFP4Tensor:
     """Triton NVFP4 quantization of a contiguous (M, K) tensor; the same fields as ``ref.nvfp4.quantize``.
 
-    Stochastic rounding uses ``seed`` (an int) when given, else a seed drawn from ``generator``
+    Stochastic rounding uses ``seed`` (an int, or an int64 one-element tensor on x's device read by the kernel)
+    when given, else a seed drawn from ``generator``
     (``nvfp4_quantize_details.cast.draw_seed``: on the device when the call may be replayed or traced).
     block_m, block_k, num_warps: the tile of every kernel of this call (0: opt_flags' choice;
     ``cast16_kernel`` takes BLOCK_K, num_warps and block_m / 16 groups of 16 rows, 1, 2 or 4); any
@@ -510,7 +511,7 @@ def quantize_operands(
     *,
     row_operand: bool,
     col_operand: bool,
-    seed: Optional[int] = None,
+    seed=None,
     generator: Optional[torch.Generator] = None,
     poison: bool = False,
 ) -> tuple:

@@ -8,6 +8,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...layout import roundup
+from ...runtime import SEED_BOUND, device_seed
 from ..formats import soft_bf16_loads
 from ..launch import Launch, aligned, arg_key, tracing
 from ..swizzle import swizzle_launch
@@ -86,17 +87,19 @@ def draw_seed(x: torch.Tensor, generator: Optional[torch.Generator] = None,
         traced = tracing(x)
     if ((on_device and (generator is not None or traced or torch.cuda.is_current_stream_capturing()))
             or (traced and generator_device == device.type)):
-        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
-        return seed, 0
-    return None, int(torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator))
+        return device_seed(device, generator), 0
+    return None, int(torch.randint(0, SEED_BOUND, (1,), dtype=torch.int64, generator=generator))
 
 
-def seed_args(config, x: torch.Tensor, seed: Optional[int], generator, traced: bool) -> tuple:
+def seed_args(config, x: torch.Tensor, seed, generator, traced: bool) -> tuple:
     """A quantize call's SR seed arguments for ``config`` (an NVFP4QuantConfig), as its cast takes them (seed_tensor
-    or None, int seed): the caller's int ``seed``, else one drawn (:func:`draw_seed`); (None, 0) without stochastic
-    rounding. ``traced``: the caller's ``tracing(x)``."""
+    or None, int seed): the caller's ``seed`` (an int, or an int64 one-element tensor on x's device, which the kernel
+    reads), else one drawn (:func:`draw_seed`); (None, 0) without stochastic rounding. ``traced``: the caller's
+    ``tracing(x)``."""
     if not config.stochastic_rounding:
         return None, 0
+    if isinstance(seed, torch.Tensor):
+        return seed.reshape(1), 0
     if seed is not None:
         return None, int(seed) % (1 << 63)
     return draw_seed(x, generator, traced)
