@@ -98,8 +98,8 @@ def seed_args(config, x: torch.Tensor, seed, generator, traced: bool) -> tuple:
     ``tracing(x)``."""
     if not config.stochastic_rounding:
         return None, 0
-    if isinstance(seed, torch.Tensor):
-        return seed.reshape(1), 0
+    if isinstance(seed, torch.Tensor):  # a view at an address the launches do not specialize on is copied first
+        return (seed.reshape(1) if aligned(seed) else seed.reshape(1).clone()), 0
     if seed is not None:
         return None, int(seed) % (1 << 63)
     return draw_seed(x, generator, traced)
