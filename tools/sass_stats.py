@@ -154,7 +154,7 @@ def compile_amax(kwargs, tile=None):
         meta["SOFT_BF16"] = False
         fn, rows, cols, x_type = amax.amax_kernel, meta["BLOCK_M"] * meta["STEPS_M"], meta["BLOCK_K"], "*bf16"
     meta.setdefault("FINAL_BLOCK", 1024)
-    pointers = dict(x_ptr=x_type, scratch_ptr="*i32", row_out_ptr="*fp32", col_out_ptr="*fp32")
+    pointers = dict(x_ptr=x_type, scratch_ptr="*i32", row_out_ptr="*fp32", col_out_ptr="*fp32", sums_ptr="*fp32")
     sig = {n: pointers.get(n) or ("i32" if n in ("M", "K", "N_ROW", "N_COL") else "constexpr") for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, "M", "K")}
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,

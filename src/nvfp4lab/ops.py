@@ -231,6 +231,42 @@ def quantize_nvfp4(
     return out
 
 
+def quantize_nvfp4_dbias(
+    x: torch.Tensor,
+    *,
+    config: NVFP4QuantConfig,
+    dbias_dtype: Optional[torch.dtype] = None,
+    seed: Union[int, torch.Tensor, None] = None,
+    generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
+) -> tuple:
+    """(:func:`quantize_nvfp4` of ``x`` (..., K) with ``config``, x's sum over its leading dims (K,)): the gradient's
+    quantize with the bias gradient of a layer whose output gradient x is (TE's quantize with dbias), accumulated in
+    fp32 and rounded once to ``dbias_dtype`` (default x's dtype). On the Triton backend the amax pass adds the sums
+    as it reads x (no second read of x), in an order fixed per shape (the same bits call after call; the last bits
+    may differ from ``torch.sum``'s order); the reference backend sums with torch (``ref.nvfp4.dbias``).
+    """
+    _check_tensor("x", x)
+    if not isinstance(config, NVFP4QuantConfig):
+        raise TypeError(f"config must be an NVFP4QuantConfig, got {type(config).__name__}")
+    if dbias_dtype is None:
+        dbias_dtype = x.dtype
+    elif dbias_dtype not in OUT_DTYPES:
+        raise TypeError(f"dbias_dtype must be one of {OUT_DTYPES}, got {dbias_dtype!r}")
+    x2 = flatten_2d("x", x)
+    m, k = x2.shape
+    _check_nvfp4_shape_and_seed(config, m, k, seed, generator, x.device, "x.shape[-1] (K)",
+                                "M (product of x's leading dims)")
+    backend = resolve_backend(backend, x.device)
+    if backend == "triton":
+        out, db = nvfp4_quantize.quantize_dbias(x2, config, dbias_dtype, seed=seed, generator=generator)
+    else:
+        out = ref.nvfp4.quantize(x2, config, generator=_ref_generator(config, seed, generator, x.device))
+        db = ref.nvfp4.dbias(x2, dbias_dtype)
+    out.shape = x.shape
+    return out, db
+
+
 def quantize_nvfp4_operands(
     x: torch.Tensor,
     *,

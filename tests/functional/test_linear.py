@@ -233,11 +233,12 @@ def test_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise)
 @pytest.mark.parametrize("operand_casts", ["packed", "operands", "fprop_operand"])
 def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from_rowwise, monkeypatch):
     """In a captured graph (the side stream stood in for on the CPU) a Linear step issues first, on the side stream:
-    dy's SR seed and W's cast in the forward; W^T's and x^T's operands and the bias gradient in the backward; x's and
-    dy's casts and every GEMM stay on the current stream. Where those casts write BF16 operands (forced here) only
-    the seed goes to the side stream; where only x's fprop operand comes from its cast, below the general operand size
-    ("fprop_operand"), W's cast still runs beside it. The results are the same either way (the seed drawn ahead is
-    the first draw from the same generator state, as the backward's own)."""
+    dy's SR seed and W's cast in the forward; W^T's and x^T's operands in the backward; x's and dy's casts (dy's with
+    the bias gradient) and every GEMM stay on the current stream. Where those casts write BF16 operands (forced here)
+    only the seed goes to the side stream, and the bias gradient is a torch sum beside nothing; where only x's fprop
+    operand comes from its cast, below the general operand size ("fprop_operand"), W's cast still runs beside it. The
+    results are the same either way (the seed drawn ahead is the first draw from the same generator state, as the
+    backward's own)."""
     import sys
 
     from nvfp4lab import ops
@@ -271,7 +272,7 @@ def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from
     monkeypatch.setattr(fl, "fork", lambda device: events.append(("fork", False)) or "side")
     monkeypatch.setattr(fl, "on_stream", lambda stream: Side() if stream == "side" else contextlib.nullcontext())
     monkeypatch.setattr(fl, "join", lambda stream, *outputs: events.append(("join", bool(inside))))
-    for name in ("quantize_nvfp4", "quantize_nvfp4_operands", "nvfp4_operand", "nvfp4_gemm"):
+    for name in ("quantize_nvfp4", "quantize_nvfp4_dbias", "quantize_nvfp4_operands", "nvfp4_operand", "nvfp4_gemm"):
         monkeypatch.setattr(ops, name, record(name, getattr(ops, name)))
     monkeypatch.setattr(torch.Tensor, "sum", record("sum", torch.Tensor.sum))
     monkeypatch.setattr(fl, "device_seed", record("device_seed", fl.device_seed))
@@ -286,8 +287,8 @@ def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from
     assert events == [
         ("fork", False), ("device_seed", True), ("quantize_nvfp4", True), (x_cast, False), ("join", False),  # forward
         ("nvfp4_gemm", False),
-        ("fork", False), ("nvfp4_operand", True), ("nvfp4_operand", True), ("sum", True),  # W^T, x^T, db
-        ("quantize_nvfp4", False), ("join", False), ("nvfp4_gemm", False), ("nvfp4_gemm", False),
+        ("fork", False), ("nvfp4_operand", True), ("nvfp4_operand", True),  # W^T, x^T
+        ("quantize_nvfp4_dbias", False), ("join", False), ("nvfp4_gemm", False), ("nvfp4_gemm", False),
     ]
 
 

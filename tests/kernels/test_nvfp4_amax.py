@@ -226,3 +226,111 @@ def test_gpu_direct_pass_gives_the_ticketed_bits(case, monkeypatch):
         monkeypatch.setattr(kq, "keep_buffers", lambda device: False)
         got = kq.quantize(x, config, poison=True, seed=9)
         assert_same_quantized(got, want, f"{case} {special}")
+
+
+# ------------------------------------------------------------ x's column sums from the amax pass (quantize_dbias)
+DBIAS_CASES = {  # config, x dtype, the amax pass that sums
+    "te_dy (SR, row + RHT col)": (dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True),
+                                  torch.bfloat16, "amax_rht_col_kernel"),
+    "per-tensor SR row + col": (dict(rowwise=True, columnwise=True, stochastic_rounding=True), torch.bfloat16,
+                                "amax_kernel"),
+    "per-token dy": (dict(rowwise=True, columnwise=True, per_token=True, stochastic_rounding=True), torch.bfloat16,
+                     "amax_kernel"),
+    "fp32 x, RHT col": (dict(rowwise=True, columnwise=True, rht=True), torch.float32, "amax_kernel"),
+}
+
+
+def sums_in_row_order(x, rows_per_part):
+    """fp32 column sums of x, row by row within parts of ``rows_per_part`` rows, then part by part (on the CPU)."""
+    xf = x.float().cpu()
+    total = torch.zeros(xf.shape[1])
+    for start in range(0, xf.shape[0], rows_per_part):
+        part = torch.zeros(xf.shape[1])
+        for row in xf[start:start + rows_per_part]:
+            part = part + row
+        total = total + part
+    return total
+
+
+@pytest.mark.parametrize("special", ["randn", "inf-and-nan"])
+@pytest.mark.parametrize("shape", [(80, 96), (48, 264)])
+@pytest.mark.parametrize("case", list(DBIAS_CASES))
+def test_dbias_from_the_amax_pass(case, shape, special, monkeypatch):
+    """quantize_dbias: the quantized copies of quantize with the same seed, byte for byte, and x's column sums from
+    the amax pass's read of x: added in row order per program (several 16-row groups per program, the last one past
+    M) then program by program, bit for bit, for ``amax_rht_col_kernel``; within fp32's rounding of the exact sums
+    and the same bits call after call for ``amax_kernel``'s tile reduction; rounded once (RNE) to bf16."""
+    kwargs, dtype, kernel = DBIAS_CASES[case]
+    config = NVFP4QuantConfig(**kwargs)
+    x = rht_exact_input(*shape, seed=shape[0])
+    if special != "randn":
+        x = _with(_with(x, 0, 3, float("inf")), shape[0] - 1, 70, float("nan"))
+    x = x.to(dtype).to(DEV)
+    monkeypatch.setattr(kq, "_EAGER_PLANS", {})
+    monkeypatch.setattr(kq.opt_flags, "AMAX_RHT_COL_MIN_PROGRAMS", 1)  # 4 groups per program (8 at most, 5 or 3 here)
+    metas = record_launches(monkeypatch, amax_module, kernel)
+    got, sums = kq.quantize_dbias(x, config, torch.float32, seed=9, poison=True)
+    assert [meta.get("SUMS") for meta in metas] == [True]
+    assert_same_quantized(got, kq.quantize(x, config, seed=9, poison=True), case)
+    if kernel == "amax_rht_col_kernel":
+        assert metas[0]["STEPS"] > 1
+        assert_same_bits(sums.cpu(), sums_in_row_order(x, 16 * metas[0]["STEPS"]), nan_equal=True)
+    else:
+        exact = x.double().sum(0).cpu()
+        finite = exact.isfinite()
+        assert torch.equal(sums.cpu().isfinite(), finite) and torch.equal(sums.cpu().isnan(), exact.isnan())
+        torch.testing.assert_close(sums.cpu()[finite].double(), exact[finite], rtol=0, atol=1e-4)
+        assert_same_bits(kq.quantize_dbias(x, config, torch.float32, seed=9)[1].cpu(), sums.cpu(), nan_equal=True)
+    _, sums_bf16 = kq.quantize_dbias(x, config, torch.bfloat16, seed=9, poison=True)
+    assert_same_bits(sums_bf16.cpu().float(), sums.cpu().bfloat16().float(), nan_equal=True)
+
+
+@pytest.mark.parametrize("case", ["te_dy (SR, row + RHT col)", "per-tensor SR row + col"])
+def test_dbias_of_empty_x_and_through_the_traced_op(case):
+    """No rows: zero sums (nothing launched for them). The traced op (opcheck's schema and fake tensors) returns the
+    eager call's sums and copies."""
+    config = NVFP4QuantConfig(**DBIAS_CASES[case][0])
+    q, sums = kq.quantize_dbias(torch.empty(0, 32, dtype=torch.bfloat16, device=DEV), config, torch.bfloat16, seed=1)
+    assert sums.shape == (32,) and sums.dtype == torch.bfloat16 and not sums.any()
+    x = rht_exact_input(64, 96, seed=2).to(DEV)
+    args = (x, None, None, None, 9, *kq._config_fields(config), 0, 0, 0, False, False, False, torch.bfloat16)
+    torch.library.opcheck(kq.nvfp4_quantize.op, args, test_utils=("test_schema", "test_faketensor"))
+    outputs = kq.nvfp4_quantize.op(*args)
+    want, want_sums = kq.quantize_dbias(x, config, torch.bfloat16, seed=9)
+    assert torch.equal(outputs[6], want_sums)
+    assert torch.equal(outputs[0], want.rowwise_data) and torch.equal(outputs[3], want.columnwise_data)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["te_dy (SR, row + RHT col)", "per-tensor SR row + col"])
+def test_gpu_dbias_from_the_amax_pass(case):
+    """On the GPU, at a Linear's gradient size: amax_rht_col_kernel's sums bit for bit in its order; amax_kernel's
+    within fp32 rounding; both the same bits in a replayed CUDA graph as in the eager call (DIRECT passes there)."""
+    kwargs, _, kernel = DBIAS_CASES[case]
+    config = NVFP4QuantConfig(**kwargs)
+    torch.manual_seed(4)
+    x = (torch.randn(4096, 2048, device="cuda") * 3).to(torch.bfloat16)
+    q, sums = kq.quantize_dbias(x, config, torch.float32, seed=9)
+    launch = kq._eager_plan(config, x, None, None, 0, 0, 0, False, (False, False), torch.float32).amax_launch
+    if kernel == "amax_rht_col_kernel":
+        parts = x.float().reshape(-1, 16 * launch.meta["STEPS"], 2048)
+        part_sums = torch.zeros(parts.shape[0], 2048, device="cuda")
+        for r in range(parts.shape[1]):
+            part_sums = part_sums + parts[:, r]
+        want = torch.zeros(2048, device="cuda")
+        for p in part_sums:
+            want = want + p
+        assert_same_bits(sums.cpu(), want.cpu())
+    else:
+        torch.testing.assert_close(sums.double(), x.double().sum(0), rtol=0, atol=2e-3)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kq.quantize_dbias(x, config, torch.float32, seed=9)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        q_graph, sums_graph = kq.quantize_dbias(x, config, torch.float32, seed=9)
+    graph.replay()
+    assert_same_bits(sums_graph.cpu(), sums.cpu())
+    assert_same_quantized(q_graph, q, case)

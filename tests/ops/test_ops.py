@@ -152,3 +152,26 @@ def test_a_seed_tensor_rounds_as_the_int_seed_of_its_value(backend):
         assert torch.equal(grouped.rowwise_data, grouped_int.rowwise_data), value
     other = nvfp4lab.quantize_nvfp4(x, config=config, seed=torch.tensor([6]), backend=backend)
     assert not torch.equal(other.rowwise_data, by_int.rowwise_data)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantize_nvfp4_dbias(backend):
+    """The quantized tensor of quantize_nvfp4 with the same seed, and x's sum over its leading dims: torch's fp32 sum
+    rounded once on the reference backend, within fp32 rounding of it on Triton (its own order); x's dtype by
+    default; refused dtypes name the argument."""
+    x = torch.randn(2, 48, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    config = nvfp4lab.NVFP4QuantConfig(columnwise=True, rht=True, stochastic_rounding=True)
+    q, db = nvfp4lab.quantize_nvfp4_dbias(x, config=config, seed=5, backend=backend)
+    want = nvfp4lab.quantize_nvfp4(x, config=config, seed=5, backend=backend)
+    assert q.shape == x.shape and torch.equal(q.rowwise_data, want.rowwise_data)
+    assert torch.equal(q.columnwise_data, want.columnwise_data)
+    assert db.shape == (64,) and db.dtype == torch.bfloat16
+    exact = x.double().sum((0, 1))
+    if backend == "ref":
+        assert torch.equal(db, x.reshape(96, 64).sum(0, dtype=torch.float32).bfloat16())
+    _, db32 = nvfp4lab.quantize_nvfp4_dbias(x, config=config, dbias_dtype=torch.float32, seed=5, backend=backend)
+    torch.testing.assert_close(db32.double(), exact, rtol=0, atol=1e-5)
+    with pytest.raises(TypeError, match="dbias_dtype must be one of"):
+        nvfp4lab.quantize_nvfp4_dbias(x, config=config, dbias_dtype=torch.int32, backend=backend)
+    with pytest.raises(TypeError, match="config must be an NVFP4QuantConfig"):
+        nvfp4lab.quantize_nvfp4_dbias(x, config=None, backend=backend)

@@ -5,7 +5,7 @@ With ``backward="quantized"`` (spec section 4; every GEMM is TN, ``a @ b^T`` of 
     fprop  y  = x W^T     nvfp4_gemm(x rowwise,          W rowwise)            (+ bias in the epilogue)
     dgrad  dx = dy W      nvfp4_gemm(dy rowwise,         W columnwise)
     wgrad  dW = dy^T x    nvfp4_gemm(dy columnwise,      x columnwise)         (RHT on both, SR on dy)
-    bgrad  db = sum(dy)   fp32
+    bgrad  db = sum(dy)   fp32; with a packed NVFP4 cast of dy, from its amax pass (nvfp4lab.quantize_nvfp4_dbias)
 
 x is quantized once per forward with both copies (one call, one read), dy once per backward likewise,
 and W once with both copies (or taken from the caller's cache, see :func:`quantize_weight`). Only the
@@ -46,7 +46,7 @@ import torch
 from .. import moe, ops
 from ..checks import check_integer_vector, check_split_sizes
 from ..checks import check_tensor as _check_float
-from ..config import MXFP8QuantConfig, operand_config, with_copies
+from ..config import MXFP8QuantConfig, NVFP4QuantConfig, operand_config, with_copies
 from ..layout import roundup as _roundup
 from ..recipes import MXFP8Recipe, NVFP4Recipe, block_multiple, resolve_recipe
 from ..runtime import device_seed, fork, join, on_stream
@@ -380,26 +380,33 @@ def _quantized_backward(dy2, saved, meta, backend):
     qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
     plan = meta["plan"]
     # what does not wait for dy's cast runs first: the operands of W^T (dgrad) and x^T (wgrad), then the bias
-    # gradient; in a captured graph on the side stream, beside dy's cast where that is a packed one (as the forward's)
+    # gradient where dy's cast does not sum dy itself; in a captured graph on the side stream, beside dy's cast where
+    # that is a packed one (as the forward's)
     w_ahead = need_dgrad and meta["w_rowwise_t"]
     x_ahead = need_wgrad and plan.x_col_ahead
     packed_cast = not (plan.dy_row_op or plan.dy_col_op)
-    side = fork(dy2.device) if (w_ahead or x_ahead or need_bgrad) and packed_cast else None
+    fused_db = need_bgrad and packed_cast and isinstance(plan.dy_config, NVFP4QuantConfig)
+    torch_db = need_bgrad and not fused_db
+    side = fork(dy2.device) if (w_ahead or x_ahead or torch_db) and packed_cast else None
     with on_stream(side):
         w_op = ops.nvfp4_operand(qw, transposed=True, backend=backend) if w_ahead else None
         x_op = ops.nvfp4_operand(transposed_operand(qx), backend=backend) if x_ahead else None
-        db = dy2.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) if need_bgrad else None
-    dy_rows = _pad_rows(dy2, plan.dy_rows)
+        db = dy2.sum(0, dtype=torch.float32).to(meta["bias_dtype"]) if torch_db else None
+    dy_rows = _pad_rows(dy2, plan.dy_rows)  # zero rows: they add nothing to the bias gradient
     row_op, col_op = plan.dy_row_op, plan.dy_col_op
     seed = meta.get("dy_seed")  # drawn by a captured forward (plan.dy_seed_ahead), else by the cast
     if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast
         qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(dy_rows, config=plan.dy_config, rowwise_operand=row_op,
                                                           columnwise_operand=col_op, seed=seed, backend=backend)
+    elif fused_db:  # the bias gradient from the cast's amax pass (its read of dy)
+        qdy, db = ops.quantize_nvfp4_dbias(dy_rows, config=plan.dy_config, dbias_dtype=meta["bias_dtype"], seed=seed,
+                                           backend=backend)
+        dy_row = dy_col = None
     else:
         qdy = _quantize(plan.dy_config, dy_rows, backend, seed)
         dy_row = dy_col = None
     if side is not None:
-        join(side, *[t for t in (w_op and w_op.values, x_op and x_op.values, db) if t is not None])
+        join(side, *[t for t in (w_op and w_op.values, x_op and x_op.values, db if torch_db else None) if t is not None])
     dx = dw = None
     if need_dgrad:
         if w_op is not None or dy_row is not None:  # NVFP4 operands

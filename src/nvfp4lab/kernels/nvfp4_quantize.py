@@ -71,7 +71,7 @@ from typing import Optional
 import torch
 
 from ..config import NVFP4QuantConfig, operand_config, with_copies
-from ..ref.nvfp4 import broadcast_amax
+from ..ref.nvfp4 import broadcast_amax, dbias
 from ..tensors import NVFP4Operand, NVFP4Tensor
 from .formats import soft_bf16_loads
 from .launch import Launch, aligned, arg_key, custom_op, keep_buffers, tracing
@@ -85,6 +85,8 @@ from .nvfp4_quantize_details.amax import (
     amax_kernel,
     amax_rht_col_kernel,
     launch_amax,
+    launch_column_sums,
+    sums_rows,
     zeroed_amaxes,
 )
 from .nvfp4_quantize_details.cast import (
@@ -102,7 +104,7 @@ from .nvfp4_quantize_details.cast import (
 
 __all__ = ["AMAX_NONE", "AMAX_PER_TOKEN", "AMAX_PER_TOKEN_RHT", "AMAX_TENSOR", "AMAX_TENSOR_RHT", "FOUR_OVER_SIX_CODES",
            "amax_modes", "cast_outputs", "compute_amax", "config_of_fields", "draw_seed", "nvfp4_quantize",
-           "operand_cast_pays", "quantize", "quantize_operands"]
+           "operand_cast_pays", "quantize", "quantize_dbias", "quantize_operands"]
 
 
 def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]:
@@ -113,15 +115,20 @@ def _amax_sizes(m: int, k: int, row_mode: int, col_mode: int) -> tuple[int, int]
 
 @functools.lru_cache(maxsize=4096)
 def _amax_launch(m: int, k: int, row_mode: int, col_mode: int, rht_sign_mask: int, table_e6: float, block_m: int,
-                 block_k: int, num_warps: int, spec, fresh_scratch: bool = False) -> Launch:
+                 block_k: int, num_warps: int, spec, fresh_scratch: bool = False, sums: bool = False) -> Launch:
+    """The amax pass's launch; ``sums``: it also writes x's partial column sums (SUMS)."""
     if opt_flags.use_amax_rht_col(m, k, row_mode, col_mode, spec[1] == torch.bfloat16, spec[2]):
         meta = opt_flags.amax_rht_col_meta(m, k, row_mode, rht_sign_mask, block_m=block_m, block_k=block_k,
                                            num_warps=num_warps, fresh_scratch=fresh_scratch)
-        return Launch(amax_rht_col_kernel, opt_flags.amax_rht_col_grid(m, k, meta), meta)
-    meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, table_e6=table_e6, block_m=block_m,
-                               block_k=block_k, num_warps=num_warps, fresh_scratch=fresh_scratch)
-    meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
-    return Launch(amax_kernel, opt_flags.amax_grid(m, k, meta), meta)
+        kernel, grid = amax_rht_col_kernel, opt_flags.amax_rht_col_grid(m, k, meta)
+    else:
+        meta = opt_flags.amax_meta(m, k, row_mode, col_mode, rht_sign_mask, table_e6=table_e6, block_m=block_m,
+                                   block_k=block_k, num_warps=num_warps, fresh_scratch=fresh_scratch)
+        meta["SOFT_BF16"] = soft_bf16_loads(spec[0])
+        kernel, grid = amax_kernel, opt_flags.amax_grid(m, k, meta)
+    if sums:
+        meta["SUMS"] = True
+    return Launch(kernel, grid, meta)
 
 
 def compute_amax(x: torch.Tensor, row_mode: int, col_mode: int, rht_sign_mask: int, block_m: int = 0,
@@ -217,11 +224,12 @@ class _EagerPlan:
 
     __slots__ = ("config", "m", "k", "rowwise", "columnwise", "shared", "tables", "row_amax_shape", "col_amax_shape",
                  "amax_launch", "n_row", "n_col", "args", "out_shapes", "zero_scales", "poison", "pr3045", "steps",
-                 "graph_sensitive", "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_launch_fresh")
+                 "graph_sensitive", "empty", "zeroed_amax", "operands", "out_dtypes", "allocs", "amax_launch_fresh",
+                 "sums_dtype", "sums_rows")
 
     def __init__(self, config: NVFP4QuantConfig, m: int, k: int, dtype, device, x_aligned: bool, amax_given: bool,
                  col_amax_given: bool, block_m: int, block_k: int, num_warps: int, poison: bool,
-                 operands: tuple = (False, False)):
+                 operands: tuple = (False, False), sums_dtype: Optional[torch.dtype] = None):
         row_mode, col_mode = amax_modes(config, True if amax_given else None, True if col_amax_given else None)
         self.shared = row_mode == col_mode == AMAX_TENSOR
         if self.shared:
@@ -241,14 +249,19 @@ class _EagerPlan:
         table_e6 = 6.0 if self.tables else 0.0
         self.zeroed_amax = self.empty or opt_flags.amax_direct(row_mode, col_mode, table_e6)
         self.amax_launch = self.amax_launch_fresh = None
+        # x's column sums (sums_dtype) come from the amax pass where it runs, else from torch (ref.nvfp4.dbias)
+        self.sums_dtype, self.sums_rows = sums_dtype, 0
         if not self.empty and self.n_row + self.n_col:
             amax_args = (m, k, row_mode, col_mode, config.rht_sign_mask if config.rht else 0,
                          6.0 * config.e4m3_max if self.tables else 0.0, block_m, block_k, num_warps,
                          (device, dtype, x_aligned))
-            self.amax_launch = _amax_launch(*amax_args)
+            sums = sums_dtype is not None
+            self.amax_launch = _amax_launch(*amax_args, False, sums)
             # where the call would zero a scratch of its own (keep_buffers), the per-tensor passes go DIRECT too
             if not self.zeroed_amax and opt_flags.amax_direct(row_mode, col_mode, table_e6, True):
-                self.amax_launch_fresh = _amax_launch(*amax_args, True)
+                self.amax_launch_fresh = _amax_launch(*amax_args, True, sums)
+            if sums:
+                self.sums_rows = sums_rows(m, self.amax_launch)
         self.config, self.m, self.k = config, m, k
         self.rowwise, self.columnwise = config.rowwise, config.columnwise
         self.args = (config.rowwise, config.columnwise, config.block == "16x16", config.per_token,
@@ -298,9 +311,9 @@ class _EagerPlan:
 
     def parts(self, x, amax, columnwise_amax, seed_tensor, seed: int, block_m: int, block_k: int,
               num_warps: int) -> tuple:
-        """Quantize x: (row_data, row_scale, row_amax, col_data, col_scale, col_amax), None where the
-        config asks for no such copy; with :attr:`shared` the column amax is the row amax tensor.
-        ``seed_tensor`` / ``seed``: the SR seed as :func:`draw_seed` gives it."""
+        """Quantize x: (row_data, row_scale, row_amax, col_data, col_scale, col_amax, column sums), None where the
+        config asks for no such copy (the sums: where the plan has no ``sums_dtype``); with :attr:`shared` the
+        column amax is the row amax tensor. ``seed_tensor`` / ``seed``: the SR seed as :func:`draw_seed` gives it."""
         dev = x.device
         amax_launch = self.amax_launch
         zeroed = self.zeroed_amax
@@ -315,8 +328,17 @@ class _EagerPlan:
                 row_computed = make(self.row_amax_shape, dtype=torch.float32, device=dev)
             if self.col_amax_shape is not None:
                 col_computed = make(self.col_amax_shape, dtype=torch.float32, device=dev)
+        sums = partials = None
+        if self.sums_rows:  # the amax pass's partial sums, reduced by one more launch
+            partials = torch.empty((self.sums_rows, self.k), dtype=torch.float32, device=dev)
+            sums = torch.full((self.k,), float("nan"), dtype=self.sums_dtype, device=dev) if self.poison else \
+                torch.empty(self.k, dtype=self.sums_dtype, device=dev)
+        elif self.sums_dtype is not None:
+            sums = dbias(x, self.sums_dtype)
         if amax_launch is not None:
-            launch_amax(amax_launch, x, row_computed, col_computed, self.n_row, self.n_col)
+            launch_amax(amax_launch, x, row_computed, col_computed, self.n_row, self.n_col, partials)
+            if partials is not None:
+                launch_column_sums(partials, sums)
         if amax is None and columnwise_amax is None:  # the amax pass's (what _output_amaxes returns then)
             row_amax = row_computed if self.rowwise else None
             col_amax = (row_computed if self.shared else col_computed) if self.columnwise else None
@@ -331,31 +353,31 @@ class _EagerPlan:
             row_amax = row_amax[0] if row_amax is not None else None
             col_amax = col_amax[0] if col_amax is not None else None
         row_data, row_scale, col_data, col_scale = outputs  # None where the config asks for no such copy
-        return row_data, row_scale, row_amax, col_data, col_scale, col_amax
+        return row_data, row_scale, row_amax, col_data, col_scale, col_amax, sums
 
     def __call__(self, x, amax, columnwise_amax, seed, generator, block_m, block_k, num_warps) -> NVFP4Tensor:
         seed_tensor, seed_int = seed_args(self.config, x, seed, generator, False)
         parts = self.parts(x, amax, columnwise_amax, seed_tensor, seed_int, block_m, block_k, num_warps)
         # the container directly: the plan makes exactly the copies the config asks for (from_parts' check)
-        return NVFP4Tensor(x.shape, x.dtype, self.config, *parts)
+        return NVFP4Tensor(x.shape, x.dtype, self.config, *parts[:6])
 
 
 _EAGER_PLANS: dict = {}
 
 
 def _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison,
-                operands: tuple = (False, False)) -> _EagerPlan:
+                operands: tuple = (False, False), sums_dtype: Optional[torch.dtype] = None) -> _EagerPlan:
     m, k = x.shape
     x_aligned = aligned(x)
     key = (config, m, k, x.dtype, x.device, x_aligned, amax is None, columnwise_amax is None, block_m, block_k,
-           num_warps, poison, operands)
+           num_warps, poison, operands, sums_dtype)
     plan = _EAGER_PLANS.get(key)
     if plan is None:
         if len(_EAGER_PLANS) >= 4096:
             _EAGER_PLANS.clear()
         plan = _EAGER_PLANS[key] = _EagerPlan(config, m, k, x.dtype, x.device, x_aligned, amax is not None,
                                               columnwise_amax is not None, block_m, block_k, num_warps, poison,
-                                              operands)
+                                              operands, sums_dtype)
     return plan
 
 
@@ -404,7 +426,8 @@ def nvfp4_quantize(
     poison: bool = False,
     row_operand: bool = False,
     col_operand: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    sums_dtype: Optional[torch.dtype] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`quantize` of x (M, K) as one op (traced calls): the config as its fields
     (:class:`~nvfp4lab.config.NVFP4QuantConfig`, not ``broadcast_2d``), the optional outer amaxes, the SR seed
     as :func:`draw_seed` gives it (``seed_tensor``: int64 (1,) on x.device, read by the kernel, else the
@@ -412,23 +435,27 @@ def nvfp4_quantize(
     absent copies are (0,) tensors (uint8 data and scales, fp32 amax), and so is the column amax where the
     row amax serves both copies (:func:`_shared_amax`: no output aliases another). Runs the cached plan
     of eager calls (:class:`_EagerPlan`). ``row_operand`` / ``col_operand``: that copy's data is the BF16
-    GEMM operand (M, K) / (K, M) and its scale a (0,) tensor (:func:`quantize_operands`).
+    GEMM operand (M, K) / (K, M) and its scale a (0,) tensor (:func:`quantize_operands`). The seventh output: x's
+    column sums (K,) in ``sums_dtype`` (:func:`quantize_dbias`), else a (0,) fp32 tensor.
     """
     config = config_of_fields(block, rowwise, columnwise, per_token, rht, rht_sign_mask, four_over_six, e4m3_max,
                               stochastic_rounding, scale_layout, numerics)
-    plan = _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison, (row_operand, col_operand))
+    plan = _eager_plan(config, x, amax, columnwise_amax, block_m, block_k, num_warps, poison, (row_operand, col_operand),
+                       sums_dtype)
     parts = plan.parts(x, amax, columnwise_amax, seed_tensor, seed, block_m, block_k, num_warps)
     if plan.shared:
-        parts = parts[:5] + (None,)
+        parts = parts[:5] + (None,) + parts[6:]
     dev = x.device
-    return tuple(t if t is not None else torch.empty(0, dtype=torch.float32 if i % 3 == 2 else torch.uint8, device=dev)
+    return tuple(t if t is not None else torch.empty(0, dtype=torch.float32 if i % 3 == 2 or i == 6 else torch.uint8,
+                                                     device=dev)
                  for i, t in enumerate(parts))
 
 
 @nvfp4_quantize.register_fake
 def _nvfp4_quantize_fake(x, amax, columnwise_amax, seed_tensor, seed, block, rowwise, columnwise, per_token, rht,
                          rht_sign_mask, four_over_six, e4m3_max, stochastic_rounding, scale_layout, numerics,
-                         block_m=0, block_k=0, num_warps=0, poison=False, row_operand=False, col_operand=False):
+                         block_m=0, block_k=0, num_warps=0, poison=False, row_operand=False, col_operand=False,
+                         sums_dtype=None):
     m, k = x.shape
     operands = (row_operand and rowwise, col_operand and columnwise)
     row_data, row_scale, col_data, col_scale = (
@@ -451,7 +478,8 @@ def _nvfp4_quantize_fake(x, amax, columnwise_amax, seed_tensor, seed, block, row
         col_amax = x.new_empty(0, dtype=torch.float32)
     else:
         col_amax = x.new_empty(k if per_token else 1, dtype=torch.float32)
-    return row_data, row_scale, row_amax, col_data, col_scale, col_amax
+    sums = x.new_empty(0 if sums_dtype is None else k, dtype=sums_dtype or torch.float32)
+    return row_data, row_scale, row_amax, col_data, col_scale, col_amax, sums
 
 
 def quantize(
@@ -498,6 +526,37 @@ def quantize(
     return NVFP4Tensor(x2d.shape, x2d.dtype, config, row_data, row_scale, row_amax, col_data, col_scale, col_amax)
 
 
+def quantize_dbias(
+    x2d: torch.Tensor,
+    config: NVFP4QuantConfig,
+    dbias_dtype: torch.dtype,
+    *,
+    seed=None,
+    generator: Optional[torch.Generator] = None,
+    poison: bool = False,
+) -> tuple:
+    """(:func:`quantize` of x (M, K), x's column sums (K,) in ``dbias_dtype``): the bias gradient of a layer whose
+    output gradient x is, from the amax pass's read of x (SUMS partial sums per program along M, then one
+    ``column_sums_kernel`` launch adding them in order, fp32, rounded once); where no amax pass runs (PR 3045's
+    broadcast 2D weight, empty x), ``ref.nvfp4.dbias``. Fixed summation order per shape and tile, so repeated calls
+    give the same bits; not torch.sum's order."""
+    if config.broadcast_2d:
+        return quantize(x2d, config, seed=seed, generator=generator, poison=poison), dbias(x2d, dbias_dtype)
+    traced = tracing(x2d)
+    seed_tensor, seed_int = seed_args(config, x2d, seed, generator, traced)
+    if not traced:
+        plan = _eager_plan(config, x2d, None, None, 0, 0, 0, poison, (False, False), dbias_dtype)
+        parts = plan.parts(x2d, None, None, seed_tensor, seed_int, 0, 0, 0)
+    else:
+        parts = nvfp4_quantize(x2d, None, None, seed_tensor, seed_int, *_config_fields(config), 0, 0, 0, poison,
+                               False, False, dbias_dtype)
+        if _shared_amax(config, None, None):
+            parts = parts[:5] + (parts[2],) + parts[6:]
+        parts = tuple(t if present else None for t, present in zip(parts, (config.rowwise,) * 3
+                                                                   + (config.columnwise,) * 3 + (True,)))
+    return NVFP4Tensor(x2d.shape, x2d.dtype, config, *parts[:6]), parts[6]
+
+
 def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
     """Whether a cast with a BF16 operand output (:func:`quantize_operands`) of an (m, k) GEMM operand is expected
     to beat the packed cast plus the GEMM's expansion (``opt_flags.operand_cast_pays``; ``fprop``: a Linear forward's
@@ -535,7 +594,7 @@ def quantize_operands(
                                *operands)
         if _shared_amax(config, None, None):
             parts = parts[:5] + (parts[2],)
-    row_data, row_scale, row_amax, col_data, col_scale, col_amax = parts
+    row_data, row_scale, row_amax, col_data, col_scale, col_amax = parts[:6]
     row = col = None
     if operands[0]:
         row = NVFP4Operand(row_data, row_amax, operand_config(config, False))

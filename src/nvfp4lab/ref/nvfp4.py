@@ -284,6 +284,12 @@ def quantize(
     return NVFP4Tensor.from_parts(x.shape, x.dtype, config, rowwise=rowwise, columnwise=columnwise)
 
 
+def dbias(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bias gradient of a layer whose output gradient is x (M, K): x's column sums, accumulated in fp32 and
+    rounded once to ``dtype`` (TE's dbias; the Triton pass fixes its own summation order)."""
+    return x.sum(0, dtype=torch.float32).to(dtype)
+
+
 def broadcast_amax(t: NVFP4Tensor, config) -> NVFP4Tensor:
     """A per-tensor quantization ``t`` as PR 3045's 2D weight of ``config``: the same codes and scales,
     each copy's scalar amax copied into its per-token vector ((M,) rowwise, (K,) columnwise)."""

@@ -24,6 +24,12 @@ M a multiple of 16, K even: a word column (two bf16 columns) per thread, each co
 transformed by ``rht16_sums``' butterflies in the thread (``amax_kernel`` takes the tile through a
 block-diagonal ``tl.dot``, whose operand layouts go through shared memory), STEPS 16-row groups per
 program, then the same atomics, ticket and finalize (or DIRECT ones).
+
+SUMS (a gradient's quantize with its bias gradient, ``quantize_dbias``): both passes also store the fp32 column sums
+of each program's rows into row p of a (programs along M, K) buffer (``amax_rht_col_kernel`` adds them row by row,
+``amax_kernel`` elementwise over its steps, then by its tile's reduction), and one launch of ``column_sums_kernel``
+adds those rows in order and rounds once to the bias dtype: the bias gradient without a second read of x, the same
+bits call after call for one shape and tile.
 """
 import functools
 
@@ -31,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..formats import f32_to_bf16_rne
 from ..launch import Launch, arg_key, keep_buffers
 from ..pdl import wait_prior_grid
 from .common import (
@@ -38,6 +45,8 @@ from .common import (
     abs_bits,
     abs_max16_bits,
     bf16_half,
+    bf16_hi,
+    bf16_lo,
     global_scales,
     in_normal_range,
     load_rows,
@@ -84,18 +93,20 @@ def finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, BLOCK: tl
 
 @triton.jit
 def amax_kernel(
-    x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL,
+    x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, sums_ptr, M, K, N_ROW, N_COL,
     ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr, TENSOR_AMAX: tl.constexpr, RHT_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_BF16: tl.constexpr, STEPS_M: tl.constexpr = 1,
     FINAL_BLOCK: tl.constexpr = 1024, TABLE_E6: tl.constexpr = 0.0, SOFT_BF16: tl.constexpr = False,
-    DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
+    DIRECT: tl.constexpr = False, SUMS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Folds max |x| of STEPS_M tiles (consecutive along M) into the scratch accumulators, then
     ``finalize_amax`` (TABLE_E6 > 0: per-token outputs as (3, N) tables for the cast). Per-tensor and
     per-column maxima are carried across the steps in registers, so one program issues one atomic per
     output (same-address atomics serialize in L2). DIRECT (per-token modes only): the outputs, zeroed
     by the caller and passed as int32, are the accumulators; no scratch, no finalize (whose serial copy
-    of N_ROW + N_COL values would be the pass's tail for long vectors)."""
+    of N_ROW + N_COL values would be the pass's tail for long vectors). SUMS: also the fp32 column sums of
+    the program's rows (elementwise over the steps, then the tile's reduction), row pid_m of sums (programs
+    along M, K)."""
     wait_prior_grid(PDL)
     if DIRECT:
         row_amax_ptr = row_out_ptr
@@ -108,9 +119,12 @@ def amax_kernel(
     # M crosses warps through shared memory)
     t = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
     t_rht = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
+    sums = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for step in tl.static_range(STEPS_M):
         rows = ((pid_m * STEPS_M + step) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         row_ok, xf = load_rows(x_ptr, rows, cols, col_ok, M, K, SOFT_BF16)
+        if SUMS:
+            sums += xf
         mag = abs_bits(xf)  # |x| bits
         if TENSOR_AMAX or COL_MODE == 2:
             t = tl.maximum(t, mag)
@@ -141,6 +155,8 @@ def amax_kernel(
         c = tl.max(t_rht, axis=0)
         c = tl.where(c > 0x7F800000, 0x7FC00000, c)
         tl.atomic_max(col_amax_ptr + cols, c, mask=col_ok, sem="relaxed")
+    if SUMS:
+        tl.store(sums_ptr + pid_m.to(tl.int64) * K + cols, tl.sum(sums, axis=0), mask=col_ok)
     if not DIRECT:
         finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK, TABLE_E6)
 
@@ -200,20 +216,35 @@ def rht_group_max(t_rht, t_row, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11
 
 
 @triton.jit
+def column_pair_sums(s_lo, s_hi, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15):
+    """The running fp32 sums of both bf16 columns of word columns, with the 16 rows of words w0..w15 added in row
+    order."""
+    s_lo = s_lo + bf16_lo(w0) + bf16_lo(w1) + bf16_lo(w2) + bf16_lo(w3) + bf16_lo(w4) + bf16_lo(w5) + bf16_lo(w6)
+    s_lo = s_lo + bf16_lo(w7) + bf16_lo(w8) + bf16_lo(w9) + bf16_lo(w10) + bf16_lo(w11) + bf16_lo(w12)
+    s_lo = s_lo + bf16_lo(w13) + bf16_lo(w14) + bf16_lo(w15)
+    s_hi = s_hi + bf16_hi(w0) + bf16_hi(w1) + bf16_hi(w2) + bf16_hi(w3) + bf16_hi(w4) + bf16_hi(w5) + bf16_hi(w6)
+    s_hi = s_hi + bf16_hi(w7) + bf16_hi(w8) + bf16_hi(w9) + bf16_hi(w10) + bf16_hi(w11) + bf16_hi(w12)
+    s_hi = s_hi + bf16_hi(w13) + bf16_hi(w14) + bf16_hi(w15)
+    return s_lo, s_hi
+
+
+@triton.jit
 def halves_max_bits(t_row):
     """The largest magnitude of ``rht_group_max``'s halfwise maxima t_row, as fp32 bits (a bf16's bits shifted up)."""
     return tl.max(tl.maximum(t_row & -65536, t_row << 16), axis=0)
 
 
 @triton.jit
-def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_ROW, N_COL, ROW_MODE: tl.constexpr,
-                        RHT_MASK: tl.constexpr, BLOCK_C: tl.constexpr, STEPS: tl.constexpr, HW: tl.constexpr,
-                        FINAL_BLOCK: tl.constexpr = 1024, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False):
+def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, sums_ptr, M, K, N_ROW, N_COL,
+                        ROW_MODE: tl.constexpr, RHT_MASK: tl.constexpr, BLOCK_C: tl.constexpr, STEPS: tl.constexpr,
+                        HW: tl.constexpr, FINAL_BLOCK: tl.constexpr = 1024, DIRECT: tl.constexpr = False,
+                        SUMS: tl.constexpr = False, PDL: tl.constexpr = False):
     """The per-tensor amax of bf16(RHT(x^T)) (``AMAX_TENSOR_RHT``) and, with ROW_MODE 1, the per-tensor amax of x,
     of bf16 x (M, K) read as (M, K / 2) int32 words: BLOCK_C word columns (a word column per thread or more) x
     STEPS 16-row groups per program; M % 16 == 0. The maxima of the raw sums are finished once (``finish16_bits``),
     as in ``amax_kernel``; HW: the packed 16-bit max (GPU) for x's own amax. DIRECT: the outputs, zeroed by the
-    caller and passed as int32, are the accumulators (no scratch, no finalize)."""
+    caller and passed as int32, are the accumulators (no scratch, no finalize). SUMS: also the fp32 column sums of
+    the program's rows, added in row order (``column_pair_sums``), at row g0 / STEPS of sums (programs along M, K)."""
     wait_prior_grid(PDL)
     if DIRECT:
         row_acc_ptr = row_out_ptr
@@ -225,19 +256,49 @@ def amax_rht_col_kernel(x_ptr, scratch_ptr, row_out_ptr, col_out_ptr, M, K, N_RO
     n_groups = M // 16
     t_rht = tl.zeros([BLOCK_C], tl.int32)
     t_row = tl.zeros([BLOCK_C], tl.int32)
+    s_lo = tl.zeros([BLOCK_C], tl.float32)
+    s_hi = tl.zeros([BLOCK_C], tl.float32)
     for step in range(STEPS):
         g = wc * 0 + (g0 + step)  # broadcast first: the interpreter takes no scalar comparison into a mask
         ok = c_ok & (g < n_groups)
         w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = load_words16(x_ptr, g, kw, wc, ok)
         t_rht, t_row = rht_group_max(t_rht, t_row, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
                                      ROW_MODE == 1, RHT_MASK, HW)
+        if SUMS:
+            s_lo, s_hi = column_pair_sums(s_lo, s_hi, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14,
+                                          w15)
     if ROW_MODE == 1:
         tt = halves_max_bits(t_row)
         tl.atomic_max(row_acc_ptr, tl.where(tt > 0x7F800000, 0x7FC00000, tt), sem="relaxed")
     tr = finish16_bits(tl.max(t_rht, axis=0))
     tl.atomic_max(col_acc_ptr, tl.where(tr > 0x7F800000, 0x7FC00000, tr), sem="relaxed")
+    if SUMS:  # columns 2 wc and 2 wc + 1, side by side
+        tl.store(sums_ptr + (g0 // STEPS) * K + tl.join(2 * wc, 2 * wc + 1), tl.join(s_lo, s_hi),
+                 mask=tl.join(c_ok, c_ok))
     if not DIRECT:
         finalize_amax(scratch_ptr, row_out_ptr, col_out_ptr, N_ROW, N_COL, FINAL_BLOCK)
+
+
+@triton.jit
+def column_sums_kernel(part_ptr, out_ptr, P, K, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    """out[k] = the fp32 sum of part[p, k] over p = 0, 1, .., P - 1 in that order, rounded once to out's dtype: the
+    column sums of x from a SUMS amax pass's partial sums (one row per program along M). UNROLL rows' loads per
+    step are issued together (the adds stay in row order; rows past P add +0.0, which changes no sum that starts
+    at +0.0)."""
+    wait_prior_grid(PDL)
+    cols = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = cols < K
+    acc = tl.zeros([BLOCK], tl.float32)
+    for p0 in range(0, P, UNROLL):
+        for r in tl.static_range(UNROLL):
+            row = cols * 0 + (p0 + r)  # broadcast first: the interpreter takes no scalar comparison into a mask
+            acc += tl.load(part_ptr + row * K + cols, mask=ok & (row < P), other=0.0)
+    if out_ptr.dtype.element_ty == tl.bfloat16:  # RNE on every backend (the interpreter's cast truncates)
+        out = f32_to_bf16_rne(acc)
+    else:
+        out = acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + cols, out, mask=ok)
 
 
 @triton.jit
@@ -296,10 +357,10 @@ def scratch_buffer(device: torch.device, size: int) -> torch.Tensor:
     return buffers[-1]
 
 
-def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int) -> None:
+def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int, sums=None) -> None:
     """The one launch of ``amax_kernel`` (``amax_launch``: its :class:`~nvfp4lab.kernels.launch.Launch` for
     this shape and modes): x (M, K), the fp32 outputs (an absent one: None) of n_row / n_col amaxes
-    ((3, n) tables with TABLE_E6)."""
+    ((3, n) tables with TABLE_E6); ``sums``: the fp32 (:func:`sums_rows`, K) partial column sums of a SUMS launch."""
     m, k = x.shape
     if amax_launch.kernel is amax_rht_col_kernel:  # bf16 pairs as int32 words
         x = x.view(torch.int32)
@@ -307,7 +368,36 @@ def launch_amax(amax_launch, x, row_out, col_out, n_row: int, n_col: int) -> Non
         row_bits = row_out.view(torch.int32) if n_row else None
         col_bits = col_out.view(torch.int32) if n_col else None
         any_bits = row_bits if row_bits is not None else col_bits
-        amax_launch(x, any_bits, row_bits if n_row else any_bits, col_bits if n_col else any_bits, m, k, n_row, n_col)
+        amax_launch(x, any_bits, row_bits if n_row else any_bits, col_bits if n_col else any_bits,
+                    any_bits if sums is None else sums, m, k, n_row, n_col)
         return
     scratch = scratch_buffer(x.device, 1 + n_row + n_col)
-    amax_launch(x, scratch, row_out if n_row else col_out, col_out if n_col else row_out, m, k, n_row, n_col)
+    amax_launch(x, scratch, row_out if n_row else col_out, col_out if n_col else row_out,
+                scratch if sums is None else sums, m, k, n_row, n_col)
+
+
+def sums_rows(m: int, amax_launch) -> int:
+    """The rows of a SUMS amax launch's partial column sums: its programs along M."""
+    meta = amax_launch.meta
+    if amax_launch.kernel is amax_rht_col_kernel:
+        return triton.cdiv(triton.cdiv(m, 16), meta["STEPS"])
+    return triton.cdiv(m, meta["BLOCK_M"] * meta["STEPS_M"])
+
+
+# column_sums_kernel: a warp per 32 columns (many programs), 64 partial rows' loads in flight a step (the pass is
+# bound by the loads' latency: a few steps at the partial rows' usual counts)
+SUMS_BLOCK, SUMS_UNROLL = 32, 64
+
+
+@functools.lru_cache(maxsize=256)
+def _column_sums_launch(k: int, spec: tuple = ()) -> Launch:
+    """The launch of ``column_sums_kernel`` over k columns; ``spec``: the :func:`arg_key` of its sizes."""
+    return Launch(column_sums_kernel, (triton.cdiv(k, SUMS_BLOCK),),
+                  dict(BLOCK=SUMS_BLOCK, UNROLL=SUMS_UNROLL, num_warps=1))
+
+
+def launch_column_sums(partials: torch.Tensor, out: torch.Tensor) -> None:
+    """out (K,) = the column sums of a SUMS amax pass's fp32 partials (P, K), in row order (one launch, right after
+    the pass)."""
+    p, k = partials.shape
+    _column_sums_launch(k, (arg_key(p), arg_key(k), out.dtype))(partials, out, p, k)
