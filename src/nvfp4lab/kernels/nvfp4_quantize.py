@@ -542,19 +542,25 @@ def quantize_dbias(
     give the same bits; not torch.sum's order."""
     if config.broadcast_2d:
         return quantize(x2d, config, seed=seed, generator=generator, poison=poison), dbias(x2d, dbias_dtype)
+    parts = _amax_cast_parts(x2d, config, seed, generator, poison, (False, False), dbias_dtype)
+    parts = tuple(t if present else None
+                  for t, present in zip(parts, (config.rowwise,) * 3 + (config.columnwise,) * 3 + (True,)))
+    return NVFP4Tensor(x2d.shape, x2d.dtype, config, *parts[:6]), parts[6]
+
+
+def _amax_cast_parts(x2d, config, seed, generator, poison: bool, operands: tuple, sums_dtype=None) -> tuple:
+    """The seven parts of :meth:`_EagerPlan.parts` for a call of x (M, K) without outer amaxes, through the cached
+    plan (eager) or the custom op (traced; a shared amax then fills the column amax's place)."""
     traced = tracing(x2d)
     seed_tensor, seed_int = seed_args(config, x2d, seed, generator, traced)
     if not traced:
-        plan = _eager_plan(config, x2d, None, None, 0, 0, 0, poison, (False, False), dbias_dtype)
-        parts = plan.parts(x2d, None, None, seed_tensor, seed_int, 0, 0, 0)
-    else:
-        parts = nvfp4_quantize(x2d, None, None, seed_tensor, seed_int, *_config_fields(config), 0, 0, 0, poison,
-                               False, False, dbias_dtype)
-        if _shared_amax(config, None, None):
-            parts = parts[:5] + (parts[2],) + parts[6:]
-        parts = tuple(t if present else None for t, present in zip(parts, (config.rowwise,) * 3
-                                                                   + (config.columnwise,) * 3 + (True,)))
-    return NVFP4Tensor(x2d.shape, x2d.dtype, config, *parts[:6]), parts[6]
+        plan = _eager_plan(config, x2d, None, None, 0, 0, 0, poison, operands, sums_dtype)
+        return plan.parts(x2d, None, None, seed_tensor, seed_int, 0, 0, 0)
+    parts = nvfp4_quantize(x2d, None, None, seed_tensor, seed_int, *_config_fields(config), 0, 0, 0, poison,
+                           *operands, sums_dtype)
+    if _shared_amax(config, None, None):
+        parts = parts[:5] + (parts[2],) + parts[6:]
+    return parts
 
 
 def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
@@ -584,17 +590,8 @@ def quantize_operands(
     if config.broadcast_2d or config.four_over_six:
         raise ValueError("quantize_operands: recipes without four_over_six and without PR 3045's 2D weight only")
     operands = (bool(row_operand) and config.rowwise, bool(col_operand) and config.columnwise)
-    traced = tracing(x2d)
-    seed_tensor, seed_int = seed_args(config, x2d, seed, generator, traced)
-    if not traced:
-        plan = _eager_plan(config, x2d, None, None, 0, 0, 0, poison, operands)
-        parts = plan.parts(x2d, None, None, seed_tensor, seed_int, 0, 0, 0)
-    else:
-        parts = nvfp4_quantize(x2d, None, None, seed_tensor, seed_int, *_config_fields(config), 0, 0, 0, poison,
-                               *operands)
-        if _shared_amax(config, None, None):
-            parts = parts[:5] + (parts[2],)
-    row_data, row_scale, row_amax, col_data, col_scale, col_amax = parts[:6]
+    row_data, row_scale, row_amax, col_data, col_scale, col_amax = _amax_cast_parts(x2d, config, seed, generator,
+                                                                                     poison, operands)[:6]
     row = col = None
     if operands[0]:
         row = NVFP4Operand(row_data, row_amax, operand_config(config, False))
