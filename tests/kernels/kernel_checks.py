@@ -211,3 +211,33 @@ def scale_code_input():
     x = torch.zeros(256 * 4, 16)
     x[:n] = blocks
     return x.reshape(256, 64).bfloat16()
+
+
+def sm90_frontend(fn, sig: dict, meta: dict, warps: int) -> None:
+    """Build the TTIR of the Triton kernel ``fn`` (a ``JITFunction``: call it in a process without the interpreter)
+    for sm_90, with the pointer / scalar types ``sig`` of its runtime parameters and the constexprs ``meta`` (the
+    defaults of those not given): Triton's code generator and its typing rules, which the interpreter skips. Raises
+    what the code generator raises."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    # every constexpr in the kernel's own parameter order (a constexpr's index must be its position in the signature)
+    meta = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
+            **meta}
+    names = [n for n in fn.arg_names if n in sig or n in meta]
+    sig = {n: sig.get(n, "constexpr") for n in names}
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in meta.items()})
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({"num_warps": warps, "enable_fp_fusion": False})
+    ctx = triton._C.libtriton.ir.context()
+    triton._C.libtriton.ir.load_dialects(ctx)
+    backend.load_dialects(ctx)
+    args = dict(target=target, options=options, codegen_fns=backend.get_codegen_implementation(options),
+                module_map=backend.get_module_map(), context=ctx)
+    params = inspect.signature(src.make_ir).parameters
+    src.make_ir(**{k: v for k, v in args.items() if k in params})

@@ -1,6 +1,8 @@
 """The host path, guarded by counting instead of timing: Triton launches, torch ops and custom-op
 dispatches of one eager quantize call and of one Linear step (Triton backend, under the interpreter),
 and the dispatcher path whenever a call is traced (fake tensors, make_fx, torch.compile)."""
+import json
+import os
 from collections import Counter
 
 import pytest
@@ -288,3 +290,129 @@ def test_launch_rejects_meta_names_the_kernel_does_not_take():
     with pytest.raises(ValueError, match=r"zero_kernel: meta names \['DIRECT'\]"):
         launch.Launch(zero_kernel, (1,), dict(BLOCK=16, DIRECT=True))
     launch.Launch(zero_kernel, (1,), dict(BLOCK=16, PDL=False, num_warps=1, enable_fp_fusion=False))
+
+
+# ------------------------------------------------------------------ every launched kernel builds for sm_90
+# The interpreter runs a kernel's Python; only Triton's code generator applies its rules (globals that are not
+# constexpr, names rebound with another type or shape, ...), and GPU-only constexprs (HW: inline PTX, PDL) are never
+# interpreted. So the library's calls run here on the CPU with their GPU-side paths forced, every launch is recorded
+# (kernel, argument types, constexprs) and a child process without the interpreter builds each one's TTIR for sm_90.
+_BUILD_SCRIPT = r"""
+import importlib, json, sys
+from tests.kernels.kernel_checks import sm90_frontend
+failures = {}
+for module, name, sig, meta, warps in json.loads(sys.stdin.read()):
+    fn = getattr(importlib.import_module(module), name)
+    variants = [meta]
+    if meta.get("HW") is False:  # the GPU's path (inline PTX) too
+        variants.append(dict(meta, HW=True))
+    for variant in variants:
+        if "PDL" in fn.arg_names:  # as launched on Hopper (programmatic dependent launch)
+            variant = dict(variant, PDL=True)
+        try:
+            sm90_frontend(fn, sig, variant, warps)
+        except Exception as exc:  # report every kernel, not only the first failure
+            failures[f"{name} {sorted(variant.items())}"] = str(exc).strip().splitlines()[-1][:300]
+print(json.dumps(failures))
+"""
+_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
+                  torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
+                  torch.float8_e4m3fn: "*fp8e4nv", torch.float8_e5m2: "*fp8e5"}
+# thresholds below which the GPU-side launch choices (split casts, cast_row / cast_col / cast_rowcol, the 1x16 4over6
+# kernel, operand casts) do not happen at the tests' sizes
+_GPU_PATHS = dict(SPLIT_CAST_MIN_ELEMENTS=dict.fromkeys(("rht", "rht_sr", "sr"), 0),
+                  SPLIT_CAST_MIN_ELEMENTS_GRAPHED=dict.fromkeys(("rht", "rht_sr", "sr"), 0), CAST_ROW_MIN_ELEMENTS=0,
+                  CAST_ROW_SPLIT_MIN_ELEMENTS=0, CAST_COL_MIN_ELEMENTS=0, CAST_ROWCOL_MIN_ELEMENTS=0,
+                  FOUR_OVER_SIX_1X16_MIN_ELEMENTS=0, OPERAND_CAST_MIN_ELEMENTS=0, FPROP_OPERAND_CAST_MIN_ELEMENTS=0)
+
+
+def _arg_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return _POINTER_TYPES[value.dtype]
+    if isinstance(value, float):
+        return "fp32"
+    return "i32" if -(1 << 31) <= value < (1 << 31) else "i64"
+
+
+def _record_launches(monkeypatch) -> dict:
+    """Record each launch's (module, kernel, argument types, constexprs, num_warps), once per distinct one."""
+    import inspect
+    records = {}
+    real_call = launch.Launch.__call__
+
+    def call(self, *args):
+        fn = self.kernel.fn
+        params = inspect.signature(fn).parameters
+        runtime = [n for n, p in params.items() if "constexpr" not in str(p.annotation)]
+        sig = {n: _arg_type(a) for n, a in zip(runtime, args)}
+        meta = {k: v for k, v in self.meta.items() if k in params}
+        record = [fn.__module__, fn.__name__, sig, meta, self.meta.get("num_warps", 4)]
+        records[json.dumps(record, sort_keys=True)] = record
+        return real_call(self, *args)
+
+    monkeypatch.setattr(launch.Launch, "__call__", call)
+    return records
+
+
+def _library_calls():
+    """Quantize calls of every recipe family (both copies, SR, RHT, per token, 4over6, PR 3045), the bias-gradient and
+    operand casts, grouped quantize, MXFP8, dequantize, and a Linear / GroupedLinear training step per recipe."""
+    from nvfp4lab import NVFP4QuantConfig, ops
+    from nvfp4lab.recipes import from_recipe_name
+    torch.manual_seed(0)
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    configs = [dict(rowwise=True), dict(rowwise=False, columnwise=True), dict(rowwise=True, columnwise=True),
+               dict(block="16x16", rowwise=True, columnwise=True), dict(per_token=True, rowwise=True, columnwise=True),
+               dict(rht=True, rowwise=True, columnwise=True), dict(rht=True, rowwise=False, columnwise=True),
+               dict(per_token=True, numerics="te_pr3045", rowwise=True, columnwise=True),
+               dict(per_token=True, numerics="te_pr3045", rht=True, rowwise=True, columnwise=True)]
+    configs += [dict(c, stochastic_rounding=True) for c in configs]
+    configs += [dict(four_over_six=mode, e4m3_max=e, rowwise=True, columnwise=True, **extra)
+                for mode, e in (("mae", 256), ("mse", 448))
+                for extra in (dict(), dict(block="16x16"), dict(per_token=True))]
+    for kwargs in configs:
+        config = NVFP4QuantConfig(**kwargs)
+        q = ops.quantize_nvfp4(x, config=config, seed=3)
+        for which in ("rowwise", "columnwise"):
+            if getattr(q, f"{which}_data") is not None:
+                ops.dequantize_nvfp4(q, dtype=torch.bfloat16, which=which)
+        if config.rowwise and config.columnwise and not config.four_over_six and not config.broadcast_2d:
+            ops.quantize_nvfp4_dbias(x, config=config, dbias_dtype=torch.bfloat16, seed=3)
+            ops.quantize_nvfp4_operands(x, config=config, rowwise_operand=True, columnwise_operand=True, seed=3)
+        if not config.four_over_six and config.numerics != "te_pr3045":
+            ops.quantize_nvfp4_grouped(x, [16, 32, 16], config=config, seed=3)
+    ops.dequantize_mxfp8(ops.quantize_mxfp8(x, rowwise=True, columnwise=True), dtype=torch.bfloat16)
+    for name in ("te", "nvfp4-pt-ptg-sr", "nvfp4-pr3045-rht-sr", "nvfp4-4o6mae", "nvfp4-w2d-4o6mse448", "mxfp8"):
+        recipe = from_recipe_name(name)
+        layer = nvfp4lab.Linear(128, 64, bias=True, dtype=torch.bfloat16, recipe=recipe, backend="triton")
+        xr = x.clone().requires_grad_()
+        layer(xr).backward(torch.randn(64, 64, dtype=torch.bfloat16))
+        if name in ("te", "nvfp4-pt-ptg-sr"):
+            grouped = nvfp4lab.GroupedLinear(3, 128, 64, bias=False, dtype=torch.bfloat16, recipe=recipe, backend="triton")
+            grouped(xr, [16, 32, 16]).backward(torch.randn(64, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("paths", ["default", "gpu-side"])
+def test_every_launched_kernel_builds_for_sm90(paths, monkeypatch, plan_flags):
+    """Every kernel launch of the library's calls (``_library_calls``; "gpu-side": the launch choices the GPU makes at
+    its sizes, forced, and DIRECT amax passes) passes Triton's code generator for sm_90 with the launch's own argument
+    types and constexprs, the GPU's inline-PTX (HW) and PDL variants included."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from nvfp4lab.kernels import nvfp4_quantize as kq
+
+    if paths == "gpu-side":
+        plan_flags(**_GPU_PATHS)
+        monkeypatch.setattr(kq, "keep_buffers", lambda device: False)
+    records = _record_launches(monkeypatch)
+    _library_calls()
+    assert len(records) > 20, len(records)
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join((str(root / "src"), str(root))))
+    proc = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT], input=json.dumps(list(records.values())), env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not failures, failures

@@ -967,37 +967,15 @@ def test_compile_fullgraph_public_api_cpu():
 # runtime `if` keeps its shape"; Triton 3.6 rejected every row+col kernel once for that. This builds the
 # TTIR of each recipe's cast kernel for sm_90 in a child process without the interpreter (no GPU needed).
 _COMPILE_SCRIPT = r"""
-import inspect, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.compiler.compiler import make_backend
+import json, sys
 from nvfp4lab import NVFP4QuantConfig
 from nvfp4lab.kernels.nvfp4_quantize_details import opt_flags
 from nvfp4lab.kernels.nvfp4_quantize_details.cast16 import cast16_kernel
 from nvfp4lab.kernels.nvfp4_quantize_details.four_over_six import four_over_six_kernel
 from nvfp4lab.kernels.nvfp4_quantize_details.pt_scales import pt_scales_kernel
+from tests.kernels.kernel_checks import sm90_frontend as frontend
 
 FOUR_OVER_SIX_CODES = {None: 0, "mae": 1, "mse": 2}
-
-def frontend(fn, sig, meta, warps):
-    # every constexpr (the defaults of those not given), in the kernel's own parameter order (a
-    # constexpr's index must be its position in the signature)
-    meta = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
-            **meta}
-    names = [n for n in fn.arg_names if n in sig or n in meta]
-    sig = {n: sig.get(n, "constexpr") for n in names}
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in meta.items()})
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    options = backend.parse_options({"num_warps": warps, "enable_fp_fusion": False})
-    ctx = triton._C.libtriton.ir.context()
-    triton._C.libtriton.ir.load_dialects(ctx)
-    backend.load_dialects(ctx)
-    args = dict(target=target, options=options, codegen_fns=backend.get_codegen_implementation(options),
-                module_map=backend.get_module_map(), context=ctx)
-    params = inspect.signature(src.make_ir).parameters
-    src.make_ir(**{k: v for k, v in args.items() if k in params})
 
 failures = {}
 for name, kwargs in json.loads(sys.argv[1]).items():
@@ -1050,6 +1028,13 @@ for pr3045 in (False, True):
                                         col_table_ptr="*fp32", N_COL="i32"), dict(E6=2688.0, BLOCK=1024, PR3045=pr3045), 4)
     except Exception as exc:
         failures[f"pt-scales-{pr3045}"] = str(exc).strip().splitlines()[-1][:400]
+from nvfp4lab.kernels.nvfp4_quantize_details.amax import column_sums_kernel
+for out_type in ("*fp32", "*bf16"):  # the bias gradient's sums, in either dtype
+    try:
+        frontend(column_sums_kernel, dict(part_ptr="*fp32", out_ptr=out_type, P="i32", K="i32"),
+                 dict(BLOCK=32, UNROLL=64), 1)
+    except Exception as exc:
+        failures[f"column-sums-{out_type}"] = str(exc).strip().splitlines()[-1][:400]
 print(json.dumps(failures))
 """
 
@@ -1061,7 +1046,7 @@ def test_cast_kernels_build_for_sm90():
     import subprocess
     import sys
 
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO_ROOT / "src"))
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join((str(REPO_ROOT / "src"), str(REPO_ROOT))))
     configs = dict(CONFIGS, **{f"sr-{k}": dict(v, stochastic_rounding=True) for k, v in CONFIGS.items() if not v.get("four_over_six")})
     pr3045 = dict(per_token=True, numerics="te_pr3045", rowwise=True, columnwise=True)  # PR 3045's cast (2D: per tensor)
     configs.update({"pr3045-rowcol": pr3045, "pr3045-rht-sr-rowcol": dict(pr3045, rht=True, stochastic_rounding=True)})
