@@ -306,6 +306,8 @@ for module, name, sig, meta, warps in json.loads(sys.stdin.read()):
     variants = [meta]
     if meta.get("HW") is False:  # the GPU's path (inline PTX) too
         variants.append(dict(meta, HW=True))
+    if meta.get("DECODE") == 0:  # the GEMM kernels' PTX decode
+        variants.append(dict(meta, DECODE=1))
     for variant in variants:
         if "PDL" in fn.arg_names:  # as launched on Hopper (programmatic dependent launch)
             variant = dict(variant, PDL=True)
@@ -359,6 +361,7 @@ def _library_calls():
     operand casts, grouped quantize, MXFP8, dequantize, and a Linear / GroupedLinear training step per recipe."""
     from nvfp4lab import NVFP4QuantConfig, ops
     from nvfp4lab.recipes import from_recipe_name
+    T = "triton"  # on the CPU the ops default to the reference
     torch.manual_seed(0)
     x = torch.randn(64, 128, dtype=torch.bfloat16)
     configs = [dict(rowwise=True), dict(rowwise=False, columnwise=True), dict(rowwise=True, columnwise=True),
@@ -372,16 +375,27 @@ def _library_calls():
                 for extra in (dict(), dict(block="16x16"), dict(per_token=True))]
     for kwargs in configs:
         config = NVFP4QuantConfig(**kwargs)
-        q = ops.quantize_nvfp4(x, config=config, seed=3)
+        q = ops.quantize_nvfp4(x, config=config, seed=3, backend=T)
         for which in ("rowwise", "columnwise"):
             if getattr(q, f"{which}_data") is not None:
-                ops.dequantize_nvfp4(q, dtype=torch.bfloat16, which=which)
+                ops.dequantize_nvfp4(q, dtype=torch.bfloat16, which=which, backend=T)
         if config.rowwise and config.columnwise and not config.four_over_six and not config.broadcast_2d:
-            ops.quantize_nvfp4_dbias(x, config=config, dbias_dtype=torch.bfloat16, seed=3)
-            ops.quantize_nvfp4_operands(x, config=config, rowwise_operand=True, columnwise_operand=True, seed=3)
+            ops.quantize_nvfp4_dbias(x, config=config, dbias_dtype=torch.bfloat16, seed=3, backend=T)
+            for sides in ((True, True), (True, False), (False, True)):
+                ops.quantize_nvfp4_operands(x, config=config, rowwise_operand=sides[0], columnwise_operand=sides[1],
+                                            seed=3, backend=T)
         if not config.four_over_six and config.numerics != "te_pr3045":
-            ops.quantize_nvfp4_grouped(x, [16, 32, 16], config=config, seed=3)
-    ops.dequantize_mxfp8(ops.quantize_mxfp8(x, rowwise=True, columnwise=True), dtype=torch.bfloat16)
+            ops.quantize_nvfp4_grouped(x, [16, 32, 16], config=config, seed=3, backend=T)
+    ops.dequantize_mxfp8(ops.quantize_mxfp8(x, rowwise=True, columnwise=True, backend=T), dtype=torch.bfloat16, backend=T)
+    # the GEMM's GPU path (operands expanded to 16 bits, a matmul, the epilogue; per tensor and per token; its PTX
+    # decode, which the interpreter cannot run, is built as a variant)
+    from nvfp4lab.kernels import nvfp4_gemm
+    for per_token in (False, True):
+        config = NVFP4QuantConfig(rowwise=True, per_token=per_token)
+        a = ops.quantize_nvfp4(x, config=config, backend=T)
+        b = ops.quantize_nvfp4(x[:32], config=NVFP4QuantConfig(rowwise=True, scale_layout="swizzled"), backend=T)
+        nvfp4_gemm.run(a, b, torch.empty(64, 32, dtype=torch.bfloat16), bias=torch.zeros(32, dtype=torch.bfloat16),
+                       config=nvfp4_gemm.GemmConfig(32, 32, 64, dequant_mm=True), decode=0)
     for name in ("te", "nvfp4-pt-ptg-sr", "nvfp4-pr3045-rht-sr", "nvfp4-4o6mae", "nvfp4-w2d-4o6mse448", "mxfp8"):
         recipe = from_recipe_name(name)
         layer = nvfp4lab.Linear(128, 64, bias=True, dtype=torch.bfloat16, recipe=recipe, backend="triton")
@@ -396,7 +410,7 @@ def _library_calls():
 def test_every_launched_kernel_builds_for_sm90(paths, monkeypatch, plan_flags):
     """Every kernel launch of the library's calls (``_library_calls``; "gpu-side": the launch choices the GPU makes at
     its sizes, forced, and DIRECT amax passes) passes Triton's code generator for sm_90 with the launch's own argument
-    types and constexprs, the GPU's inline-PTX (HW) and PDL variants included."""
+    types and constexprs, the GPU's inline-PTX (HW, DECODE) and PDL variants included."""
     import subprocess
     import sys
     from pathlib import Path
