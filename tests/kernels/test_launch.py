@@ -1,6 +1,7 @@
 """The host path, guarded by counting instead of timing: Triton launches, torch ops and custom-op
 dispatches of one eager quantize call and of one Linear step (Triton backend, under the interpreter),
-and the dispatcher path whenever a call is traced (fake tensors, make_fx, torch.compile)."""
+and the dispatcher path whenever a call is traced (fake tensors, make_fx, torch.compile). And every
+launch the library makes, built for sm_90 by Triton's code generator (which the interpreter skips)."""
 import json
 import os
 from collections import Counter
