@@ -11,9 +11,10 @@ tile (or ``--tile``). Instruction count per element is the one number that bound
 Hopper (see kernels/nvfp4_quantize.py).
 
     TRITON_INTERPRET=0 python tools/sass_stats.py rowcol row 2d [--side row|col] [--grouped STEPS] [--dump DIR] [--cast16]
-        [--layouts] [--amax]
+        [--layouts] [--amax] [--operand]
     (MAXNREG=128: try a register cap)
 
+``--operand`` builds ``cast_row_kernel`` / ``cast_col_kernel`` with their BF16 GEMM operand output (OPERAND).
 ``--amax`` compiles the recipe's amax pass instead (``amax_rht_col_kernel`` for the post-RHT per-tensor amaxes of bf16
 x, else ``amax_kernel``). Per-element figures count each instruction once: a tile of several 16-row groups per program (``cast16_kernel``'s
 default for row+col casts: 64 rows) runs its group loop's body once per group, so compare kernels at one group
@@ -62,11 +63,12 @@ MAXNREG = int(os.environ.get("MAXNREG", "0"))  # a ptxas register cap (launch op
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True, row_operand=False):
+def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True, row_operand=False, operand=False):
     """Compile the recipe's cast kernel for sm_90; ``tile`` (BM, BK, WARPS) as ``quantize``'s explicit tile,
     ``side`` "row" or "col" for a one-output launch; ``allow_row``: the launcher's choice of
     ``cast_row_kernel`` where it applies (else ``cast16_kernel``); ``row_operand``: ``cast16_kernel`` writing the
-    rowwise side as the BF16 GEMM operand."""
+    rowwise side as the BF16 GEMM operand; ``operand``: ``cast_row_kernel`` / ``cast_col_kernel`` writing theirs
+    (OPERAND)."""
     allow_row = allow_row and not row_operand
     cfg = NVFP4QuantConfig(**kwargs)
     rowwise = cfg.rowwise if side is None else side == "row"
@@ -75,10 +77,10 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True, ro
     steps = split_steps or None
     explicit = dict(block_k=tile[1], num_warps=tile[2]) if tile else {}
     if opt_flags.use_cast_col(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token, cfg.four_over_six, cfg.rht,
-                              steps is not None, False, True, True, False):
+                              steps is not None, False, True, True):
         meta = opt_flags.cast_col_meta(8192, 8192, cfg.scale_layout, cfg.rht_sign_mask if cfg.rht else -1,
                                        cfg.e4m3_max, cfg.stochastic_rounding, cfg.stochastic_rounding, block_m=tile[0] if tile else 0,
-                                       **explicit)
+                                       **explicit, operand=operand)
         meta["HW"] = True
         fn, bm, bk = cast_col.cast_col_kernel, 16 * meta["GROUPS"], meta["BLOCK_C"] * 2
     elif allow_row and opt_flags.use_cast_rowcol(8192, 8192, rowwise, columnwise, block_2d, cfg.per_token,
@@ -92,7 +94,7 @@ def compile_cast(kwargs, tile=None, side=None, split_steps=0, allow_row=True, ro
                                             split=side is not None, tables_shared=cfg.rht and cfg.stochastic_rounding):
         meta = opt_flags.cast_row_meta(8192, 8192, cfg.scale_layout, cfg.per_token, cfg.e4m3_max,
                                        cfg.stochastic_rounding, cfg.stochastic_rounding,
-                                       block_m=tile[0] if tile else 0, **explicit)
+                                       block_m=tile[0] if tile else 0, **explicit, operand=operand)
         meta["HW"] = True
         fn, bm, bk = cast_row.cast_row_kernel, meta["BLOCK_M"], meta["KB"] * 16
     elif opt_flags.use_cast16(cfg.four_over_six):
@@ -206,14 +208,14 @@ _cast_groups = cast_col._cast_groups
 @triton.jit
 def _normal_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, m_words,
                    LAYOUT: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr,
-                   SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr):
+                   SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr, OPERAND: tl.constexpr):
     """``cast_col._cast_groups`` for ``--normal-only``: the normal-range pass only. ``cast_col_kernel`` casts a program
     again (SATURATE) when the first pass found a non-finite result, a flag known at run time only, so that pass stays
     in the build unless it is dropped here."""
     worst = False
     if not SATURATE:
         worst = _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw,
-                             m_blocks, m_words, LAYOUT, GROUPS, HW, RHT_MASK, SATURATE, TABLE, SR)
+                             m_blocks, m_words, LAYOUT, GROUPS, HW, RHT_MASK, SATURATE, TABLE, SR, OPERAND)
     return worst
 
 
@@ -233,6 +235,8 @@ def main():
     p.add_argument("--amax", action="store_true", help="the recipe's amax pass instead of its cast")
     p.add_argument("--row-operand", action="store_true",
                    help="cast16_kernel writing the rowwise side as the BF16 GEMM operand (ROW_OPERAND)")
+    p.add_argument("--operand", action="store_true",
+                   help="cast_row_kernel / cast_col_kernel writing the BF16 GEMM operand (OPERAND; with --side)")
     p.add_argument("--layouts", action="store_true",
                    help="each global load / store's shape and lane layout, and the conversions (see the docstring)")
     a = p.parse_args()
@@ -258,7 +262,7 @@ def main():
             c, (bm, bk, warps) = compile_amax(RECIPES[name], tile)
         else:
             c, (bm, bk, warps) = compile_cast(RECIPES[name], tile, a.side, a.grouped, allow_row=not a.cast16,
-                                              row_operand=a.row_operand)
+                                              row_operand=a.row_operand, operand=a.operand)
         sass = sass_of(c.asm["cubin"])
         ops = stats(sass)
         total = sum(v for k, v in ops.items() if k not in ("NOP",))

@@ -276,6 +276,7 @@ def quantize_nvfp4_operands(
     seed: Union[int, torch.Tensor, None] = None,
     generator: Optional[torch.Generator] = None,
     backend: Optional[str] = None,
+    dbias_dtype: Optional[torch.dtype] = None,
 ) -> tuple:
     """:func:`quantize_nvfp4` of a 2-D ``x`` (M, K) where the named copies come as :class:`NVFP4Operand`: the exact
     BF16 values q * s that the Hopper GEMM (:func:`nvfp4_gemm`) consumes, written by the cast itself (the rowwise
@@ -285,7 +286,8 @@ def quantize_nvfp4_operands(
 
     Returns (packed, row, col): an NVFP4Tensor holding the config's other copies (None when none remain) and the
     operands (None where not asked or not in the config). Recipes without ``four_over_six`` (whose cast has no
-    operand output) and without PR 3045's 2D weight config; M and K multiples of 16.
+    operand output) and without PR 3045's 2D weight config; M and K multiples of 16. With ``dbias_dtype``, also x's
+    column sums (K,) in that dtype as a fourth element (the bias gradient, as :func:`quantize_nvfp4_dbias` sums it).
     """
     _check_tensor("x", x)
     if not isinstance(config, NVFP4QuantConfig):
@@ -295,15 +297,18 @@ def quantize_nvfp4_operands(
                          "(broadcast_2d) only")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    if dbias_dtype is not None and dbias_dtype not in OUT_DTYPES:
+        raise TypeError(f"dbias_dtype must be None or one of {OUT_DTYPES}, got {dbias_dtype!r}")
     m, k = x.shape
     _check_nvfp4_shape_and_seed(config, m, k, seed, generator, x.device, "x.shape[1] (K)", "x.shape[0] (M)")
     backend = resolve_backend(backend, x.device)
     if backend == "triton":
         x2 = x if x.is_contiguous() else x.contiguous()
         return nvfp4_quantize.quantize_operands(x2, config, row_operand=rowwise_operand, col_operand=columnwise_operand,
-                                                seed=seed, generator=generator)
+                                                seed=seed, generator=generator, dbias_dtype=dbias_dtype)
     t = ref.nvfp4.quantize(x, config, generator=_ref_generator(config, seed, generator, x.device))
-    return ref.gemm.expanded_operands(t, rowwise_operand, columnwise_operand)
+    out = ref.gemm.expanded_operands(t, rowwise_operand, columnwise_operand)
+    return out if dbias_dtype is None else (*out, ref.nvfp4.dbias(x, dbias_dtype))
 
 
 
@@ -358,9 +363,9 @@ def takes_expanded_by_rule(m, n, k, rule: Optional[tuple], num_experts: int = 0)
     return gemm_kernels.takes_expanded_by_rule(m, n, k, rule, num_experts)
 
 
-def takes_operands_by_rule(m, n, k, rule: Optional[tuple], fprop: bool = False) -> bool:
+def takes_operands_by_rule(m, n, k, rule: Optional[tuple], fprop: bool = False, sr_rows: bool = False) -> bool:
     """:func:`gemm_takes_operands` under ``rule`` (:func:`gemm_expand_rule`): comparisons only."""
-    return takes_expanded_by_rule(m, n, k, rule) and operand_cast_pays(m, k, fprop)
+    return takes_expanded_by_rule(m, n, k, rule) and operand_cast_pays(m, k, fprop, sr_rows)
 
 
 def grouped_gemm_takes_expanded(m: int, n: int, k: int, num_experts: int, device, backend: Optional[str] = None) -> bool:
@@ -728,22 +733,23 @@ def nvfp4_gemm(
     return ref.gemm.nvfp4_gemm(a, b, out_dtype=out_dtype, bias=bias, out=out, accumulate=accumulate)
 
 
-def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] = None, *, fprop: bool = False) -> bool:
+def gemm_takes_operands(m: int, n: int, k: int, device, backend: Optional[str] = None, *, fprop: bool = False,
+                        sr_rows: bool = False) -> bool:
     """Whether the A operand (m, k) of an (m, n, k) :func:`nvfp4_gemm` on ``device`` is best cast as an
     :class:`NVFP4Operand` (:func:`quantize_nvfp4_operands`): the GEMM expands its operands to BF16 anyway (the
     Triton backend's large-M path on a GPU), and A is large enough for the operand cast, which writes 4x the bytes
     of a packed one, to beat the packed cast plus that expansion (``fprop``: A is a Linear forward's input, cast
     while the weight's cast runs beside it, which pays from a smaller size). False on the reference backend and the
     CPU."""
-    return takes_operands_by_rule(m, n, k, gemm_expand_rule(device, backend), fprop)
+    return takes_operands_by_rule(m, n, k, gemm_expand_rule(device, backend), fprop, sr_rows)
 
 
-def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
+def operand_cast_pays(m: int, k: int, fprop: bool = False, sr_rows: bool = False) -> bool:
     """Whether casting an (m, k) GEMM operand as BF16 values (:func:`quantize_nvfp4_operands`,
     :func:`quantize_nvfp4_grouped_operands`) is expected to beat the packed cast plus the GEMM's expansion of it, for
     a GEMM that expands its operands (:func:`gemm_takes_expanded`); ``fprop``: a Linear forward's input (see
     :func:`gemm_takes_operands`). False without the Triton backend."""
-    return triton_available() and nvfp4_quantize.operand_cast_pays(m, k, fprop)
+    return triton_available() and nvfp4_quantize.operand_cast_pays(m, k, fprop, sr_rows)
 
 
 def _check_offs_values(ends: list, m: int, m_splits) -> None:

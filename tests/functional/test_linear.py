@@ -230,13 +230,15 @@ def test_dgrad_from_the_rowwise_weight_copy(preset, backend, dgrad_from_rowwise)
     assert has_columnwise == (not takes) and (cached.columnwise_data is None) == takes
 
 
-@pytest.mark.parametrize("operand_casts", ["packed", "operands", "fprop_operand"])
+@pytest.mark.parametrize("operand_casts", ["packed", "operands", "fprop_operand", "dy_row_operand"])
 def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from_rowwise, monkeypatch):
     """In a captured graph (the side stream stood in for on the CPU) a Linear step issues first, on the side stream:
     dy's SR seed and W's cast in the forward; W^T's and x^T's operands in the backward; x's and dy's casts (dy's with
     the bias gradient) and every GEMM stay on the current stream. Where those casts write BF16 operands (forced here)
-    only the seed goes to the side stream, and the bias gradient is a torch sum beside nothing; where only x's fprop
-    operand comes from its cast, below the general operand size ("fprop_operand"), W's cast still runs beside it. The
+    only the seed goes to the side stream, dy's cast still summing the bias gradient; where only x's fprop operand
+    comes from its cast, below the general operand size ("fprop_operand"), W's cast still runs beside it, and where
+    only dgrad's dy operand comes from dy's SR cast ("dy_row_operand", the rule's ``sr_rows``), the backward's side
+    stream still runs beside that cast. The
     results are the same either way (the seed drawn ahead is the first draw from the same generator state, as the
     backward's own)."""
     import sys
@@ -250,6 +252,8 @@ def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from
         monkeypatch.setattr(opt_flags, "OPERAND_CAST_MIN_ELEMENTS", 0)
     if operand_casts == "fprop_operand":
         monkeypatch.setattr(opt_flags, "FPROP_OPERAND_CAST_MIN_ELEMENTS", 0)
+    if operand_casts == "dy_row_operand":
+        monkeypatch.setattr(ops, "takes_operands_by_rule", lambda m, n, k, rule, fprop=False, sr_rows=False: sr_rows)
     fl._clear_path_caches()
     recipe = RECIPES["te_default"]
     x, w, b, dy = make_inputs("cpu")
@@ -282,13 +286,15 @@ def test_side_stream_takes_the_work_that_does_not_wait(operand_casts, dgrad_from
         assert torch.equal(g, e)
     if operand_casts == "operands":
         assert [event for event in events if event[1] or event[0] == "fork"] == [("fork", False), ("device_seed", True)]
+        assert ("quantize_nvfp4_operands", False) in events and ("sum", False) not in events  # db from dy's cast
         return
     x_cast = "quantize_nvfp4_operands" if operand_casts == "fprop_operand" else "quantize_nvfp4"
+    dy_cast = "quantize_nvfp4_operands" if operand_casts == "dy_row_operand" else "quantize_nvfp4_dbias"
     assert events == [
         ("fork", False), ("device_seed", True), ("quantize_nvfp4", True), (x_cast, False), ("join", False),  # forward
         ("nvfp4_gemm", False),
         ("fork", False), ("nvfp4_operand", True), ("nvfp4_operand", True),  # W^T, x^T
-        ("quantize_nvfp4_dbias", False), ("join", False), ("nvfp4_gemm", False), ("nvfp4_gemm", False),
+        (dy_cast, False), ("join", False), ("nvfp4_gemm", False), ("nvfp4_gemm", False),
     ]
 
 

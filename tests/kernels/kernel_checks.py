@@ -1,4 +1,5 @@
-"""Checks the kernel tests share: bit-exact float comparison, kernels that must not launch, the
+"""Checks the kernel tests share: bit-exact float comparison, operand outputs against expanded copies, kernels that
+must not launch, the
 golden conformance cases run through the Triton backend, and the host copy of the SR random bytes and of the
 values SR rounds."""
 import os
@@ -8,8 +9,10 @@ import numpy as np
 import torch
 
 from nvfp4lab.conformance import default_folder, run_folder
+from nvfp4lab.kernels import nvfp4_quantize as kq
 from nvfp4lab.kernels.launch import Launch
 from nvfp4lab.ref import codecs
+from nvfp4lab.ref import gemm as ref_gemm
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
 # the tensor fields of a quantize result, in the order the tests compare them
@@ -30,6 +33,33 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor, nan_equal: bool = Fa
     if not bool(same.all()):
         idx = tuple((~same).nonzero()[0].tolist())
         raise AssertionError(f"{int((~same).sum())} mismatches, first at {idx}: got {got[idx].item()!r}, want {want[idx].item()!r}")
+
+
+def assert_operand_of(launches, x, config, want_packed, columnwise: bool, context: str, seed=None) -> None:
+    """``quantize_operands``' operand of one side of x (the other side not asked; outputs poisoned: NaN operand,
+    0xFF codes) equals the expansion (``ref.gemm.expanded_operands``) of ``want_packed``'s copy of that side, NaN
+    for NaN, and the side's cast ran as the recorded kernel (``launches``) with its OPERAND output."""
+    before = len(launches)
+    _, row, col = kq.quantize_operands(x, config, row_operand=not columnwise, col_operand=columnwise, seed=seed,
+                                       poison=True)
+    assert len(launches) == before + 1 and launches[-1]["OPERAND"], f"{context}: no OPERAND launch of the kernel"
+    _, want_row, want_col = ref_gemm.expanded_operands(want_packed, not columnwise, columnwise)
+    got, want = (col, want_col) if columnwise else (row, want_row)
+    assert (row if columnwise else col) is None
+    assert_same_bits(got.values.cpu(), want.values, nan_equal=True)
+    assert_same_bits(got.amax.cpu(), want.amax.cpu(), nan_equal=True)
+
+
+def sums_in_row_order(x, rows_per_part):
+    """fp32 column sums of x, row by row within parts of ``rows_per_part`` rows, then part by part (on the CPU)."""
+    xf = x.float().cpu()
+    total = torch.zeros(xf.shape[1])
+    for start in range(0, xf.shape[0], rows_per_part):
+        part = torch.zeros(xf.shape[1])
+        for row in xf[start:start + rows_per_part]:
+            part = part + row
+        total = total + part
+    return total
 
 
 def assert_field_equal(got: torch.Tensor, want: torch.Tensor, context: str) -> None:

@@ -12,7 +12,7 @@ from nvfp4lab.kernels.nvfp4_quantize_details import amax as amax_module
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 from nvfp4lab.rht import DEFAULT_RHT_SIGN_MASK, apply_rht
 
-from .kernel_checks import assert_same_bits, record_launches, rht_exact_input
+from .kernel_checks import assert_same_bits, record_launches, rht_exact_input, sums_in_row_order
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -238,18 +238,6 @@ DBIAS_CASES = {  # config, x dtype, the amax pass that sums
                      "amax_kernel"),
     "fp32 x, RHT col": (dict(rowwise=True, columnwise=True, rht=True), torch.float32, "amax_kernel"),
 }
-
-
-def sums_in_row_order(x, rows_per_part):
-    """fp32 column sums of x, row by row within parts of ``rows_per_part`` rows, then part by part (on the CPU)."""
-    xf = x.float().cpu()
-    total = torch.zeros(xf.shape[1])
-    for start in range(0, xf.shape[0], rows_per_part):
-        part = torch.zeros(xf.shape[1])
-        for row in xf[start:start + rows_per_part]:
-            part = part + row
-        total = total + part
-    return total
 
 
 @pytest.mark.parametrize("special", ["randn", "inf-and-nan"])

@@ -2,6 +2,8 @@
 casts take it, and its bits against the reference (masked tiles, 1, 2 and 4 row groups, scale layouts, special
 values, extreme outer amaxes) and, with stochastic rounding, against the documented Philox mapping, under the
 interpreter (its integer formulas) and, in the gpu tier, on the GPU (its inline PTX)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from nvfp4lab.ref import codecs
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
 from .kernel_checks import (
+    assert_operand_of,
     assert_seed_read_from_device,
     host_sr_bytes,
     record_launches,
@@ -151,6 +154,29 @@ def test_graph_capture_plans_split_casts(sr, rows, graph_split):
 def test_row_groups_divide_the_rows(m, block_m, groups):
     """GROUPS is the largest of 4, 2, 1 within block_m / 16 that divides M / 16 (the kernel has no row masks)."""
     assert opt_flags.cast_col_meta(m, 64, "compact", 0xD7E8, 448.0, False, False, block_m=block_m)["GROUPS"] == groups
+
+
+# -------------------------------------------------------------------- the BF16 operand output (OPERAND)
+@pytest.mark.parametrize("shape", [(48, 80), (64, 272), (96, 80)])  # one, four and two 16-row groups per program
+@pytest.mark.parametrize("sr", [False, True])
+def test_operand_matches_expanded_codes(shape, sr, launches):
+    """The columnwise operand of RHT(x^T), (K, M), equals the expansion of the reference's codes and scales (SR: of
+    the packed cast with the same seed, checked against the Philox mapping below)."""
+    config = dataclasses.replace(COL_RHT, stochastic_rounding=sr)
+    x = rht_exact_input(*shape, seed=shape[0] + shape[1] + 1).to(DEV)
+    want = kq.quantize(x, config, poison=True, seed=5) if sr else ref_nvfp4.quantize(x.cpu(), config)
+    assert_operand_of(launches, x, config, want, True, f"{shape} sr={sr}", seed=5)
+
+
+@pytest.mark.parametrize("sr", [False, True])
+def test_operand_special_values(sr, launches):
+    """Scale-0 blocks, tiny and huge blocks, -0.0, an inf column (saturating RHT), bf16 max, a NaN element (NaN
+    values), and an amax outside the normal range (the program cast again, SATURATE)."""
+    config = dataclasses.replace(COL_RHT, stochastic_rounding=sr)
+    x = special_input()
+    x[30, 13] = float("nan")
+    want = kq.quantize(x.to(DEV), config, poison=True, seed=5) if sr else ref_nvfp4.quantize(x, config)
+    assert_operand_of(launches, x.to(DEV), config, want, True, f"special sr={sr}", seed=5)
 
 
 # ---------------------------------------------------------------------------------- bits vs the reference

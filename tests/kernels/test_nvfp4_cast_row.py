@@ -24,6 +24,7 @@ from .kernel_checks import (
     FIELDS,
     TILE_16X32,
     assert_field_equal,
+    assert_operand_of,
     assert_same_bits,
     assert_seed_read_from_device,
     host_sr_bytes,
@@ -335,6 +336,31 @@ def test_sr_seed_from_a_device_tensor(launches):
         lambda seed_tensor, seed: kq.cast_outputs(x, amax, None, seed_tensor, seed, True, False, False, False, -1, 0,
                                                   448.0, True, "compact", poison=True), 0, DEV)
     assert len(launches) == 3
+
+
+# -------------------------------------------------------------------- the BF16 operand output (OPERAND)
+@pytest.mark.parametrize("shape", [(37, 80), (64, 512)])  # masked rows and blocks; tiles covering x exactly
+@pytest.mark.parametrize("config", [ROW, SR_ROW, PT_ROW, dataclasses.replace(PT_ROW, stochastic_rounding=True)],
+                         ids=["tensor", "sr", "per-token", "per-token-sr"])
+def test_operand_matches_expanded_codes(shape, config, launches):
+    """The rowwise operand q * s equals the expansion of the reference's codes and scales (SR: of the packed cast
+    with the same seed, whose codes the tests above check against the Philox mapping)."""
+    x = normal_input(shape, seed=shape[0] + 3).to(DEV)
+    want = (kq.quantize(x, config, poison=True, seed=SR_SEED) if config.stochastic_rounding
+            else ref_nvfp4.quantize(x.cpu(), config))
+    assert_operand_of(launches, x, config, want, False, f"{shape}", seed=SR_SEED)
+
+
+@pytest.mark.parametrize("config", [ROW, SR_ROW], ids=["tensor", "sr"])
+def test_operand_special_values(config, launches):
+    """Zeros and -0.0, subnormals, scale-0 blocks, +-inf, bf16 max, a NaN block (NaN values: its scale is NaN),
+    extreme per-token rows."""
+    for context, x in (("special", special_input(nan=True)), ("per token extremes", pertoken_extreme_input())):
+        for cfg in (config, dataclasses.replace(config, per_token=True)):
+            x_dev = x.to(DEV)
+            want = (kq.quantize(x_dev, cfg, poison=True, seed=SR_SEED) if cfg.stochastic_rounding
+                    else ref_nvfp4.quantize(x, cfg))
+            assert_operand_of(launches, x_dev, cfg, want, False, f"{context} {cfg.per_token}", seed=SR_SEED)
 
 
 @pytest.mark.parametrize("kwargs,launches_want", [

@@ -19,6 +19,8 @@ from nvfp4lab.recipes import NVFP4Recipe
 from nvfp4lab.ref import gemm as ref_gemm
 from nvfp4lab.ref import nvfp4 as ref_nvfp4
 
+from .kernel_checks import record_launches, rht_exact_input, sums_in_row_order
+
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -130,6 +132,42 @@ def test_operands_bad_input():
         ops.quantize_nvfp4_operands(x[:, :40], config=NVFP4QuantConfig())
     with pytest.raises(TypeError, match="config"):
         ops.quantize_nvfp4_operands(x, config={"rowwise": True})
+    with pytest.raises(TypeError, match="dbias_dtype"):
+        ops.quantize_nvfp4_operands(x, config=NVFP4QuantConfig(), dbias_dtype=torch.int32)
+
+
+@pytest.mark.parametrize("sides", list(SIDES))
+def test_operands_with_dbias(sides, monkeypatch):
+    """With ``dbias_dtype`` (a Linear's dy, TE's SR + RHT recipe): the same operands and packed copies as without,
+    and x's column sums from the amax pass's read of x, in its order (rows in order within parts of 16 * STEPS rows,
+    then part by part), bit for bit, rounded once to bf16; the reference backend sums with torch."""
+    config = NVFP4QuantConfig(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True)
+    x = rht_exact_input(80, 96, seed=4)
+    x[3, 5] = float("inf")
+    x = x.to(DEV)
+    monkeypatch.setattr(kq, "_EAGER_PLANS", {})
+    monkeypatch.setattr(kq.opt_flags, "AMAX_RHT_COL_MIN_PROGRAMS", 1)  # several 16-row groups per program
+    amax_runs = record_launches(monkeypatch, sys.modules["nvfp4lab.kernels.nvfp4_quantize_details.amax"],
+                                "amax_rht_col_kernel")
+    row_op, col_op = SIDES[sides]
+    packed, row, col, db = kq.quantize_operands(x, config, row_operand=row_op, col_operand=col_op, seed=7, poison=True,
+                                                dbias_dtype=torch.bfloat16)
+    assert [meta.get("SUMS") for meta in amax_runs] == [True] and amax_runs[0]["STEPS"] > 1
+    assert db.dtype == torch.bfloat16 and db.shape == (96,)
+    want = sums_in_row_order(x, 16 * amax_runs[0]["STEPS"]).bfloat16()
+    assert _same(db.cpu(), want)
+    plain = kq.quantize_operands(x, config, row_operand=row_op, col_operand=col_op, seed=7, poison=True)
+    for got, same in zip((packed, row, col), plain):
+        if got is None:
+            assert same is None
+            continue
+        for field in ("values", "amax") if isinstance(got, nvfp4lab.NVFP4Operand) else ("rowwise_data",
+                                                                                         "columnwise_data"):
+            if getattr(got, field) is not None:
+                assert _same(getattr(got, field), getattr(same, field))
+    ref_db = ops.quantize_nvfp4_operands(x, config=config, rowwise_operand=row_op, columnwise_operand=col_op, seed=7,
+                                         backend="ref", dbias_dtype=torch.float32)[3]
+    assert _same(ref_db, x.sum(0, dtype=torch.float32))
 
 
 def test_operands_traced_equal_eager():
@@ -300,7 +338,7 @@ def test_nvfp4_operand_bad_input_and_empty():
 
 
 def _linear_step(recipe, m, k, n, device, force_operands):
-    """y, dx, dW of one Linear step with the operand casts forced on or off (the GEMM's path choice replaced)."""
+    """y, dx, dW, db of one Linear step with the operand casts forced on or off (the GEMM's path choice replaced)."""
     functional_linear = sys.modules["nvfp4lab.functional.linear"]
     original = ops.gemm_takes_operands
     ops.gemm_takes_operands = lambda *args, **kwargs: force_operands
@@ -313,7 +351,7 @@ def _linear_step(recipe, m, k, n, device, force_operands):
         torch.manual_seed(1)
         y = layer(x)
         y.backward(dy)
-        return y.detach(), x.grad, layer.weight.grad
+        return y.detach(), x.grad, layer.weight.grad, layer.bias.grad
     finally:
         ops.gemm_takes_operands = original
         functional_linear._clear_path_caches()
@@ -487,10 +525,14 @@ def test_gpu_operands_large(recipe, shape):
 
 @pytest.mark.gpu
 def test_gpu_linear_takes_operands_by_default():
-    """On the GPU the largest Linears' passes cast operands by themselves (smaller ones keep the packed casts),
-    and the step through operands matches the packed path."""
+    """On the GPU the largest Linears' passes cast operands by themselves (smaller ones keep the packed casts, but
+    for dgrad's dy operand of TE's SR + RHT gradient recipe, from 2^23 elements), and the step through operands
+    matches the packed path."""
     assert ops.gemm_takes_operands(8192, 8192, 8192, "cuda") and not ops.gemm_takes_operands(4096, 2048, 2048, "cuda")
     recipe = NVFP4Recipe.te_default()
+    plan = sys.modules["nvfp4lab.functional.linear"]._new_gemm_plan(recipe, 4096, 2048, 2048, torch.device("cuda:0"),
+                                                                    None, True, True)
+    assert plan.dy_row_op and not plan.dy_col_op and plan.dy_beside
     packed = _linear_step(recipe, 4096, 2048, 2048, "cuda", False)
     operands = _linear_step(recipe, 4096, 2048, 2048, "cuda", True)
     for a, b in zip(packed, operands):

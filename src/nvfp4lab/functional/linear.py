@@ -5,7 +5,8 @@ With ``backward="quantized"`` (spec section 4; every GEMM is TN, ``a @ b^T`` of 
     fprop  y  = x W^T     nvfp4_gemm(x rowwise,          W rowwise)            (+ bias in the epilogue)
     dgrad  dx = dy W      nvfp4_gemm(dy rowwise,         W columnwise)
     wgrad  dW = dy^T x    nvfp4_gemm(dy columnwise,      x columnwise)         (RHT on both, SR on dy)
-    bgrad  db = sum(dy)   fp32; with a packed NVFP4 cast of dy, from its amax pass (nvfp4lab.quantize_nvfp4_dbias)
+    bgrad  db = sum(dy)   fp32; with an NVFP4 cast of dy, from its amax pass (nvfp4lab.quantize_nvfp4_dbias, or
+                          quantize_nvfp4_operands with dbias_dtype where dy's cast writes GEMM operands)
 
 x is quantized once per forward with both copies (one call, one read), dy once per backward likewise,
 and W once with both copies (or taken from the caller's cache, see :func:`quantize_weight`). Only the
@@ -165,8 +166,8 @@ def _expand_rule_cached(device, backend) -> Optional[tuple]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _takes_operands_cached(m: int, n: int, k: int, device, backend, fprop: bool) -> bool:
-    return ops.gemm_takes_operands(m, n, k, device, backend, fprop=fprop)
+def _takes_operands_cached(m: int, n: int, k: int, device, backend, fprop: bool, sr_rows: bool) -> bool:
+    return ops.gemm_takes_operands(m, n, k, device, backend, fprop=fprop, sr_rows=sr_rows)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -176,11 +177,11 @@ def _takes_expanded_cached(m: int, n: int, k: int, device, backend, num_experts:
     return ops.gemm_takes_expanded(m, n, k, device, backend)
 
 
-def _takes_operands(m: int, n: int, k: int, device, backend, fprop: bool = False) -> bool:
+def _takes_operands(m: int, n: int, k: int, device, backend, fprop: bool = False, sr_rows: bool = False) -> bool:
     """:func:`nvfp4lab.ops.gemm_takes_operands` of one problem."""
     if ops.compiling():
-        return ops.takes_operands_by_rule(m, n, k, _expand_rule(device, backend), fprop)
-    return _takes_operands_cached(m, n, k, device, backend, fprop)
+        return ops.takes_operands_by_rule(m, n, k, _expand_rule(device, backend), fprop, sr_rows)
+    return _takes_operands_cached(m, n, k, device, backend, fprop, sr_rows)
 
 
 def _takes_expanded(m: int, n: int, k: int, device, backend, num_experts: int = 0) -> bool:
@@ -266,6 +267,7 @@ class _GemmPlan(NamedTuple):
     dy_config: object  # dy's quantize config (None without a quantized backward GEMM)
     dy_row_op: bool  # dgrad's / wgrad's dy operand straight from dy's cast
     dy_col_op: bool
+    dy_beside: bool  # the backward's side stream (W^T's, x^T's operands) beside dy's cast in a captured graph
     x_col_ahead: bool  # wgrad's x^T operand expanded before dy's cast (beside it in a captured graph)
     dy_seed_ahead: bool  # dy's SR seed drawn by the forward on the side stream of a captured graph
 
@@ -286,15 +288,21 @@ def _new_gemm_plan(recipe, m: int, n: int, k: int, device, backend, need_dgrad: 
     if quantized and (need_dgrad or need_wgrad):
         dy_config = _tensor_config(recipe, "grad", need_dgrad, need_wgrad)
         operands = _operands_apply(recipe, "grad", need_dgrad, need_wgrad)
-        dy_row_op = operands and need_dgrad and _takes_operands(dy_rows, k, n, device, backend)
+        # TE's gradient recipe (per tensor, SR, an RHT columnwise copy): its split cast's rowwise launch
+        # (cast_row_kernel) writes the operand from a smaller size (opt_flags.SR_ROW_OPERAND_MIN_ELEMENTS)
+        sr_rows = (isinstance(dy_config, NVFP4QuantConfig) and dy_config.stochastic_rounding and dy_config.rht
+                   and not dy_config.per_token and need_wgrad)
+        dy_row_op = operands and need_dgrad and _takes_operands(dy_rows, k, n, device, backend, sr_rows=sr_rows)
         dy_col_op = operands and need_wgrad and _takes_operands(n, k, dy_rows, device, backend)
+    # beside a packed cast of dy, or operand casts below the general operand size (as the forward's W beside x)
+    dy_beside = not ((dy_row_op or dy_col_op) and ops.operand_cast_pays(dy_rows, n))
     x_col_ahead = x_columnwise and isinstance(recipe, NVFP4Recipe) and _takes_expanded(n, k, dy_rows, device, backend)
     # a seed the backward's capture would draw first, on its critical path (the Triton casts read device seeds)
     dy_seed_ahead = (isinstance(recipe, NVFP4Recipe) and dy_config is not None and dy_config.stochastic_rounding
                      and ops.resolve_backend(backend, device) == "triton")
     return _GemmPlan(w_columnwise and not w_rowwise_t, w_rowwise_t, m_pad,
                      _tensor_config(recipe, "input", True, x_columnwise), x_operand, w_beside, dy_rows, dy_config,
-                     dy_row_op, dy_col_op, x_col_ahead, dy_seed_ahead)
+                     dy_row_op, dy_col_op, dy_beside, x_col_ahead, dy_seed_ahead)
 
 
 _GEMM_PLANS: dict = {}
@@ -380,14 +388,13 @@ def _quantized_backward(dy2, saved, meta, backend):
     qx, qw = _unpack(saved[0:3], meta["x_meta"]), _unpack(saved[3:6], meta["w_meta"])
     plan = meta["plan"]
     # what does not wait for dy's cast runs first: the operands of W^T (dgrad) and x^T (wgrad), then the bias
-    # gradient where dy's cast does not sum dy itself; in a captured graph on the side stream, beside dy's cast where
-    # that is a packed one (as the forward's)
+    # gradient where dy's cast does not sum dy itself; in a captured graph on the side stream, beside dy's cast
+    # (plan.dy_beside)
     w_ahead = need_dgrad and meta["w_rowwise_t"]
     x_ahead = need_wgrad and plan.x_col_ahead
-    packed_cast = not (plan.dy_row_op or plan.dy_col_op)
-    fused_db = need_bgrad and packed_cast and isinstance(plan.dy_config, NVFP4QuantConfig)
+    fused_db = need_bgrad and isinstance(plan.dy_config, NVFP4QuantConfig)
     torch_db = need_bgrad and not fused_db
-    side = fork(dy2.device) if (w_ahead or x_ahead or torch_db) and packed_cast else None
+    side = fork(dy2.device) if (w_ahead or x_ahead or torch_db) and plan.dy_beside else None
     with on_stream(side):
         w_op = ops.nvfp4_operand(qw, transposed=True, backend=backend) if w_ahead else None
         x_op = ops.nvfp4_operand(transposed_operand(qx), backend=backend) if x_ahead else None
@@ -395,9 +402,12 @@ def _quantized_backward(dy2, saved, meta, backend):
     dy_rows = _pad_rows(dy2, plan.dy_rows)  # zero rows: they add nothing to the bias gradient
     row_op, col_op = plan.dy_row_op, plan.dy_col_op
     seed = meta.get("dy_seed")  # drawn by a captured forward (plan.dy_seed_ahead), else by the cast
-    if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast
-        qdy, dy_row, dy_col = ops.quantize_nvfp4_operands(dy_rows, config=plan.dy_config, rowwise_operand=row_op,
-                                                          columnwise_operand=col_op, seed=seed, backend=backend)
+    if row_op or col_op:  # the GEMMs' BF16 operands straight from the cast (and the bias gradient from its amax pass)
+        qdy, dy_row, dy_col, *fused = ops.quantize_nvfp4_operands(
+            dy_rows, config=plan.dy_config, rowwise_operand=row_op, columnwise_operand=col_op, seed=seed,
+            backend=backend, dbias_dtype=meta["bias_dtype"] if fused_db else None)
+        if fused_db:
+            db = fused[0]
     elif fused_db:  # the bias gradient from the cast's amax pass (its read of dy)
         qdy, db = ops.quantize_nvfp4_dbias(dy_rows, config=plan.dy_config, dbias_dtype=meta["bias_dtype"], seed=seed,
                                            backend=backend)

@@ -34,8 +34,9 @@ run the same plan (:class:`_EagerPlan`), two passes over x (M, K):
    Large row+col casts with SR or RHT run as a rowwise-only and a columnwise-only launch; inside a CUDA-graph
    capture, where a replay pays no host time per launch, smaller RHT casts too (``opt_flags.split_cast``). With
    SR and RHT both launches read factor tables, made by one ``factor_tables_kernel`` launch.
-   :func:`quantize_operands` runs the same plan with either side of ``cast16_kernel`` writing the exact BF16
-   GEMM operand q * s ((M, K) rowwise, (K, M) columnwise) instead of codes and scales.
+   :func:`quantize_operands` runs the same plan with a side writing the exact BF16 GEMM operand q * s ((M, K)
+   rowwise, (K, M) columnwise) instead of codes and scales: ``cast16_kernel``'s ROW_OPERAND / COL_OPERAND, or the
+   OPERAND output of ``cast_row_kernel`` / ``cast_col_kernel`` where those cast that side (split SR / RHT casts).
 
 Kernel choices (tiles, warps, register caps, launch splits) are in ``nvfp4_quantize_details.opt_flags``;
 ``quantize`` takes an explicit tile (block_m, block_k, num_warps) that overrides them.
@@ -563,11 +564,11 @@ def _amax_cast_parts(x2d, config, seed, generator, poison: bool, operands: tuple
     return parts
 
 
-def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
+def operand_cast_pays(m: int, k: int, fprop: bool = False, sr_rows: bool = False) -> bool:
     """Whether a cast with a BF16 operand output (:func:`quantize_operands`) of an (m, k) GEMM operand is expected
     to beat the packed cast plus the GEMM's expansion (``opt_flags.operand_cast_pays``; ``fprop``: a Linear forward's
-    x)."""
-    return opt_flags.operand_cast_pays(m, k, fprop)
+    x; ``sr_rows``: the rowwise operand of a stochastically rounded cast with an RHT columnwise copy)."""
+    return opt_flags.operand_cast_pays(m, k, fprop, sr_rows)
 
 
 def quantize_operands(
@@ -579,6 +580,7 @@ def quantize_operands(
     seed=None,
     generator: Optional[torch.Generator] = None,
     poison: bool = False,
+    dbias_dtype: Optional[torch.dtype] = None,
 ) -> tuple:
     """:func:`quantize` of x (M, K) where the copies named by ``row_operand`` / ``col_operand`` (of those
     the config asks for) come as exact BF16 GEMM operands (:class:`~nvfp4lab.tensors.NVFP4Operand`: the
@@ -586,12 +588,13 @@ def quantize_operands(
     of codes and scales, so the GEMM expands nothing for them. Same amax pass, same codes, same bits as
     :func:`quantize` followed by the GEMM's expansion. Recipes of ``cast16_kernel`` only (no 4over6, not
     PR 3045's broadcast 2D weight). Returns (packed, row, col): an NVFP4Tensor of the remaining copies
-    (None when none remain) and the operands (None where not asked)."""
+    (None when none remain) and the operands (None where not asked); with ``dbias_dtype``, (packed, row, col, dbias):
+    x's column sums from the amax pass too, as :func:`quantize_dbias`'s."""
     if config.broadcast_2d or config.four_over_six:
         raise ValueError("quantize_operands: recipes without four_over_six and without PR 3045's 2D weight only")
     operands = (bool(row_operand) and config.rowwise, bool(col_operand) and config.columnwise)
-    row_data, row_scale, row_amax, col_data, col_scale, col_amax = _amax_cast_parts(x2d, config, seed, generator,
-                                                                                     poison, operands)[:6]
+    row_data, row_scale, row_amax, col_data, col_scale, col_amax, sums = _amax_cast_parts(
+        x2d, config, seed, generator, poison, operands, dbias_dtype)
     row = col = None
     if operands[0]:
         row = NVFP4Operand(row_data, row_amax, operand_config(config, False))
@@ -603,4 +606,4 @@ def quantize_operands(
         packed = NVFP4Tensor.from_parts(x2d.shape, x2d.dtype, with_copies(config, keep_row, keep_col),
                                         rowwise=(row_data, row_scale, row_amax) if keep_row else None,
                                         columnwise=(col_data, col_scale, col_amax) if keep_col else None)
-    return packed, row, col
+    return (packed, row, col) if dbias_dtype is None else (packed, row, col, sums)

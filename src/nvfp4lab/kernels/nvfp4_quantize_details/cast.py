@@ -179,13 +179,13 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
     # a split SR cast's columnwise launch on cast_col_kernel reads a factor table: the rowwise one's comes with it
     tables_shared = split and stochastic_rounding and opt_flags.use_cast_col(
         m, k, False, True, block_2d, per_token, four_over_six, rht_sign_mask >= 0, grouped, pr3045,
-        spec[1] == torch.bfloat16, spec[2], operands[1])
+        spec[1] == torch.bfloat16, spec[2])
     for row_side, col_side in sides:
-        if (row_side and not col_side and not operands[0]
+        if (row_side and not col_side
                 and opt_flags.use_cast_row(m, k, True, False, block_2d, per_token, four_over_six, stochastic_rounding,
                                            grouped, pr3045, spec[1] == torch.bfloat16, spec[2], split, tables_shared)):
             meta = opt_flags.cast_row_meta(m, k, scale_layout, per_token, e4m3_max, stochastic_rounding, seed_from_ptr,
-                                           block_m=block_m, **tile)
+                                           block_m=block_m, **tile, operand=operands[0])
             if per_token:  # the per-row tables (n_row = m marks them)
                 tables_meta = opt_flags.pt_scales_meta(meta["E6"])
                 table = Launch(pt_scales_kernel, pt_scales_grid(m, 0, tables_meta), tables_meta)
@@ -196,9 +196,9 @@ def cast_plan(m, k, rowwise, columnwise, block_2d, per_token, rht_sign_mask, fou
             steps.append(CastStep(Launch(cast_row_kernel, cast_row_grid(m, k, meta), meta), table, True, False,
                                   m if per_token else 0, 0))
         elif opt_flags.use_cast_col(m, k, row_side, col_side, block_2d, per_token, four_over_six, rht_sign_mask >= 0,
-                                  grouped, pr3045, spec[1] == torch.bfloat16, spec[2], operands[1]):
+                                  grouped, pr3045, spec[1] == torch.bfloat16, spec[2]):
             meta = opt_flags.cast_col_meta(m, k, scale_layout, rht_sign_mask, e4m3_max, stochastic_rounding,
-                                           seed_from_ptr, block_m=block_m, **tile)
+                                           seed_from_ptr, block_m=block_m, **tile, operand=operands[1])
             shared = bool(steps) and steps[0].cast.kernel is cast_row_kernel and tables_shared
             table = (Launch(row_factor_table_kernel, (1,), opt_flags.row_factor_table_meta(e4m3_max))
                      if meta["TABLE"] and not shared else None)
@@ -264,8 +264,9 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
                 col_table = table[TABLE_ENTRIES:]
             else:
                 table = row_factor_table(step.tables, row_amax)
-            step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1], table,
-                      seed_tensor if seed_tensor is not None else x, seed, m, k)
+            # (an operand output has no scales: the data's pointer stands in, not written)
+            step.cast(x.view(torch.int32), outputs[0].view(torch.int32), outputs[1] if outputs[1] is not None else any_out,
+                      table, seed_tensor if seed_tensor is not None else x, seed, m, k)
             continue
         if step.cast.kernel is cast_rowcol_kernel:  # x and the data as words, both tables from the amaxes
             launch_rowcol(step.cast, *step.finish, x.view(torch.int32), outputs[0].view(torch.int16), outputs[1],
@@ -276,8 +277,8 @@ def run_cast(steps: tuple, x, outputs, row_amax, col_amax, seed_tensor, seed, of
                 table = row_factor_table(step.tables, col_amax)
             else:
                 table = col_table if col_table is not None else col_amax
-            step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3], table, col_amax,
-                      seed_tensor if seed_tensor is not None else x, seed, m, k, m // 8)
+            step.cast(x.view(torch.int32), outputs[2].view(torch.int32), outputs[3] if outputs[3] is not None else any_out,
+                      table, col_amax, seed_tensor if seed_tensor is not None else x, seed, m, k, m // 8)
             continue
         if step.cast.kernel is four_over_six_1x16_kernel:  # one output; x and the data as int32 words
             if step.rowwise:

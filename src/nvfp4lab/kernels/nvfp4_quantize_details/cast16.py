@@ -18,7 +18,7 @@ output instead of 8-byte pieces, which is what bounded the plain columnwise cast
 import triton
 import triton.language as tl
 
-from ..formats import e2m1_decode, e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, to_f32
+from ..formats import e2m1_encode_fast, e2m1_scale_encode, e4m3_decode, e4m3_encode, to_f32
 from ..pdl import wait_prior_grid
 from .cast_col import word8
 from .cast_row import e4m3_code
@@ -33,6 +33,8 @@ from .common import (
     global_scales,
     group_split,
     normal_range,
+    operand_values,
+    operand_values_rn,
     pack_codes,
     scale_offsets,
     split8,
@@ -87,31 +89,6 @@ def _scale_and_factor_pre(bamax, s_enc_sixth, s_third, PR3045: tl.constexpr, HW:
     else:
         enc = tl.minimum(tl.math.div_rn(tl.full(scale_f.shape, 1.0, tl.float32), scale_f * s_third), FLT_MAX)
     return scale, enc
-
-
-@triton.jit
-def _operand_values(codes, scale_codes):
-    """The exact BF16 values q * s of E2M1 codes and their blocks' E4M3 scale codes (broadcast): the
-    GEMM's expanded operand (every product has at most 5 significant bits and lies in [2^-10, 2688] or is 0;
-    a NaN scale gives NaN, as the expansion)."""
-    return (e2m1_decode(codes) * e4m3_decode(scale_codes.to(tl.int32))).to(tl.bfloat16)
-
-
-@triton.jit
-def _operand_values_rn(x, enc, scale_codes):
-    """``_operand_values`` of the round-to-nearest codes of fl(x * enc) (normal-range tiles), without forming the
-    codes: a = min(|v|, 6) is rounded onto the E2M1 grid in its binade 2^E (E = max(exponent(a), 0), spacing
-    2^(E-1)) by one fp32 add of 2^(E+22), whose ulp is that spacing (ties to even: the grid's even codes are the
-    even multiples), and the exact subtraction of it; then the sign bit of v + 0.0, i.e. the reference's ``v < 0``
-    (-0.0 + 0.0 = +0.0, so -0.0 gives +0 as code 0, and a negative v rounding to 0 gives -0 as code 8; bits, not a
-    negation: Triton negates a float by subtracting it from 0 on the GPU, which turns -0 into +0). NaN products:
-    unspecified, as the codes (their block's scale is NaN)."""
-    v = x * enc
-    a = tl.minimum(tl.abs(v), 6.0)
-    big = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 4194304.0
-    sign = (v + 0.0).to(tl.int32, bitcast=True) & -2147483648
-    q_bits = ((a + big) - big).to(tl.int32, bitcast=True) | sign
-    return (q_bits.to(tl.float32, bitcast=True) * e4m3_decode(scale_codes.to(tl.int32))).to(tl.bfloat16)
 
 
 @triton.jit
@@ -183,7 +160,7 @@ def cast16_kernel(
     gets 8 * GROUPS contiguous bytes from one program instead of 8-byte pieces (GROUPED: each group in
     its own split, contiguous where the groups share one).
     ROW_OPERAND / COL_OPERAND (COL_OPERAND: single casts, GROUPS = 1): that side is written as the exact
-    BF16 GEMM operand q * s instead of codes and scales (:func:`_operand_values`): rowwise (M, K) at
+    BF16 GEMM operand q * s instead of codes and scales (:func:`.common.operand_values`): rowwise (M, K) at
     row_data_ptr, columnwise (K, M) at col_data_ptr, no scales (their pointers are not written).
     HW: Hopper's instructions by inline PTX (GPU launches), else integer formulas with the same bits.
     """
@@ -259,7 +236,7 @@ def _cast16_group(
     STORE_COLS, its columnwise ones; returns the columnwise words [2, BLOCK_K] (word h = rows 8h..8h+7)
     and scale codes [BLOCK_K] (zeros without COLWISE)."""
     KB: tl.constexpr = BLOCK_K // 16
-    # operands whose codes nothing else uses (no SR, no REUSE_2D): values straight from x (``_operand_values_rn``)
+    # operands whose codes nothing else uses (no SR, no REUSE_2D): values straight from x (``operand_values_rn``)
     ROW_VALUES_RN: tl.constexpr = ROW_OPERAND and not (SR or REUSE_2D)
     COL_VALUES_RN: tl.constexpr = COL_OPERAND and not (SR or REUSE_2D)
     # tile row i holds row 8 * (i % 2) + i // 2 of the group: with bf16 (16-byte loads of 8 columns,
@@ -317,7 +294,7 @@ def _cast16_group(
             # loop-carried columnwise words spill around ``_row_words`` at 255 registers; an operand of
             # round-to-nearest codes alone takes its values without them
             if ROW_VALUES_RN:
-                row_vals = _operand_values_rn(x3, row_enc[:, :, None], row_scale[:, :, None])
+                row_vals = operand_values_rn(x3, row_enc[:, :, None], row_scale[:, :, None])
             elif SR or REUSE_2D or ROW_OPERAND or not STORE_COLS:
                 row_codes = _e2m1_codes(x3, row_enc[:, :, None], rbytes, SR, False)
                 row_words = pack_codes(row_codes, 16, KB)
@@ -339,13 +316,13 @@ def _cast16_group(
             row_words = pack_codes(row_codes, 16, KB)
             row_scale = row_scale_x
             if ROW_VALUES_RN:
-                row_vals = _operand_values(row_codes, row_scale_x[:, :, None])
+                row_vals = operand_values(row_codes, row_scale_x[:, :, None])
         ok = row_ok[:, None] & blk_ok[None, :]
         if ROW_OPERAND:
             if ROW_VALUES_RN:
                 vals = tl.reshape(row_vals, [16, BLOCK_K])
             else:
-                vals = tl.reshape(_operand_values(row_codes, row_scale[:, :, None]), [16, BLOCK_K])
+                vals = tl.reshape(operand_values(row_codes, row_scale[:, :, None]), [16, BLOCK_K])
             tl.store(row_data_ptr.to(tl.pointer_type(tl.bfloat16)) + rows[:, None] * K + cols[None, :], vals,
                      mask=row_ok[:, None] & col_ok[None, :])
         else:
@@ -424,7 +401,7 @@ def _cast16_group(
             else:
                 col_scale, col_enc = _scale_and_factor_fast(cbamax, couter, E6, HW)
             if COL_VALUES_RN:  # (the words are not stored)
-                col_vals = _operand_values_rn(xf, col_enc[None, :], col_scale[None, :])
+                col_vals = operand_values_rn(xf, col_enc[None, :], col_scale[None, :])
                 col_words = tl.zeros([2, BLOCK_K], tl.int32)
             elif SR or REUSE_2D or COL_OPERAND:  # the codes themselves are used
                 if REUSE_2D:
@@ -460,12 +437,12 @@ def _cast16_group(
             col_codes_o = col_codes_x
             col_scale = col_scale_x
             if COL_VALUES_RN:
-                col_vals = _operand_values(col_codes_x, col_scale_x[None, :])
+                col_vals = operand_values(col_codes_x, col_scale_x[None, :])
         if COL_OPERAND:  # 16 consecutive rows (32 bytes) of each column's row of the (K, M) operand
             if COL_VALUES_RN:
                 vals = col_vals
             else:
-                vals = _operand_values(col_codes_o, col_scale[None, :])
+                vals = operand_values(col_codes_o, col_scale[None, :])
             # tile rows back in row order (tile row 2j + h holds row 8h + j), so that each column's 16 values
             # are one contiguous run the store can vectorize
             vals = tl.reshape(tl.permute(tl.reshape(vals, [8, 2, BLOCK_K]), (1, 0, 2)), [16, BLOCK_K])

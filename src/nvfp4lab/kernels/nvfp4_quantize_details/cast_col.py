@@ -32,12 +32,16 @@ inf or NaN (rht.py); a program that finds one after all (a provided outer amax b
 groups again the way other outer amaxes do: sums with T / 16, ``finish16``'s saturation. SR: the columnwise Philox
 units of ``pair_bytes_cols`` (columns 2p, 2p + 1 x rows 8q..8q+7, counter p * (M / 8) + q, stream 1,
 byte 8 (column % 2) + row % 8): a thread's word column is exactly one unit per 8 rows.
+
+OPERAND: instead of codes and scales the kernel writes the BF16 GEMM operand of RHT(x^T), (K, M), the exact values
+q * s of the same codes times the decoded block scale (``_value``), two rows per int32 word by one bf16x2 convert: a
+group's 16 values of a column, 32 bytes (one sector), stored as soon as they are made.
 """
 import triton
 import triton.language as tl
 
 from ...layout import cdiv
-from ..formats import e4m3_decode, e4m3_encode_fast
+from ..formats import e2m1_decode, e4m3_decode, e4m3_encode_fast
 from ..pdl import wait_prior_grid
 from .cast_row import code_top, push_code
 from .common import (
@@ -45,6 +49,8 @@ from .common import (
     abs_max16_bits,
     bf16_half,
     bf16_rne_pairs,
+    bf16x2_word,
+    e2m1_rn_value,
     encode_factor,
     global_scales,
     load_words16,
@@ -130,31 +136,61 @@ def word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, ra, rb, HW: tl.constexpr, SR: tl.
 
 
 @triton.jit
+def _value(v, enc, scale_f, rword, R: tl.constexpr, SR: tl.constexpr):
+    """Row R's operand value q * s: the E2M1 value of ``_code``'s rounding of fl(v * enc) times the decoded scale."""
+    if SR:
+        q = e2m1_decode(sr_e2m1(v * enc, (rword >> ((R % 4) * 8)) & 0xFF))
+    else:
+        q = e2m1_rn_value(v * enc)
+    return q * scale_f
+
+
+@triton.jit
+def _value_words8(v0, v1, v2, v3, v4, v5, v6, v7, enc, scale_f, ra, rb, R0: tl.constexpr, HW: tl.constexpr,
+                  SR: tl.constexpr):
+    """[N, 4] int32 words of the operand values of 8 rows R0.. (two bf16 per word, the first row low), in order along
+    the last axis; SR: rows 0-3 of the 8 take the bytes of ``ra``, 4-7 those of ``rb`` (as ``word8``)."""
+    w0 = bf16x2_word(_value(v0, enc, scale_f, ra, R0, SR), _value(v1, enc, scale_f, ra, R0 + 1, SR), HW)
+    w1 = bf16x2_word(_value(v2, enc, scale_f, ra, R0 + 2, SR), _value(v3, enc, scale_f, ra, R0 + 3, SR), HW)
+    w2 = bf16x2_word(_value(v4, enc, scale_f, rb, R0 + 4, SR), _value(v5, enc, scale_f, rb, R0 + 5, SR), HW)
+    w3 = bf16x2_word(_value(v6, enc, scale_f, rb, R0 + 6, SR), _value(v7, enc, scale_f, rb, R0 + 7, SR), HW)
+    return _in_order4(w0, w1, w2, w3)
+
+
+@triton.jit
 def _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, bamax, s_enc_sixth, s_dec, table_ptr,
               r0, r1, r2, r3, HW: tl.constexpr, EXACT: tl.constexpr, TABLE: tl.constexpr,
-              SR: tl.constexpr):
+              SR: tl.constexpr, OPERAND: tl.constexpr):
     """(word of rows 0-7, word of rows 8-15, E4M3 scale code) of one column block of 16 fp32 values with
     block amax ``bamax``; SR: random words r0..r3 for rows 0-3, 4-7, 8-11, 12-15. The encode factor read from
-    the table (TABLE), else by one division: fp32 (exact for a normal-range outer amax), or (EXACT) fp64."""
+    the table (TABLE), else by one division: fp32 (exact for a normal-range outer amax), or (EXACT) fp64.
+    OPERAND: instead of the two code words, the [N, 4] words of the operand values of rows 0-7 and of rows 8-15
+    (a NaN factor's scale is NaN: NaN values, as the expansion of code 0)."""
     scale = _scale_code(bamax * s_enc_sixth, HW)
     if TABLE:
         enc = tl.load(table_ptr + (scale & 0x7F))
     else:
         enc = encode_factor(e4m3_decode(scale & 0x7F), s_dec, EXACT)
-    lo = word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, r0, r1, HW, SR)
-    hi = word8(v8, v9, v10, v11, v12, v13, v14, v15, enc, r2, r3, HW, SR)
-    if not SR:  # a NaN factor (NaN element or outer amax): code 0, as the reference
-        lo = tl.where(enc != enc, 0, lo)
-        hi = tl.where(enc != enc, 0, hi)
+    if OPERAND:
+        scale_f = e4m3_decode(scale)
+        lo = _value_words8(v0, v1, v2, v3, v4, v5, v6, v7, enc, scale_f, r0, r1, 0, HW, SR)
+        hi = _value_words8(v8, v9, v10, v11, v12, v13, v14, v15, enc, scale_f, r2, r3, 8, HW, SR)
+    else:
+        lo = word8(v0, v1, v2, v3, v4, v5, v6, v7, enc, r0, r1, HW, SR)
+        hi = word8(v8, v9, v10, v11, v12, v13, v14, v15, enc, r2, r3, HW, SR)
+        if not SR:  # a NaN factor (NaN element or outer amax): code 0, as the reference
+            lo = tl.where(enc != enc, 0, lo)
+            hi = tl.where(enc != enc, 0, hi)
     return lo, hi, scale
 
 
 @triton.jit
 def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, s_enc_sixth, s_dec, table_ptr,
                   r0, r1, r2, r3, HI: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr, SATURATE: tl.constexpr,
-                  TABLE: tl.constexpr, SR: tl.constexpr):
+                  TABLE: tl.constexpr, SR: tl.constexpr, OPERAND: tl.constexpr):
     """(word of rows 0-7, word of rows 8-15, scale code, block amax bits) of the RHT block of one column of 16 rows of
-    words w0..w15 (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s."""
+    words w0..w15 (the low bf16 of each, or with HI the high one); SR: random words r0..r3 as ``_encode16``'s;
+    OPERAND: ``_encode16``'s value words."""
     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _rht16(
         bf16_half(w0, HI), bf16_half(w1, HI), bf16_half(w2, HI), bf16_half(w3, HI), bf16_half(w4, HI),
         bf16_half(w5, HI), bf16_half(w6, HI), bf16_half(w7, HI), bf16_half(w8, HI), bf16_half(w9, HI),
@@ -163,16 +199,16 @@ def _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w1
     bamax_bits = abs_max16_bits(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)
     lo, hi, scale = _encode16(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
                               bamax_bits.to(tl.float32, bitcast=True), s_enc_sixth, s_dec, table_ptr, r0, r1, r2, r3, HW,
-                              SATURATE, TABLE, SR)
+                              SATURATE, TABLE, SR, OPERAND)
     return lo, hi, scale, bamax_bits
 
 
 @triton.jit
-def _store_words(data_ptr, col, first, words, g0, m_words, c_ok):
+def _store_words(data_ptr, col, start, words, row_words, c_ok):
     """Words [BLOCK_C, W] (W = 2 or 4: at most 16 bytes, so that the store keeps one thread per column and
-    needs no layout conversion) at word slots first.. of column ``col``'s run from group g0 on."""
-    slot = first + tl.arange(0, words.shape[1])
-    tl.store(data_ptr + (col * m_words + g0 * 2)[:, None] + slot[None, :], words, mask=c_ok[:, None])
+    needs no layout conversion) at word slots start.. of column ``col``'s row of ``row_words`` words."""
+    slot = start + tl.arange(0, words.shape[1])
+    tl.store(data_ptr + (col * row_words)[:, None] + slot[None, :], words, mask=c_ok[:, None])
 
 
 @triton.jit
@@ -215,9 +251,10 @@ def _in_order4(a, b, c, d):
 
 @triton.jit
 def _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g, kw, m_blocks, HW: tl.constexpr, RHT_MASK: tl.constexpr,
-                SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr):
+                SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr, OPERAND: tl.constexpr):
     """The columnwise blocks of 16-row group g (int64 scalar) for word columns wc, both columns of each word:
-    (column 2p's two words, column 2p + 1's two words, their two scale codes, the larger block amax bits)."""
+    (column 2p's two words, column 2p + 1's two words, their two scale codes, the larger block amax bits); OPERAND:
+    each column's two [BLOCK_C, 4] value words (rows 0-7, rows 8-15) instead of its code words."""
     w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = load_words16(x_ptr, g, kw, wc, c_ok)
     if SR:  # one Philox block per 8 rows of the word column: words 0, 1 -> column 2p, words 2, 3 -> 2p + 1
         counter = wc * (m_blocks * 2) + g * 2
@@ -231,48 +268,61 @@ def _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g, kw, m_b
         a0, a1, a2, a3, b0, b1, b2, b3 = w0, w0, w0, w0, w0, w0, w0, w0  # unused without SR
     lo0, lo1, scale_lo, max_lo = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
                                                s_enc_sixth, s_dec, table_ptr, a0, a1, b0, b1, False, HW, RHT_MASK,
-                                               SATURATE, TABLE, SR)
+                                               SATURATE, TABLE, SR, OPERAND)
     hi0, hi1, scale_hi, max_hi = _column_block(w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15,
                                                s_enc_sixth, s_dec, table_ptr, a2, a3, b2, b3, True, HW, RHT_MASK,
-                                               SATURATE, TABLE, SR)
+                                               SATURATE, TABLE, SR, OPERAND)
     return lo0, lo1, hi0, hi1, scale_lo, scale_hi, tl.maximum(max_lo, max_hi)
 
 
 @triton.jit
 def _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, m_words,
                  LAYOUT: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr, RHT_MASK: tl.constexpr,
-                 SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr):
+                 SATURATE: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr, OPERAND: tl.constexpr):
     """GROUPS (1, 2 or 4) consecutive 16-row groups from g0, unrolled; each column's words and scales of them
-    stored together. Returns whether a block amax of the program is inf or NaN."""
-    l0, l1, h0, h1, sl0, sh0, worst = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, HW,
-                                           RHT_MASK, SATURATE, TABLE, SR)
+    stored together (OPERAND: each group's 16 values of a column, 32 bytes, as soon as they are made). Returns whether
+    a block amax of the program is inf or NaN."""
     lo_col = wc * 2
     hi_col = lo_col + 1
-    if GROUPS == 1:
-        _store_words(data_ptr, lo_col, 0, _in_order2(l0, l1), g0, m_words, c_ok)
-        _store_words(data_ptr, hi_col, 0, _in_order2(h0, h1), g0, m_words, c_ok)
-        _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl0, sl0, sl0, c_ok, 1, LAYOUT)
-        _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh0, sh0, sh0, c_ok, 1, LAYOUT)
+    if OPERAND:  # a column's row of the (K, M) operand holds M / 2 words, 8 per group
+        worst = tl.zeros_like(wc).to(tl.int32)
+        for j in tl.static_range(GROUPS):
+            l0, l1, h0, h1, _, _, w = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + j, kw,
+                                                  m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR, True)
+            worst = tl.maximum(worst, w)
+            start = (g0 + j) * 8
+            _store_words(data_ptr, lo_col, start, l0, m_words * 4, c_ok)
+            _store_words(data_ptr, lo_col, start + 4, l1, m_words * 4, c_ok)
+            _store_words(data_ptr, hi_col, start, h0, m_words * 4, c_ok)
+            _store_words(data_ptr, hi_col, start + 4, h1, m_words * 4, c_ok)
     else:
-        l2, l3, h2, h3, sl1, sh1, worst1 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 1, kw,
-                                                       m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR)
-        worst = tl.maximum(worst, worst1)
-        _store_words(data_ptr, lo_col, 0, _in_order4(l0, l1, l2, l3), g0, m_words, c_ok)
-        _store_words(data_ptr, hi_col, 0, _in_order4(h0, h1, h2, h3), g0, m_words, c_ok)
-        if GROUPS == 2:
-            _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl1, sl1, c_ok, 2, LAYOUT)
-            _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh1, sh1, c_ok, 2, LAYOUT)
+        l0, l1, h0, h1, sl0, sh0, worst = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, HW,
+                                                      RHT_MASK, SATURATE, TABLE, SR, False)
+        if GROUPS == 1:
+            _store_words(data_ptr, lo_col, g0 * 2, _in_order2(l0, l1), m_words, c_ok)
+            _store_words(data_ptr, hi_col, g0 * 2, _in_order2(h0, h1), m_words, c_ok)
+            _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl0, sl0, sl0, c_ok, 1, LAYOUT)
+            _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh0, sh0, sh0, c_ok, 1, LAYOUT)
         else:
-            l4, l5, h4, h5, sl2, sh2, worst2 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 2,
-                                                           kw, m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR)
-            l6, l7, h6, h7, sl3, sh3, worst3 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 3,
-                                                           kw, m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR)
-            worst = tl.maximum(worst, tl.maximum(worst2, worst3))
-            # the run's second 16 bytes right after its first (the same sector)
-            _store_words(data_ptr, lo_col, 4, _in_order4(l4, l5, l6, l7), g0, m_words, c_ok)
-            _store_words(data_ptr, hi_col, 4, _in_order4(h4, h5, h6, h7), g0, m_words, c_ok)
-            _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl2, sl3, c_ok, 4, LAYOUT)
-            _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh2, sh3, c_ok, 4, LAYOUT)
+            l2, l3, h2, h3, sl1, sh1, worst1 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 1, kw,
+                                                           m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR, False)
+            worst = tl.maximum(worst, worst1)
+            _store_words(data_ptr, lo_col, g0 * 2, _in_order4(l0, l1, l2, l3), m_words, c_ok)
+            _store_words(data_ptr, hi_col, g0 * 2, _in_order4(h0, h1, h2, h3), m_words, c_ok)
+            if GROUPS == 2:
+                _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl1, sl1, c_ok, 2, LAYOUT)
+                _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh1, sh1, c_ok, 2, LAYOUT)
+            else:
+                l4, l5, h4, h5, sl2, sh2, worst2 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 2,
+                                                               kw, m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR, False)
+                l6, l7, h6, h7, sl3, sh3, worst3 = _cast_group(x_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0 + 3,
+                                                               kw, m_blocks, HW, RHT_MASK, SATURATE, TABLE, SR, False)
+                worst = tl.maximum(worst, tl.maximum(worst2, worst3))
+                # the run's second 16 bytes right after its first (the same sector)
+                _store_words(data_ptr, lo_col, g0 * 2 + 4, _in_order4(l4, l5, l6, l7), m_words, c_ok)
+                _store_words(data_ptr, hi_col, g0 * 2 + 4, _in_order4(h4, h5, h6, h7), m_words, c_ok)
+                _store_scales(scale_ptr, lo_col, g0, m_blocks, m_words, sl0, sl1, sl2, sl3, c_ok, 4, LAYOUT)
+                _store_scales(scale_ptr, hi_col, g0, m_blocks, m_words, sh0, sh1, sh2, sh3, c_ok, 4, LAYOUT)
     return tl.max(tl.where(c_ok, worst, 0), axis=0) >= 0x7F800000
 
 
@@ -280,13 +330,15 @@ def _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed
 def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, seed_value, M, K, M_WORDS,
                     LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr, HW: tl.constexpr,
                     RHT_MASK: tl.constexpr, E6: tl.constexpr, TABLE: tl.constexpr, SR: tl.constexpr = False,
-                    SEED_FROM_PTR: tl.constexpr = False, PDL: tl.constexpr = False):
+                    SEED_FROM_PTR: tl.constexpr = False, OPERAND: tl.constexpr = False, PDL: tl.constexpr = False):
     """Columnwise codes and scales of GROUPS 16-row groups x BLOCK_C word columns (module docstring).
     x_ptr: x as int32 words; data_ptr: the columnwise data as int32 words; amax_ptr: the (1,) columnwise
     outer amax (post-RHT); TABLE: encode factors from table_ptr, ``row_factor_table_kernel``'s table of
     that amax, else divided here (E6: 6 * the E4M3 maximum); HW: inline PTX (GPU) instead of the integer
     formulas. Blocks of bf16(RHT(x^T)) with the sign mask RHT_MASK; SR with the seed (SEED_FROM_PTR: read
-    from seed_ptr)."""
+    from seed_ptr). OPERAND: data_ptr is the BF16 GEMM operand (K, M) of RHT(x^T) as int32 words (M / 2 per row), written
+    with the exact values q * s of the codes above times their decoded block scales; no codes, no scales (scale_ptr
+    is not written)."""
     wait_prior_grid(PDL)
     wc, c_ok, g0, kw = word_column_program(K, BLOCK_C, GROUPS)
     m_blocks = M // 16
@@ -305,14 +357,14 @@ def cast_col_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, amax_ptr, seed_ptr, s
     exact = not normal_range(outer)
     if normal_range(outer):
         exact = _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks,
-                             M_WORDS, LAYOUT, GROUPS, HW, RHT_MASK, False, TABLE, SR)
+                             M_WORDS, LAYOUT, GROUPS, HW, RHT_MASK, False, TABLE, SR, OPERAND)
     if exact:
         if HW:  # the same columns, in values the compiler cannot identify with wc: no loaded word of the pass above
             # stays live into this one
             wc = wc + tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [tl.program_id(0) + 0 * wc.to(tl.int32)],
                                                 dtype=tl.int32, is_pure=False, pack=1).to(tl.int64)
         _cast_groups(x_ptr, data_ptr, scale_ptr, s_enc_sixth, s_dec, table_ptr, seed, wc, c_ok, g0, kw, m_blocks, M_WORDS,
-                     LAYOUT, GROUPS, HW, RHT_MASK, True, TABLE, SR)
+                     LAYOUT, GROUPS, HW, RHT_MASK, True, TABLE, SR, OPERAND)
 
 
 def cast_col_grid(m: int, k: int, meta: dict) -> tuple[int]:

@@ -41,6 +41,10 @@ layout, so each lane holds both rows of each of its half blocks and draws each P
 feed the even row's half, words 2 and 3 the odd row's, byte c % 4 of word c // 4 element c (no per-element
 selection). The codes are packed by one multiply-add per code (acc * 16 + code).
 
+OPERAND: instead of codes and scales the kernel writes the BF16 GEMM operand (M, K), the exact values q * s of the
+same codes (RN: ``e2m1_rn_value``, the grid value of ``code_top``'s rounding; SR: ``sr_e2m1``'s code decoded) times
+the decoded block scale, two per int32 word by one bf16x2 convert, in x's own layout (a lane's 8 values, 16 bytes).
+
 Layout: x (M, K) bf16 contiguous, K % 16 == 0, read as (M, K / 2) int32; rowwise data (M, K / 2)
 uint8 written as (M, K / 8) int32; scales (E4M3 bits) compact / padded / swizzled (``scale_offsets``).
 A program covers BLOCK_M rows x KB blocks of 16 columns (``opt_flags.cast_row_tile``: 8192 elements (per token
@@ -57,9 +61,9 @@ import triton
 import triton.language as tl
 
 from ...layout import cdiv
-from ..formats import e4m3_decode, e4m3_encode_fast
+from ..formats import e2m1_decode, e4m3_decode, e4m3_encode_fast
 from ..pdl import wait_prior_grid
-from .common import ONE_SIXTH, encode_factor, global_scales, scale_offsets
+from .common import ONE_SIXTH, bf16x2_word, e2m1_rn_value, encode_factor, global_scales, scale_offsets
 from .pt_scales import pt_table_load
 from .stochastic_rounding import philox_words, sr_e2m1, sr_seed
 
@@ -201,11 +205,40 @@ def _pack8_sr(w, enc, r_lo, r_hi):
 
 
 @triton.jit
+def _operand_word(w, enc, scale_f, rw, SHIFT: tl.constexpr, SR: tl.constexpr, HW: tl.constexpr):
+    """The operand word (two bf16 q * s) of int32 word w of two bf16 x: round to nearest even, or with SR the random
+    bytes of ``_push_word_sr``."""
+    lo = (w << 16).to(tl.float32, bitcast=True)
+    hi = (w & -65536).to(tl.float32, bitcast=True)
+    if SR:
+        q_lo = e2m1_decode(sr_e2m1(lo * enc, (rw >> SHIFT) & 0xFF))
+        q_hi = e2m1_decode(sr_e2m1(hi * enc, (rw >> (SHIFT + 8)) & 0xFF))
+    else:
+        q_lo = e2m1_rn_value(lo * enc)
+        q_hi = e2m1_rn_value(hi * enc)
+    return bf16x2_word(q_lo * scale_f, q_hi * scale_f, HW)
+
+
+@triton.jit
+def _operand8(w, enc, scale_f, r_lo, r_hi, SR: tl.constexpr, HW: tl.constexpr):
+    """[A, B, 4] int32 words (8 bf16) -> the [A, B, 4] words of their operand values q * s (``_pack8``'s codes, or
+    ``_pack8_sr``'s with SR, times the decoded block scale ``scale_f`` [A, B]), in x's own layout."""
+    w0, w1, w2, w3 = _split4(w)
+    o0 = _operand_word(w0, enc, scale_f, r_lo, 0, SR, HW)
+    o1 = _operand_word(w1, enc, scale_f, r_lo, 16, SR, HW)
+    o2 = _operand_word(w2, enc, scale_f, r_hi, 0, SR, HW)
+    o3 = _operand_word(w3, enc, scale_f, r_hi, 16, SR, HW)
+    return tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [w.shape[0], w.shape[1], 4])  # _split4's inverse
+
+
+@triton.jit
 def _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, rows, pid_k, M, k_blocks, r_lo, r_hi,
                LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
-               PER_TOKEN: tl.constexpr, E6: tl.constexpr, EVEN: tl.constexpr, SR: tl.constexpr):
+               PER_TOKEN: tl.constexpr, E6: tl.constexpr, EVEN: tl.constexpr, SR: tl.constexpr,
+               OPERAND: tl.constexpr):
     """Codes and scales of ``rows`` (BLOCK_M int64 rows) x this program's KB blocks; with SR, r_lo / r_hi
-    ([BLOCK_M, 2 KB] int32) hold the random bytes of each half block's elements 0..3 / 4..7."""
+    ([BLOCK_M, 2 KB] int32) hold the random bytes of each half block's elements 0..3 / 4..7. OPERAND: the operand
+    values instead, at data_ptr in x's layout."""
     HALVES: tl.constexpr = 2 * KB
     blks = pid_k * KB + tl.arange(0, KB)
     halves = pid_k * HALVES + tl.arange(0, HALVES)  # 8-element half blocks
@@ -255,23 +288,30 @@ def _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, rows, pid_k, M, k_blocks, 
         idx = tl.reshape(_per_half(scale if HW else scale & 0x7F, BLOCK_M, KB), [BLOCK_M * HALVES])
         enc = tl.reshape(tl.load(table_ptr + idx), [BLOCK_M, HALVES])
 
-    if SR:  # a NaN factor's codes are sr_e2m1's of NaN, as the reference's
-        codes = _pack8_sr(w, enc, r_lo, r_hi)
+    if OPERAND:  # q * s of every element, 16 bytes per lane as read (a NaN factor's scale is NaN: NaN values)
+        scale_f = _per_half(e4m3_decode(scale), BLOCK_M, KB)
+        vals = tl.reshape(_operand8(w, enc, scale_f, r_lo, r_hi, SR, HW), [BLOCK_M, HALVES * 4])
+        tl.store(data_ptr + rows[:, None] * (k_blocks * 8) + cols[None, :], vals, mask=x_ok)
     else:
-        codes = _pack8(w, enc, HW)
-        codes = tl.where(enc != enc, 0, codes)  # NaN factor: code 0 (the reference's x * NaN)
-    # one word per lane, as computed: unit alignment keeps the store in the halves' layout (a wider vector per thread
-    # would take a layout conversion through shared memory)
-    out = tl.multiple_of(rows[:, None] * (k_blocks * 2) + halves[None, :], [1, 1])
-    tl.store(data_ptr + out, codes, mask=half_ok)
-    tl.store(scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), scale.to(tl.uint8), mask=ok)
+        if SR:  # a NaN factor's codes are sr_e2m1's of NaN, as the reference's
+            codes = _pack8_sr(w, enc, r_lo, r_hi)
+        else:
+            codes = _pack8(w, enc, HW)
+            codes = tl.where(enc != enc, 0, codes)  # NaN factor: code 0 (the reference's x * NaN)
+        # one word per lane, as computed: unit alignment keeps the store in the halves' layout (a wider vector per
+        # thread would take a layout conversion through shared memory)
+        out = tl.multiple_of(rows[:, None] * (k_blocks * 2) + halves[None, :], [1, 1])
+        tl.store(data_ptr + out, codes, mask=half_ok)
+        tl.store(scale_ptr + scale_offsets(rows[:, None], blks[None, :], k_blocks, LAYOUT), scale.to(tl.uint8),
+                 mask=ok)
 
 
 @triton.jit
 def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, seed_ptr, seed_value, M, K,
                     LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, KB: tl.constexpr, HW: tl.constexpr,
                     PER_TOKEN: tl.constexpr = False, E6: tl.constexpr = 2688.0, EVEN: tl.constexpr = False,
-                    SR: tl.constexpr = False, SEED_FROM_PTR: tl.constexpr = False, PDL: tl.constexpr = False):
+                    SR: tl.constexpr = False, SEED_FROM_PTR: tl.constexpr = False, OPERAND: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """Rowwise codes and scales of BLOCK_M rows x KB 16-column blocks (see the module docstring).
     x_ptr: x as int32 words; data_ptr: the rowwise data as int32 words; table_ptr: the
     ``row_factor_table_kernel`` table, or with PER_TOKEN the (3, M) per-row tables of
@@ -280,7 +320,9 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, seed_ptr, seed_value,
     (GPU) instead of the integer formulas; EVEN: M % BLOCK_M == 0 and (K / 16) % KB == 0 (no masks).
     SR (BLOCK_M even): stochastic rounding with the seed at seed_ptr (SEED_FROM_PTR) or seed_value; the program
     takes its even and its odd rows as two sets of BLOCK_M / 2, so that each lane holds both rows of each of its
-    Philox units (2 rows x 8 columns, ``stochastic_rounding``) and draws each block once."""
+    Philox units (2 rows x 8 columns, ``stochastic_rounding``) and draws each block once.
+    OPERAND: data_ptr is the BF16 GEMM operand (M, K) as int32 words (x's layout), written with the exact values
+    q * s of the codes above times their decoded block scales; no codes, no scales (scale_ptr is not written)."""
     wait_prior_grid(PDL)
     pid = tl.program_id(0)
     k_blocks = K // 16
@@ -297,13 +339,13 @@ def cast_row_kernel(x_ptr, data_ptr, scale_ptr, table_ptr, seed_ptr, seed_value,
         w2 = w2.to(tl.int32, bitcast=True)
         w3 = w3.to(tl.int32, bitcast=True)
         _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, pairs * 2, pid_k, M, k_blocks, w0, w1, LAYOUT, BLOCK_M // 2,
-                   KB, HW, PER_TOKEN, E6, EVEN, True)
+                   KB, HW, PER_TOKEN, E6, EVEN, True, OPERAND)
         _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, pairs * 2 + 1, pid_k, M, k_blocks, w2, w3, LAYOUT,
-                   BLOCK_M // 2, KB, HW, PER_TOKEN, E6, EVEN, True)
+                   BLOCK_M // 2, KB, HW, PER_TOKEN, E6, EVEN, True, OPERAND)
     else:
         rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         _cast_rows(x_ptr, data_ptr, scale_ptr, table_ptr, rows, pid_k, M, k_blocks, 0, 0, LAYOUT, BLOCK_M, KB, HW,
-                   PER_TOKEN, E6, EVEN, False)
+                   PER_TOKEN, E6, EVEN, False, OPERAND)
 
 
 @triton.jit

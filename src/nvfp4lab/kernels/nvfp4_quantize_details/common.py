@@ -12,7 +12,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from ..formats import bf16_rne, to_f32
+from ..formats import bf16_rne, e2m1_decode, e4m3_decode, to_f32
 from ..swizzle import swizzle_offset
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -156,6 +156,48 @@ def encode_factor(scale_f, s_dec, F64: tl.constexpr):
     """min(1 / (s * S_dec), FLT_MAX); a zero scale gives FLT_MAX."""
     prod = scale_f * s_dec
     return clamp_flt_max(correct_div(tl.zeros_like(prod) + 1.0, prod, F64))
+
+
+@triton.jit
+def e2m1_rn_value(v):
+    """The E2M1 grid value (fp32, sign included) that round to nearest even gives v = fl(x * enc) (not NaN), without
+    forming its code: a = min(|v|, 6) is rounded onto the grid in its binade 2^E (E = max(exponent(a), 0), spacing
+    2^(E-1)) by one fp32 add of 2^(E+22), whose ulp is that spacing (ties to even: the grid's even codes are the
+    even multiples), and the exact subtraction of it; then the sign bit of v + 0.0, i.e. the reference's ``v < 0``
+    (-0.0 + 0.0 = +0.0, so -0.0 gives +0 as code 0, and a negative v rounding to 0 gives -0 as code 8; bits, not a
+    negation: Triton negates a float by subtracting it from 0 on the GPU, which turns -0 into +0)."""
+    a = tl.minimum(tl.abs(v), 6.0)
+    big = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 4194304.0
+    sign = (v + 0.0).to(tl.int32, bitcast=True) & -2147483648
+    return (((a + big) - big).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def operand_values(codes, scale_codes):
+    """The exact BF16 values q * s of E2M1 codes and their blocks' E4M3 scale codes (broadcast): the
+    GEMM's expanded operand (every product has at most 6 significant bits and lies in [2^-10, 2688] or is 0;
+    a NaN scale gives NaN, as the expansion)."""
+    return (e2m1_decode(codes) * e4m3_decode(scale_codes.to(tl.int32))).to(tl.bfloat16)
+
+
+@triton.jit
+def operand_values_rn(x, enc, scale_codes):
+    """``operand_values`` of the round-to-nearest codes of fl(x * enc) (normal-range tiles), without forming the
+    codes (``e2m1_rn_value``). NaN products: unspecified, as the codes (their block's scale is NaN)."""
+    q = e2m1_rn_value(x * enc)
+    return (q * e4m3_decode(scale_codes.to(tl.int32))).to(tl.bfloat16)
+
+
+@triton.jit
+def bf16x2_word(lo, hi, HW: tl.constexpr):
+    """The int32 word of two fp32 values that bf16 holds exactly (an operand's q * s; NaN stays NaN): lo in the low
+    half. One ``cvt.rn.bf16x2.f32`` on the GPU (HW), else the top halves of the bits."""
+    if HW:
+        out = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    else:
+        out = (hi.to(tl.int32, bitcast=True) & -65536) | ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF)
+    return out
 
 
 @triton.jit

@@ -204,11 +204,18 @@ OPERAND_CAST_MIN_ELEMENTS = 1 << 26
 # The same for a Linear forward's x (the fprop GEMM's A), whose cast runs beside W's on the side stream of a captured
 # graph below OPERAND_CAST_MIN_ELEMENTS (functional.linear): it pays from here on (benchmarks/RESULTS.md)
 FPROP_OPERAND_CAST_MIN_ELEMENTS = 1 << 25
+# The same for the rowwise operand of a stochastically rounded cast with an RHT columnwise copy (TE's gradient recipe):
+# its split cast's rowwise launch, ``cast_row_kernel`` from CAST_ROW_SPLIT_MIN_ELEMENTS on, writes the operand in
+# about 5 more instructions per element (OPERAND) than its packed codes (benchmarks/RESULTS.md)
+SR_ROW_OPERAND_MIN_ELEMENTS = CAST_ROW_SPLIT_MIN_ELEMENTS
 
 
-def operand_cast_pays(m: int, k: int, fprop: bool = False) -> bool:
+def operand_cast_pays(m: int, k: int, fprop: bool = False, sr_rows: bool = False) -> bool:
     """Whether casting an (m, k) GEMM operand as BF16 values beats a packed cast plus its expansion (``fprop``: x's
-    operand for a Linear forward, W's cast beside it)."""
+    operand for a Linear forward, W's cast beside it; ``sr_rows``: the rowwise operand of an SR cast with an RHT
+    columnwise copy)."""
+    if sr_rows:
+        return m * k >= SR_ROW_OPERAND_MIN_ELEMENTS
     return m * k >= (FPROP_OPERAND_CAST_MIN_ELEMENTS if fprop else OPERAND_CAST_MIN_ELEMENTS)
 
 
@@ -373,9 +380,10 @@ def use_cast_row(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool
 
 def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: float,
                   stochastic_rounding: bool = False, seed_from_ptr: bool = False, *, block_m: int = 0,
-                  block_k: int = 0, num_warps: int = 0) -> dict:
+                  block_k: int = 0, num_warps: int = 0, operand: bool = False) -> dict:
     """Constexprs and num_warps of ``cast_row_kernel`` (block_k: the tile's columns, KB = block_k / 16; any of
-    them 0: ``cast_row_tile``'s). With stochastic rounding BLOCK_M is at least 2 (the kernel takes rows in pairs)."""
+    them 0: ``cast_row_tile``'s). With stochastic rounding BLOCK_M is at least 2 (the kernel takes rows in pairs).
+    ``operand``: the BF16 GEMM operand output (OPERAND)."""
     bm, bk, warps = cast_row_tile(m, k, per_token, stochastic_rounding)
     bm, bk, warps = block_m or bm, block_k or bk, num_warps or warps
     bm, bk = min(bm, next_power_of_2(max(m, 1))), max(16, min(bk, next_power_of_2(max(k, 1))))
@@ -383,7 +391,7 @@ def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: 
         bm = max(bm, 2)
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_M=bm, KB=bk // 16, HW=not interpreting(), PER_TOKEN=per_token,
                 E6=6.0 * e4m3_max, EVEN=m % bm == 0 and (k // 16) % (bk // 16) == 0, SR=stochastic_rounding,
-                SEED_FROM_PTR=seed_from_ptr, num_warps=warps, enable_fp_fusion=False)
+                SEED_FROM_PTR=seed_from_ptr, OPERAND=operand, num_warps=warps, enable_fp_fusion=False)
 
 
 def cast_row_tile(m: int, k: int, per_token: bool, stochastic_rounding: bool = False) -> tuple[int, int, int]:
@@ -403,20 +411,21 @@ def cast_row_tile(m: int, k: int, per_token: bool, stochastic_rounding: bool = F
 
 
 def use_cast_col(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
-                 rht: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool, col_operand: bool) -> bool:
+                 rht: bool, grouped: bool, pr3045: bool, dtype_bf16: bool, x_aligned: bool) -> bool:
     """Whether a columnwise-only launch runs ``cast_col_kernel`` (cast_col.py): per-tensor 1x16 RHT casts (SR
-    or not) of bf16 input into packed codes, x 16-byte aligned (read as int32 words), from
+    or not) of bf16 input into packed codes or the BF16 operand, x 16-byte aligned (read as int32 words), from
     ``CAST_COL_MIN_ELEMENTS`` elements on. Split row+col casts (``split_cast``) take it for their columnwise launch. Without RHT
     ``cast16_kernel``'s four-group columnwise cast is faster (benchmarks/RESULTS.md), so it keeps those."""
     return (columnwise and not rowwise and rht and not block_2d and not per_token and not four_over_six and not grouped
-            and not pr3045 and not col_operand and dtype_bf16 and x_aligned and m * k >= CAST_COL_MIN_ELEMENTS)
+            and not pr3045 and dtype_bf16 and x_aligned and m * k >= CAST_COL_MIN_ELEMENTS)
 
 
 def cast_col_meta(m: int, k: int, scale_layout: str, rht_sign_mask: int, e4m3_max: float, stochastic_rounding: bool,
-                  seed_from_ptr: bool, *, block_m: int = 0, block_k: int = 0, num_warps: int = 0) -> dict:
+                  seed_from_ptr: bool, *, block_m: int = 0, block_k: int = 0, num_warps: int = 0,
+                  operand: bool = False) -> dict:
     """Constexprs and num_warps of ``cast_col_kernel`` (rht_sign_mask >= 0; block_m: at most 16 * GROUPS rows, GROUPS the largest
     of 4, 2, 1 that divides m / 16; block_k: the tile's columns, BLOCK_C = block_k / 2 words; by default one
-    word column per thread)."""
+    word column per thread; ``operand``: the BF16 GEMM operand output, OPERAND)."""
     warps = num_warps or CAST_COL_TILE[1]
     groups = block_m // 16 if block_m else CAST_COL_TILE[0]
     groups = next(g for g in (4, 2, 1) if g <= max(groups, 1) and (m // 16) % g == 0)
@@ -424,7 +433,7 @@ def cast_col_meta(m: int, k: int, scale_layout: str, rht_sign_mask: int, e4m3_ma
     block_c = max(8, min(block_c, next_power_of_2(max(k // 2, 1))))
     return dict(LAYOUT=LAYOUT_CODES[scale_layout], BLOCK_C=block_c, GROUPS=groups, HW=not interpreting(),
                 RHT_MASK=rht_sign_mask, E6=6.0 * e4m3_max, TABLE=stochastic_rounding, SR=stochastic_rounding,
-                SEED_FROM_PTR=seed_from_ptr, num_warps=warps, enable_fp_fusion=False)
+                SEED_FROM_PTR=seed_from_ptr, OPERAND=operand, num_warps=warps, enable_fp_fusion=False)
 
 
 def use_cast_rowcol(m: int, k: int, rowwise: bool, columnwise: bool, block_2d: bool, per_token: bool, four_over_six,
