@@ -162,3 +162,18 @@ def test_host_profile_ablation_rows():
     assert [label.strip() for label, _ in rows] == ["BF16 step", "step", "forward, no_grad", "step, Triton launches stubbed",
                                                     "step, launches and cuBLASLt stubbed"]
     assert all(float(ms) > 0 for _, ms in rows)
+
+
+def test_plan_ab_forces_the_plan_fields():
+    """tools/plan_ab.py (issue 21's A/B of Linear plan choices) on the CPU: each forced variant's plan is the one the
+    step used (the key the Linear builds), with the forced fields."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "plan_ab.py"), "--device", "cpu", "--shapes", "64x64x64",
+                           "--presets", "te_default", "--variants", "today,packed,dyrow,dyboth"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("  te_default")}
+    assert list(lines) == ["today", "packed", "dyrow", "dyboth"]
+    assert "dy_row_op=True dy_col_op=False" in lines["dyrow"] and "dy_row_op=True dy_col_op=True" in lines["dyboth"]
+    assert "dy_row_op=False dy_col_op=False" in lines["packed"]
+    assert all("forced plan still in _GEMM_PLANS: yes" in lines[name] for name in ("packed", "dyrow", "dyboth"))
