@@ -9,6 +9,8 @@ Variants (a state applied before warm-up + capture, undone after capture; every 
   dycol   dy_col_op forced True  (wgrad's dy operand straight from dy's cast)
   dyboth  both
   rNN     maxnreg=NN on the stochastic-rounding cast_col_kernel (opt_flags.cast_col_meta patched), e.g. r72, r80
+  opt:NAME=VALUE   the quantize opt_flags attribute NAME set to VALUE (a Python literal) during capture, e.g.
+          opt:SR_ROW_OPERAND_MIN_ELEMENTS=1099511627776 (the rule's threshold out of reach)
 
     python tools/plan_ab.py [--shapes 4096x2048x2048,8192x4096x4096] [--presets te_default,per_token]
         [--variants today,packed,dyrow] [--rounds 5] [--iters 20] [--warm-jobs 6] [--device cuda|cpu]
@@ -21,6 +23,7 @@ tiny shape, e.g. --shapes 64x64x64), plan fields printed. Results: benchmarks/RE
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import itertools
 import statistics
@@ -76,11 +79,19 @@ class State:
     """One variant's state: apply() before warm-up, check() after the first step, undo() after capture."""
 
     def __init__(self, name):
-        self.name, self.forced, self.key, self.nreg_calls = name, None, None, 0
-        if name not in DY_FORCE and name != "today" and not (name[:1] == "r" and name[1:].isdigit()):
+        self.name, self.forced, self.key, self.nreg_calls, self.saved = name, None, None, 0, None
+        if name.startswith("opt:"):
+            attr, _, value = name[4:].partition("=")
+            if not hasattr(opt_flags, attr):
+                raise ValueError(f"opt_flags has no attribute {attr!r}")
+            self.flag = (attr, ast.literal_eval(value))
+        elif name not in DY_FORCE and name != "today" and not (name[:1] == "r" and name[1:].isdigit()):
             raise ValueError(f"unknown variant {name!r}")
 
     def apply(self, mod, x):
+        if self.name.startswith("opt:"):  # before the plans are built: they read the flags
+            self.saved = (self.flag[0], getattr(opt_flags, self.flag[0]))
+            setattr(opt_flags, *self.flag)
         clear_caches()
         self.key = plan_key(mod, x)
         plan = FL._gemm_plan(*self.key)  # built and stored under the key the module's step will use
@@ -91,7 +102,7 @@ class State:
             fields["dy_beside"] = not (forced_ops and FL.ops.operand_cast_pays(plan.dy_rows, self.key[2]))
             plan = self.forced = plan._replace(**fields)
             FL._GEMM_PLANS[self.key] = plan
-        elif self.name != "today":
+        elif self.name[:1] == "r":
             nreg = int(self.name[1:])
 
             def capped(*args, **kw):
@@ -125,6 +136,8 @@ class State:
 
     def undo(self):
         opt_flags.cast_col_meta = _ORIG_CAST_COL_META
+        if self.saved is not None:
+            setattr(opt_flags, *self.saved)
         clear_caches()
 
 
