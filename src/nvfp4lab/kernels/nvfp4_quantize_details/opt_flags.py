@@ -52,6 +52,9 @@ CAST_ROW_TILE, CAST_ROW_PER_TOKEN_TILE, CAST_ROW_WARPS = (8192, 2048), (4096, 40
 # with stochastic rounding (per tensor or per token) 8 half blocks per lane: its Philox rounds and rounding rule
 # take more registers and latency per element (benchmarks/RESULTS.md)
 CAST_ROW_SR_TILE = (4096, 2048)
+# writing the BF16 operand (OPERAND) per tensor without SR, 8 half blocks per lane too: at 16 the four output words of
+# each live beside its input words (114 registers against 63; static SASS, sm_90)
+CAST_ROW_OPERAND_TILE = (4096, 2048)
 CAST_ROW_MASKED_BLOCK_K = 512
 CAST_ROW_MIN_ELEMENTS = 1 << 24
 # the rowwise launch of a split RHT + SR row+col cast (``split_cast``) takes cast_row_kernel from this size on: its
@@ -384,7 +387,7 @@ def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: 
     """Constexprs and num_warps of ``cast_row_kernel`` (block_k: the tile's columns, KB = block_k / 16; any of
     them 0: ``cast_row_tile``'s). With stochastic rounding BLOCK_M is at least 2 (the kernel takes rows in pairs).
     ``operand``: the BF16 GEMM operand output (OPERAND)."""
-    bm, bk, warps = cast_row_tile(m, k, per_token, stochastic_rounding)
+    bm, bk, warps = cast_row_tile(m, k, per_token, stochastic_rounding, operand)
     bm, bk, warps = block_m or bm, block_k or bk, num_warps or warps
     bm, bk = min(bm, next_power_of_2(max(m, 1))), max(16, min(bk, next_power_of_2(max(k, 1))))
     if stochastic_rounding:
@@ -394,14 +397,17 @@ def cast_row_meta(m: int, k: int, scale_layout: str, per_token: bool, e4m3_max: 
                 SEED_FROM_PTR=seed_from_ptr, OPERAND=operand, num_warps=warps, enable_fp_fusion=False)
 
 
-def cast_row_tile(m: int, k: int, per_token: bool, stochastic_rounding: bool = False) -> tuple[int, int, int]:
+def cast_row_tile(m: int, k: int, per_token: bool, stochastic_rounding: bool = False,
+                  operand: bool = False) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_K, num_warps) of ``cast_row_kernel``: a fixed number of elements per program (the recipe's:
-    per tensor, per token, stochastic rounding), in as few rows as the columns allow (a lane's loads and stores
+    per tensor, per token, stochastic rounding, the operand output), in as few rows as the columns allow (a lane's loads and stores
     along one row differ by constant offsets, where rows apart need their own address each). BLOCK_K is the largest
     power of 2 that divides K, up to the recipe's widest, when it is at least ``CAST_ROW_MASKED_BLOCK_K`` (no column
     masks), else at most that (the last tile masked, little of it idle)."""
     if stochastic_rounding:
         elements, widest = CAST_ROW_SR_TILE
+    elif operand and not per_token:
+        elements, widest = CAST_ROW_OPERAND_TILE
     else:
         elements, widest = CAST_ROW_PER_TOKEN_TILE if per_token else CAST_ROW_TILE
     bk = min(k & -k, widest) if k > 0 else 16
